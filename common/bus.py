@@ -1,0 +1,598 @@
+"""The message bus: a small interface over NATS JetStream, and an in-memory twin for unit tests.
+
+Contract (both implementations):
+
+* ``publish(subject, record, msg_id)`` stores a record at most once per ``msg_id`` (JetStream's
+  ``Nats-Msg-Id`` de-duplication); transient failures (disconnect, timeout) are retried with the
+  *same* id, so a retry never duplicates. A record larger than the server's ``max_payload`` is an
+  error (callers split such records), never a silent drop.
+* ``consumer(kind, durable, record_type)`` gives a durable pull consumer with explicit acks.
+  ``fetch`` returns decoded ``Delivery`` objects. A payload that does not decode (a *poison*
+  message) is written to ``hrl.<run>.dead.<kind>`` with the reason, terminated, counted, and never
+  returned, so it cannot block the consumer.
+* A delivery that is neither acked nor kept alive (``in_progress``) within ``ack_wait`` is
+  redelivered, possibly to another consumer instance: consumers must be idempotent.
+* ``read_subject`` returns every message currently stored on one subject, in order (the
+  assembler's per-rollout read of CallRecords).
+
+Streams (``HRL_<run>_<KIND>``) and consumers are created idempotently by whoever comes first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from common import metrics
+from common.records import (
+    DeadLetter,
+    Record,
+    RecordDecodeError,
+    check_token,
+    decode,
+    encode,
+)
+
+log = logging.getLogger("harnessrl.bus")
+
+R = TypeVar("R", bound=Record)
+
+# ---------------------------------------------------------------------------------------------
+# subjects and streams
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """How one stream kind is laid out."""
+
+    kind: str
+    subjects: tuple[str, ...]  # templates with {run}
+    work_queue: bool
+    max_age_s: float = 0.0  # 0 = unlimited
+    max_msgs_per_subject: int = -1
+
+
+STREAMS: dict[str, StreamSpec] = {
+    s.kind: s
+    for s in (
+        StreamSpec("TASKS", ("hrl.{run}.tasks",), work_queue=True),
+        StreamSpec("CALLS", ("hrl.{run}.calls.>",), work_queue=False, max_age_s=24 * 3600),
+        StreamSpec("ROLLOUTS", ("hrl.{run}.rollouts",), work_queue=False, max_age_s=7 * 86400),
+        StreamSpec("SAMPLES", ("hrl.{run}.samples",), work_queue=True),
+        StreamSpec("WEIGHTS", ("hrl.{run}.weights.>",), work_queue=False, max_age_s=86400),
+        StreamSpec("DEAD", ("hrl.{run}.dead.>",), work_queue=False, max_age_s=30 * 86400),
+    )
+}
+
+
+class Subjects:
+    """Subject names of one run."""
+
+    def __init__(self, run: str) -> None:
+        self.run = check_token(run, "run")
+        p = f"hrl.{run}"
+        self.tasks = f"{p}.tasks"
+        self.rollouts = f"{p}.rollouts"
+        self.samples = f"{p}.samples"
+        self.weights_ready = f"{p}.weights.ready"
+        self.all_calls = f"{p}.calls.>"
+
+    def calls(self, rollout_id: str) -> str:
+        return f"hrl.{self.run}.calls.{check_token(rollout_id, 'rollout_id')}"
+
+    def weights_data(self, version: int) -> str:
+        return f"hrl.{self.run}.weights.data.{int(version)}"
+
+    def dead(self, kind: str) -> str:
+        return f"hrl.{self.run}.dead.{kind.lower()}"
+
+    def stream(self, kind: str) -> str:
+        return f"HRL_{self.run}_{kind}"
+
+    def kind_of(self, subject: str) -> str:
+        for spec in STREAMS.values():
+            for tmpl in spec.subjects:
+                if subject_matches(tmpl.format(run=self.run), subject):
+                    return spec.kind
+        raise BusError(f"subject {subject!r} belongs to no stream of run {self.run!r}")
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS wildcard match: ``*`` one token, ``>`` one or more trailing tokens."""
+    pt, st = pattern.split("."), subject.split(".")
+    for i, tok in enumerate(pt):
+        if tok == ">":
+            return len(st) > i
+        if i >= len(st) or (tok != "*" and tok != st[i]):
+            return False
+    return len(pt) == len(st)
+
+
+# ---------------------------------------------------------------------------------------------
+# errors and metrics
+# ---------------------------------------------------------------------------------------------
+
+
+class BusError(RuntimeError):
+    """A bus operation failed permanently (not retried further)."""
+
+
+class PayloadTooLarge(BusError):
+    """A record exceeds the server's max_payload: the caller must split it."""
+
+
+M_PUBLISHED = metrics.counter("hrl_bus_published_total", "Records published", ("stream",))
+M_DUPLICATES = metrics.counter(
+    "hrl_bus_duplicates_total", "Publishes the server de-duplicated by msg id", ("stream",)
+)
+M_PUBLISH_RETRIES = metrics.counter(
+    "hrl_bus_publish_retries_total", "Publish attempts retried after a transient error", ("stream",)
+)
+M_CONSUMED = metrics.counter(
+    "hrl_bus_consumed_total", "Records delivered to a consumer", ("stream", "consumer")
+)
+M_ACKED = metrics.counter("hrl_bus_acked_total", "Records acked", ("stream", "consumer"))
+M_NAKED = metrics.counter("hrl_bus_naked_total", "Records nak'ed", ("stream", "consumer"))
+M_REDELIVERED = metrics.counter(
+    "hrl_bus_redelivered_total", "Deliveries with delivery count > 1", ("stream", "consumer")
+)
+M_DEAD = metrics.counter(
+    "hrl_bus_dead_lettered_total", "Messages dead-lettered", ("stream", "consumer")
+)
+M_LAG = metrics.gauge(
+    "hrl_bus_consumer_lag", "Messages pending for a consumer", ("stream", "consumer")
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# interface
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PubResult:
+    """Outcome of one publish."""
+
+    seq: int
+    duplicate: bool = False
+
+
+@dataclass
+class Delivery(Generic[R]):
+    """One delivered record with its acknowledgement verbs."""
+
+    record: R
+    subject: str
+    seq: int
+    num_delivered: int
+    _raw: Any = field(repr=False)
+    _consumer: Consumer[R] = field(repr=False)
+
+    async def ack(self) -> None:
+        await self._consumer._ack(self)
+
+    async def nak(self, delay: float | None = None) -> None:
+        await self._consumer._nak(self, delay)
+
+    async def term(self) -> None:
+        await self._consumer._term(self)
+
+    async def in_progress(self) -> None:
+        await self._consumer._in_progress(self)
+
+    async def dead_letter(self, reason: str) -> None:
+        """Give up on this record: keep it on the dead-letter subject with ``reason``, term it."""
+        await self._consumer._dead_letter(self._raw_data(), self.subject, self.seq, reason)
+        await self.term()
+
+    def _raw_data(self) -> bytes:
+        return self._consumer._raw_data(self._raw)
+
+    @contextlib.asynccontextmanager
+    async def keepalive(self, interval: float | None = None) -> AsyncIterator[None]:
+        """Send ``in_progress`` every ``interval`` seconds while the body runs (long work)."""
+        every = interval or max(0.5, self._consumer.ack_wait / 3)
+
+        async def beat() -> None:
+            while True:
+                await asyncio.sleep(every)
+                try:
+                    await self.in_progress()
+                except Exception as e:  # the body's outcome decides; heartbeats are best effort
+                    log.warning("in_progress heartbeat failed: %s", e)
+
+        task = asyncio.create_task(beat())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+class Consumer(ABC, Generic[R]):
+    """A durable pull consumer of one record type."""
+
+    def __init__(self, bus: Bus, kind: str, durable: str, record_type: type[R], ack_wait: float):
+        self.bus = bus
+        self.kind = kind
+        self.durable = durable
+        self.record_type = record_type
+        self.ack_wait = ack_wait
+        self._labels = {"stream": kind, "consumer": durable}
+
+    async def fetch(self, batch: int = 1, timeout: float = 1.0) -> list[Delivery[R]]:
+        """Up to ``batch`` decoded deliveries, waiting at most ``timeout`` s for the first one."""
+        out: list[Delivery[R]] = []
+        for raw in await self._fetch_raw(batch, timeout):
+            subject, seq, ndel, pending = self._meta(raw)
+            M_CONSUMED.labels(**self._labels).inc()
+            M_LAG.labels(**self._labels).set(pending)
+            if ndel > 1:
+                M_REDELIVERED.labels(**self._labels).inc()
+            data = self._raw_data(raw)
+            try:
+                record = decode(data, self.record_type)
+            except RecordDecodeError as e:
+                await self._dead_letter(data, subject, seq, f"undecodable: {e}")
+                await self._term_raw(raw)
+                continue
+            out.append(Delivery(record, subject, seq, ndel, raw, self))
+        return out
+
+    async def messages(self, batch: int = 16, timeout: float = 1.0) -> AsyncIterator[Delivery[R]]:
+        """Iterate deliveries forever (until cancelled)."""
+        while True:
+            for d in await self.fetch(batch, timeout):
+                yield d
+
+    async def _dead_letter(self, data: bytes, subject: str, seq: int, reason: str) -> None:
+        dl = DeadLetter(
+            stream=self.bus.subjects.stream(self.kind),
+            subject=subject,
+            seq=seq,
+            consumer=self.durable,
+            reason=reason[:2000],
+            data=data[: 256 * 1024],
+            at=time.time(),
+        )
+        await self.bus.publish(
+            self.bus.subjects.dead(self.kind), dl, f"dead:{self.kind}:{self.durable}:{seq}"
+        )
+        M_DEAD.labels(**self._labels).inc()
+        log.warning("dead-lettered %s seq=%d on %s: %s", self.kind, seq, subject, reason)
+
+    async def _ack(self, d: Delivery[R]) -> None:
+        await self._ack_raw(d._raw)
+        M_ACKED.labels(**self._labels).inc()
+
+    async def _nak(self, d: Delivery[R], delay: float | None) -> None:
+        await self._nak_raw(d._raw, delay)
+        M_NAKED.labels(**self._labels).inc()
+
+    async def _term(self, d: Delivery[R]) -> None:
+        await self._term_raw(d._raw)
+
+    async def _in_progress(self, d: Delivery[R]) -> None:
+        await self._in_progress_raw(d._raw)
+
+    # implementation hooks
+    @abstractmethod
+    async def _fetch_raw(self, batch: int, timeout: float) -> list[Any]: ...
+    @abstractmethod
+    def _meta(self, raw: Any) -> tuple[str, int, int, int]: ...
+    @abstractmethod
+    def _raw_data(self, raw: Any) -> bytes: ...
+    @abstractmethod
+    async def _ack_raw(self, raw: Any) -> None: ...
+    @abstractmethod
+    async def _nak_raw(self, raw: Any, delay: float | None) -> None: ...
+    @abstractmethod
+    async def _term_raw(self, raw: Any) -> None: ...
+    @abstractmethod
+    async def _in_progress_raw(self, raw: Any) -> None: ...
+    @abstractmethod
+    async def pending(self) -> int:
+        """Messages not yet delivered to this consumer (its lag)."""
+
+
+class Bus(ABC):
+    """Publish records and consume them through durable consumers, for one run."""
+
+    def __init__(self, run: str) -> None:
+        self.run = run
+        self.subjects = Subjects(run)
+
+    @abstractmethod
+    async def ensure_streams(self, kinds: Iterable[str] | None = None) -> None:
+        """Create the run's streams if missing (idempotent)."""
+
+    @abstractmethod
+    async def publish_bytes(self, subject: str, data: bytes, msg_id: str | None) -> PubResult: ...
+
+    async def publish(
+        self, subject: str, record: Record | bytes, msg_id: str | None = None
+    ) -> PubResult:
+        """Publish one record (or pre-encoded bytes) with de-duplication key ``msg_id``."""
+        if isinstance(record, Record):
+            if msg_id is None and hasattr(record, "msg_id"):
+                msg_id = record.msg_id()
+            data = encode(record)
+        else:
+            data = record
+        res = await self.publish_bytes(subject, data, msg_id)
+        kind = self.subjects.kind_of(subject)
+        (M_DUPLICATES if res.duplicate else M_PUBLISHED).labels(stream=kind).inc()
+        return res
+
+    async def publish_many(
+        self, items: Iterable[tuple[str, Record | bytes, str | None]]
+    ) -> list[PubResult]:
+        """Publish several records with pipelined acknowledgements (same guarantees)."""
+        return [await self.publish(s, r, m) for s, r, m in items]
+
+    @abstractmethod
+    async def consumer(
+        self,
+        kind: str,
+        durable: str,
+        record_type: type[R],
+        *,
+        filter_subject: str | None = None,
+        ack_wait: float = 30.0,
+        max_deliver: int = -1,
+        max_ack_pending: int = 10_000,
+    ) -> Consumer[R]:
+        """Bind (creating if needed) a durable pull consumer on the run's ``kind`` stream."""
+
+    @abstractmethod
+    async def read_subject(self, subject: str, record_type: type[R]) -> list[R]:
+        """Every record currently stored on ``subject``, in stream order (undecodable: skipped
+        and dead-lettered)."""
+
+    @abstractmethod
+    async def purge(self, kind: str, subject: str | None = None) -> None:
+        """Remove stored messages of a stream (optionally only one subject)."""
+
+    @abstractmethod
+    async def stream_count(self, kind: str, subject: str | None = None) -> int:
+        """Messages stored in a stream (optionally on one subject)."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    async def __aenter__(self) -> Bus:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+
+async def connect(url: str, run: str, *, create_streams: bool = True, **kw: Any) -> Bus:
+    """Connect to a bus: ``memory://`` for the in-process twin, otherwise a NATS URL."""
+    if url.startswith("memory://"):
+        bus: Bus = MemoryBus(run, MemoryBroker.named(url))
+    else:
+        from common.bus_nats import JetStreamBus
+
+        bus = await JetStreamBus.connect(url, run, **kw)
+    if create_streams:
+        await bus.ensure_streams()
+    return bus
+
+
+# ---------------------------------------------------------------------------------------------
+# in-memory implementation (unit tests; same semantics as JetStream for what we use)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Msg:
+    seq: int
+    subject: str
+    data: bytes
+    msg_id: str | None
+
+
+@dataclass
+class _Pending:
+    msg: _Msg
+    deadline: float
+    num_delivered: int
+
+
+class _MemStream:
+    def __init__(self, name: str, spec: StreamSpec, subjects: list[str]) -> None:
+        self.name, self.spec, self.subjects = name, spec, subjects
+        self.msgs: dict[int, _Msg] = {}
+        self.ids: dict[str, int] = {}
+        self.last_seq = 0
+        self.consumers: dict[str, _MemConsumerState] = {}
+
+
+@dataclass
+class _MemConsumerState:
+    filter: str
+    ack_wait: float
+    max_deliver: int
+    next_seq: int = 1
+    pending: dict[int, _Pending] = field(default_factory=dict)
+    deliveries: dict[int, int] = field(default_factory=dict)
+    done: set[int] = field(default_factory=set)
+
+
+class MemoryBroker:
+    """Shared in-process state standing in for a nats-server (several MemoryBus clients)."""
+
+    _named: dict[str, MemoryBroker] = {}
+
+    def __init__(self) -> None:
+        self.streams: dict[str, _MemStream] = {}
+        self.changed = asyncio.Event()
+
+    @classmethod
+    def named(cls, url: str) -> MemoryBroker:
+        return cls._named.setdefault(url, cls())
+
+    def stream_for(self, subject: str) -> _MemStream:
+        for st in self.streams.values():
+            if any(subject_matches(p, subject) for p in st.subjects):
+                return st
+        raise BusError(f"no stream for subject {subject!r}")
+
+    def notify(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+
+class MemoryBus(Bus):
+    """In-memory ``Bus`` with JetStream's semantics for publish/consume/ack/redelivery/dedup."""
+
+    def __init__(self, run: str, broker: MemoryBroker | None = None) -> None:
+        super().__init__(run)
+        self.broker = broker or MemoryBroker()
+
+    async def ensure_streams(self, kinds: Iterable[str] | None = None) -> None:
+        for kind in kinds or STREAMS:
+            spec = STREAMS[kind]
+            name = self.subjects.stream(kind)
+            if name not in self.broker.streams:
+                subs = [t.format(run=self.run) for t in spec.subjects]
+                self.broker.streams[name] = _MemStream(name, spec, subs)
+
+    async def publish_bytes(self, subject: str, data: bytes, msg_id: str | None) -> PubResult:
+        st = self.broker.stream_for(subject)
+        if msg_id is not None and msg_id in st.ids:
+            return PubResult(st.ids[msg_id], duplicate=True)
+        st.last_seq += 1
+        st.msgs[st.last_seq] = _Msg(st.last_seq, subject, bytes(data), msg_id)
+        if msg_id is not None:
+            st.ids[msg_id] = st.last_seq
+        self.broker.notify()
+        return PubResult(st.last_seq)
+
+    async def consumer(
+        self,
+        kind: str,
+        durable: str,
+        record_type: type[R],
+        *,
+        filter_subject: str | None = None,
+        ack_wait: float = 30.0,
+        max_deliver: int = -1,
+        max_ack_pending: int = 10_000,
+    ) -> Consumer[R]:
+        st = self.broker.streams[self.subjects.stream(kind)]
+        state = st.consumers.get(durable)
+        if state is None:
+            state = _MemConsumerState(filter_subject or st.subjects[0], ack_wait, max_deliver)
+            st.consumers[durable] = state
+        return _MemConsumer(self, kind, durable, record_type, state.ack_wait, st, state)
+
+    async def read_subject(self, subject: str, record_type: type[R]) -> list[R]:
+        st = self.broker.stream_for(subject)
+        out = []
+        for seq in sorted(st.msgs):
+            m = st.msgs[seq]
+            if m.subject == subject:
+                try:
+                    out.append(decode(m.data, record_type))
+                except RecordDecodeError as e:
+                    log.warning("skipping undecodable message seq=%d on %s: %s", seq, subject, e)
+        return out
+
+    async def purge(self, kind: str, subject: str | None = None) -> None:
+        st = self.broker.streams[self.subjects.stream(kind)]
+        for seq in [s for s, m in st.msgs.items() if subject is None or m.subject == subject]:
+            del st.msgs[seq]
+
+    async def stream_count(self, kind: str, subject: str | None = None) -> int:
+        st = self.broker.streams[self.subjects.stream(kind)]
+        return sum(1 for m in st.msgs.values() if subject is None or m.subject == subject)
+
+    async def close(self) -> None:
+        return None
+
+
+class _MemConsumer(Consumer[R]):
+    def __init__(self, bus, kind, durable, record_type, ack_wait, stream, state) -> None:
+        super().__init__(bus, kind, durable, record_type, ack_wait)
+        self.st: _MemStream = stream
+        self.state: _MemConsumerState = state
+
+    def _take(self, batch: int) -> list[_Pending]:
+        now = time.monotonic()
+        out: list[_Pending] = []
+        for p in sorted(self.state.pending.values(), key=lambda p: p.msg.seq):
+            if len(out) >= batch:
+                break
+            if p.deadline <= now and p.msg.seq in self.st.msgs:
+                if 0 < self.state.max_deliver <= p.num_delivered:
+                    continue
+                p.num_delivered += 1
+                p.deadline = now + self.state.ack_wait
+                out.append(p)
+        while len(out) < batch and self.state.next_seq <= self.st.last_seq:
+            seq = self.state.next_seq
+            self.state.next_seq += 1
+            m = self.st.msgs.get(seq)
+            if m is None or not subject_matches(self.state.filter, m.subject):
+                continue
+            p = _Pending(m, now + self.state.ack_wait, 1)
+            self.state.pending[seq] = p
+            out.append(p)
+        return out
+
+    async def _fetch_raw(self, batch: int, timeout: float) -> list[Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            got = self._take(batch)
+            if got:
+                return got
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            waiter = self.bus.broker.changed  # type: ignore[attr-defined]
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiter.wait(), min(remaining, 0.05))
+
+    def _meta(self, raw: _Pending) -> tuple[str, int, int, int]:
+        pending = sum(
+            1
+            for s, m in self.st.msgs.items()
+            if s >= self.state.next_seq and subject_matches(self.state.filter, m.subject)
+        )
+        return raw.msg.subject, raw.msg.seq, raw.num_delivered, pending
+
+    def _raw_data(self, raw: _Pending) -> bytes:
+        return raw.msg.data
+
+    def _finish(self, raw: _Pending) -> None:
+        self.state.pending.pop(raw.msg.seq, None)
+        if self.st.spec.work_queue:
+            self.st.msgs.pop(raw.msg.seq, None)
+
+    async def _ack_raw(self, raw: _Pending) -> None:
+        self._finish(raw)
+
+    async def _term_raw(self, raw: _Pending) -> None:
+        self._finish(raw)
+
+    async def _nak_raw(self, raw: _Pending, delay: float | None) -> None:
+        if raw.msg.seq in self.state.pending:
+            raw.deadline = time.monotonic() + (delay or 0.0)
+            self.bus.broker.notify()  # type: ignore[attr-defined]
+
+    async def _in_progress_raw(self, raw: _Pending) -> None:
+        if raw.msg.seq in self.state.pending:
+            raw.deadline = time.monotonic() + self.state.ack_wait
+
+    async def pending(self) -> int:
+        return self._meta(_Pending(_Msg(0, "", b"", None), 0, 0))[3]

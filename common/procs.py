@@ -1,0 +1,49 @@
+"""Child processes: started so they die with their parent, stopped by PID, never by name."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        except OSError:
+            pass
+
+
+def popen_child(argv: list[str], *, new_session: bool = False, **kwargs: Any) -> subprocess.Popen:
+    """``subprocess.Popen`` whose child gets SIGTERM if this process dies (Linux PDEATHSIG).
+
+    With ``new_session`` the child leads its own process group, so ``kill_tree`` can end it and
+    everything it started.
+    """
+    return subprocess.Popen(
+        argv, preexec_fn=_die_with_parent, start_new_session=new_session, **kwargs
+    )
+
+
+def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
+    """Signal a process group led by ``pid`` (started with ``new_session=True``)."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False

@@ -1,0 +1,223 @@
+"""The bus against a real nats-server (and the in-memory twin for the same contract)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from common import bus as busmod
+from common import metrics
+from common import records as r
+from common.bus import Bus, connect
+from tests.test_records import sample_records
+
+
+@pytest.fixture(params=["nats", "memory"])
+async def bus(request, nats_url: str, run_name: str):
+    url = nats_url if request.param == "nats" else f"memory://{run_name}"
+    b = await connect(url, run_name)
+    yield b
+    await b.close()
+
+
+def subject_for(b: Bus, rec: r.Record) -> str:
+    s = b.subjects
+    return {
+        "TaskRequest": s.tasks,
+        "CallRecord": s.calls("g-1-2-1"),
+        "RolloutResult": s.rollouts,
+        "TreeSample": s.samples,
+        "WeightsReady": s.weights_ready,
+        "WeightChunk": s.weights_data(5),
+        "DeadLetter": s.dead("tasks"),
+    }[rec.record]
+
+
+async def test_roundtrip_every_record_type(bus: Bus) -> None:
+    """Each record type published on its subject comes back equal through a durable consumer."""
+    consumers: dict[tuple[str, str], object] = {}
+    for i, rec in enumerate(sample_records()):
+        subject = subject_for(bus, rec)
+        await bus.publish(subject, rec, f"id-{i}")
+        key = (subject, rec.record)
+        if key not in consumers:
+            kind = bus.subjects.kind_of(subject)
+            consumers[key] = await bus.consumer(kind, f"c{i}", type(rec), filter_subject=subject)
+        cons = consumers[key]
+        got = await cons.fetch(1, timeout=2.0)
+        assert [d.record for d in got] == [rec]
+        await got[0].ack()
+
+
+async def test_duplicate_msg_id_stored_once(bus: Bus) -> None:
+    task = sample_records()[0]
+    first = await bus.publish(bus.subjects.tasks, task)
+    second = await bus.publish(bus.subjects.tasks, task)
+    assert not first.duplicate and second.duplicate and second.seq == first.seq
+    assert await bus.stream_count("TASKS") == 1
+
+
+async def test_unacked_message_redelivered_to_another_consumer(
+    nats_url: str, run_name: str
+) -> None:
+    """A consumer that dies without acking: the message goes to the next one after ack_wait."""
+    b1 = await connect(nats_url, run_name)
+    await b1.publish(b1.subjects.tasks, sample_records()[0])
+    c1 = await b1.consumer("TASKS", "actors", r.TaskRequest, ack_wait=1.0)
+    (d1,) = await c1.fetch(1, timeout=2.0)
+    assert d1.num_delivered == 1
+    await b1.nc.close()  # dies: no ack, no nak
+    b2 = await connect(nats_url, run_name)
+    c2 = await b2.consumer("TASKS", "actors", r.TaskRequest, ack_wait=1.0)
+    got = await c2.fetch(1, timeout=5.0)
+    assert len(got) == 1 and got[0].record == d1.record and got[0].num_delivered == 2
+    await got[0].ack()
+    assert await c2.fetch(1, timeout=1.5) == []  # acked: never again
+    await b2.close()
+
+
+async def test_in_progress_keeps_a_long_message(bus: Bus) -> None:
+    await bus.publish(bus.subjects.tasks, sample_records()[0])
+    cons = await bus.consumer("TASKS", "actors", r.TaskRequest, ack_wait=1.0)
+    (d,) = await cons.fetch(1, timeout=2.0)
+    async with d.keepalive(interval=0.3):
+        await asyncio.sleep(2.5)  # 2.5 x ack_wait
+    assert await cons.fetch(1, timeout=0.5) == []  # never redelivered meanwhile
+    await d.ack()
+
+
+async def test_nak_with_delay_redelivers(bus: Bus) -> None:
+    await bus.publish(bus.subjects.tasks, sample_records()[0])
+    cons = await bus.consumer("TASKS", "actors", r.TaskRequest, ack_wait=30)
+    (d,) = await cons.fetch(1, timeout=2.0)
+    await d.nak(delay=0.5)
+    assert await cons.fetch(1, timeout=0.2) == []
+    (again,) = await cons.fetch(1, timeout=3.0)
+    assert again.num_delivered == 2
+    await again.ack()
+
+
+async def test_poison_is_dead_lettered_and_next_good_arrives(bus: Bus) -> None:
+    s = bus.subjects
+    await bus.publish(s.tasks, b"\x93\x01\x02garbage", "poison-1")
+    good = sample_records()[0]
+    await bus.publish(s.tasks, good)
+    labels = {"stream": "TASKS", "consumer": "actors"}
+    before = metrics.sample_value("hrl_bus_dead_lettered_total", labels)
+    cons = await bus.consumer("TASKS", "actors", r.TaskRequest)
+    got = []
+    for _ in range(5):
+        got += await cons.fetch(2, timeout=1.0)
+        if got:
+            break
+    assert [d.record for d in got] == [good]
+    await got[0].ack()
+    assert metrics.sample_value("hrl_bus_dead_lettered_total", labels) == before + 1
+    dead = await bus.read_subject(s.dead("TASKS"), r.DeadLetter)
+    assert len(dead) == 1 and "undecodable" in dead[0].reason
+    assert dead[0].data == b"\x93\x01\x02garbage"
+    assert await bus.stream_count("TASKS") == 0  # poison terminated, not left to block
+
+
+async def test_dead_letter_by_consumer_choice(bus: Bus) -> None:
+    await bus.publish(bus.subjects.tasks, sample_records()[0])
+    cons = await bus.consumer("TASKS", "actors", r.TaskRequest)
+    (d,) = await cons.fetch(1, timeout=2.0)
+    await d.dead_letter("task folder missing")
+    dead = await bus.read_subject(bus.subjects.dead("TASKS"), r.DeadLetter)
+    assert [x.reason for x in dead] == ["task folder missing"]
+    assert await cons.fetch(1, timeout=0.5) == []
+
+
+async def test_read_subject_is_ordered_and_filtered(bus: Bus) -> None:
+    s = bus.subjects
+    recs = []
+    for seq in range(40):
+        rid = "a-0-1" if seq % 2 == 0 else "b-0-1"
+        rec = r.CallRecord(rollout_id=rid, seq=seq, suffix_ids=r.pack_ids(range(seq)))
+        recs.append(rec)
+        await bus.publish(s.calls(rid), rec)
+    got = await bus.read_subject(s.calls("a-0-1"), r.CallRecord)
+    assert got == [x for x in recs if x.rollout_id == "a-0-1"]
+    assert await bus.read_subject(s.calls("zzz-0-1"), r.CallRecord) == []
+
+
+async def test_publish_many_pipelined(bus: Bus) -> None:
+    s = bus.subjects
+    items = [(s.calls("p-0-1"), r.CallRecord(rollout_id="p-0-1", seq=i), None) for i in range(50)]
+    res = await bus.publish_many(items + items[:5])
+    assert sum(x.duplicate for x in res) == 5
+    assert await bus.stream_count("CALLS", s.calls("p-0-1")) == 50
+
+
+async def test_oversized_record_is_an_error_not_a_drop(nats_url: str, run_name: str) -> None:
+    b = await connect(nats_url, run_name)
+    big = r.WeightChunk(version=1, index=0, n_chunks=1, data=b"\x01" * (9 * 1024 * 1024))
+    with pytest.raises(busmod.PayloadTooLarge):
+        await b.publish(b.subjects.weights_data(1), r.encode(big, compress=False), "w")
+    await b.close()
+
+
+async def test_streams_created_idempotently(nats_url: str, run_name: str) -> None:
+    b1 = await connect(nats_url, run_name)
+    b2 = await connect(nats_url, run_name)  # second creator: no error, same streams
+    await b2.publish(b2.subjects.rollouts, sample_records()[2])
+    assert await b1.stream_count("ROLLOUTS") == 1
+    await b1.close()
+    await b2.close()
+
+
+async def test_server_killed_and_restarted_loses_no_acked_record(nats_server_fn) -> None:
+    """SIGKILL nats-server mid-stream, restart it on the same port and store: every record whose
+    publish returned is still there, and the publisher carried on through the outage."""
+    srv = nats_server_fn
+    b = await connect(srv.url, "crash", publish_timeout=30.0)
+    acked: list[int] = []
+
+    async def producer() -> None:
+        for i in range(300):
+            await b.publish(
+                b.subjects.calls(f"r{i % 7}-0-1"), r.CallRecord(rollout_id=f"r{i % 7}-0-1", seq=i)
+            )
+            acked.append(i)
+
+    task = asyncio.create_task(producer())
+    while len(acked) < 100:
+        await asyncio.sleep(0.005)
+    srv.kill()
+    await asyncio.sleep(0.5)
+    srv.start()
+    await asyncio.wait_for(task, 60)
+    assert len(acked) == 300
+    assert await b.stream_count("CALLS") == 300  # no loss, and retries made no duplicates
+    seen = set()
+    for k in range(7):
+        seen |= {c.seq for c in await b.read_subject(b.subjects.calls(f"r{k}-0-1"), r.CallRecord)}
+    assert seen == set(range(300))
+    await b.close()
+
+
+async def test_acked_consumption_survives_restart(nats_server_fn) -> None:
+    """Acks that returned are durable: after a crash, only unacked messages come back."""
+    srv = nats_server_fn
+    b = await connect(srv.url, "crash2")
+    for k in range(10):
+        await b.publish(
+            b.subjects.tasks,
+            r.TaskRequest(group_id="g", k=k, group_size=10, issued_version=0, task_id="t"),
+        )
+    cons = await b.consumer("TASKS", "actors", r.TaskRequest, ack_wait=1.0)
+    got = await cons.fetch(6, timeout=2.0)
+    for d in got[:4]:
+        await d.ack()
+    srv.kill()
+    srv.start()
+    await asyncio.sleep(0.5)
+    left = []
+    for _ in range(20):
+        left += await cons.fetch(10, timeout=1.0)
+        if len(left) >= 6:
+            break
+    assert sorted(d.record.k for d in left) == [4, 5, 6, 7, 8, 9]
+    await b.close()

@@ -1,0 +1,172 @@
+"""Wire records: standard msgpack, packed arrays, zstd framing, one clear decode error."""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from common import records as r
+
+
+def sample_records() -> list[r.Record]:
+    ids = list(range(100, 2100))
+    return [
+        r.TaskRequest(group_id="g-1", k=2, group_size=4, issued_version=7, task_id="toy/read-1"),
+        r.CallRecord(
+            rollout_id="g-1-2-1",
+            seq=3,
+            parent_seq=2,
+            prefix_len=1500,
+            suffix_ids=r.pack_ids(ids[1500:]),
+            input_len=2000,
+            input_hash=r.ids_hash(ids),
+            output_ids=r.pack_ids([5, 6, 7]),
+            output_logprobs=r.pack_f32([-0.1, -0.2, -0.3]),
+            finish_reason="stop",
+            weight_version_start=3,
+            weight_version_end=4,
+            requested={"temperature": 0.2, "max_tokens": 99},
+        ),
+        r.RolloutResult(
+            rollout_id="g-1-2-1",
+            task_id="toy/read-1",
+            group_id="g-1",
+            k=2,
+            attempt=1,
+            issued_version=7,
+            status="timeout",
+            reward=0.0,
+            metrics={"file_exists": 1.0},
+        ),
+        r.TreeSample(
+            rollout_id="g-1-2-1",
+            group_id="g-1",
+            k=2,
+            nodes=[
+                r.TreeNode(
+                    parent=-1, token_ids=r.pack_ids([1, 2, 3]), loss_mask=r.pack_u8([0, 0, 0])
+                ),
+                r.TreeNode(
+                    parent=0,
+                    token_ids=r.pack_ids([4]),
+                    logprobs=r.pack_f32([-0.5]),
+                    loss_mask=r.pack_u8([1]),
+                    weight_version=4,
+                ),
+            ],
+            counters=r.TreeCounters(
+                n_calls=1, n_leaves=1, unique_tokens=4, dropped={"dead_leaf": 1}
+            ),
+        ),
+        r.TreeSample(rollout_id="g-1-3-1", group_id="g-1", k=3, dropped_reason="bad_delta"),
+        r.WeightsReady(version=5, n_chunks=2, total_bytes=10, digest="ab"),
+        r.WeightChunk(version=5, index=1, n_chunks=2, data=b"\x00" * 10),
+        r.DeadLetter(stream="S", subject="x", seq=1, consumer="c", reason="bad", data=b"junk"),
+    ]
+
+
+@pytest.mark.parametrize("rec", sample_records(), ids=lambda x: x.record)
+def test_roundtrip_and_plain_msgpack(rec: r.Record) -> None:
+    """Every record type round-trips and decodes with the plain msgpack package."""
+    data = r.encode(rec)
+    assert r.decode(data, type(rec)) == rec
+    raw = zstandard.ZstdDecompressor().decompress(data) if data[:4] == r.ZSTD_MAGIC else data
+    plain = msgpack.unpackb(raw, raw=False)
+    assert plain["record"] == type(rec).__name__
+    assert plain["schema_version"] == r.SCHEMA_VERSION
+    for name in type(rec).__struct_fields__:
+        assert name in plain, name
+
+
+def test_token_ids_are_packed_int32() -> None:
+    """Token ids travel as little-endian int32 bytes, not msgpack lists."""
+    rec = sample_records()[1]
+    plain = msgpack.unpackb(r.unframe(r.encode(rec)))
+    assert isinstance(plain["suffix_ids"], bytes)
+    assert np.frombuffer(plain["suffix_ids"], "<i4").tolist() == list(range(1600, 2100))
+    assert np.frombuffer(plain["output_logprobs"], "<f4").tolist() == pytest.approx(
+        [-0.1, -0.2, -0.3]
+    )
+
+
+def test_large_payloads_are_zstd_framed_small_are_not() -> None:
+    big, small = r.encode(sample_records()[1]), r.encode(sample_records()[0])
+    assert big[:4] == r.ZSTD_MAGIC
+    assert small[:4] != r.ZSTD_MAGIC and len(small) < r.COMPRESS_THRESHOLD
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"",
+        b"garbage",
+        b"\xff\xff\xff",
+        r.ZSTD_MAGIC + b"broken frame",
+        msgpack.packb([1, 2, 3]),
+        msgpack.packb({"record": "CallRecord"}),
+        msgpack.packb({"record": "TaskRequest", "schema_version": 1, "k": "x"}),
+    ],
+)
+def test_garbage_raises_one_error_type(payload: bytes) -> None:
+    with pytest.raises(r.RecordDecodeError):
+        r.decode(payload, r.CallRecord)
+
+
+def test_wrong_type_and_newer_schema_rejected() -> None:
+    task = sample_records()[0]
+    with pytest.raises(r.RecordDecodeError, match="expected a CallRecord"):
+        r.decode(r.encode(task), r.CallRecord)
+    newer = msgpack.packb(
+        {**msgpack.unpackb(r.encode(task)), "schema_version": r.SCHEMA_VERSION + 1}
+    )
+    with pytest.raises(r.RecordDecodeError, match="newer than supported"):
+        r.decode(newer, r.TaskRequest)
+
+
+def test_unknown_extra_fields_are_tolerated() -> None:
+    """A same-version producer that adds a field does not break older consumers."""
+    task = sample_records()[0]
+    extended = msgpack.packb({**msgpack.unpackb(r.encode(task)), "future_field": [1, 2]})
+    assert r.decode(extended, r.TaskRequest) == task
+
+
+def test_rollout_identity() -> None:
+    assert r.rollout_id("grp_a", 3, 2) == "grp_a-3-2"
+    assert r.parse_rollout_id("grp-a-3-2") == ("grp-a", 3, 2)
+    for bad in ("a.b", "a b", "a>", "", "x" * 201):
+        with pytest.raises(ValueError):
+            r.check_token(bad)
+    with pytest.raises(ValueError):
+        r.rollout_id("g", 0, 0)
+
+
+def test_tombstone() -> None:
+    recs = sample_records()
+    assert recs[4].is_tombstone and not recs[3].is_tombstone
+    assert recs[3].msg_id() == "sample:g-1-2-1"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ids=st.lists(st.integers(0, 2**31 - 1), max_size=3000),
+    lps=st.lists(st.floats(-50, 0, width=32), max_size=300),
+    label=st.sampled_from(["main", "subagent", "compaction", "aux"]),
+)
+def test_callrecord_roundtrip_property(ids: list[int], lps: list[float], label: str) -> None:
+    rec = r.CallRecord(
+        rollout_id="g-0-1",
+        seq=0,
+        label=label,
+        suffix_ids=r.pack_ids(ids),
+        input_len=len(ids),
+        input_hash=r.ids_hash(ids),
+        output_logprobs=r.pack_f32(lps),
+    )
+    back = r.decode(r.encode(rec), r.CallRecord)
+    assert r.unpack_ids(back.suffix_ids).tolist() == ids
+    assert back.input_hash == r.ids_hash(r.unpack_ids(back.suffix_ids))
+    assert np.array_equal(r.unpack_f32(back.output_logprobs), np.asarray(lps, "<f4"))
