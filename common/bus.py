@@ -96,7 +96,23 @@ class Subjects:
     def stream(self, kind: str) -> str:
         return f"HRL_{self.run}_{kind}"
 
+    _KIND_BY_TOKEN = {
+        "tasks": "TASKS",
+        "calls": "CALLS",
+        "rollouts": "ROLLOUTS",
+        "samples": "SAMPLES",
+        "weights": "WEIGHTS",
+        "dead": "DEAD",
+    }
+
     def kind_of(self, subject: str) -> str:
+        parts = subject.split(".", 3)
+        if len(parts) >= 3 and parts[0] == "hrl" and parts[1] == self.run:
+            kind = self._KIND_BY_TOKEN.get(parts[2])
+            if kind and any(
+                subject_matches(t.format(run=self.run), subject) for t in STREAMS[kind].subjects
+            ):
+                return kind
         for spec in STREAMS.values():
             for tmpl in spec.subjects:
                 if subject_matches(tmpl.format(run=self.run), subject):

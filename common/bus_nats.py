@@ -14,7 +14,9 @@ import nats.js.errors
 from nats.js import api
 
 from common.bus import (
+    M_DUPLICATES,
     M_PUBLISH_RETRIES,
+    M_PUBLISHED,
     STREAMS,
     Bus,
     BusError,
@@ -23,7 +25,7 @@ from common.bus import (
     PubResult,
     R,
 )
-from common.records import RecordDecodeError, decode
+from common.records import Record, RecordDecodeError, decode, encode_many
 
 log = logging.getLogger("harnessrl.bus")
 
@@ -158,34 +160,52 @@ class JetStreamBus(Bus):
             delay = min(delay * 2, 1.0)
 
     async def publish_many(self, items):  # type: ignore[override]
-        """Pipelined publish (``publish_async``); failed acks fall back to ``publish``."""
-        from common.bus import M_DUPLICATES, M_PUBLISHED
-        from common.records import Record, encode
+        """Pipelined publish: records are encoded/compressed in a worker thread one chunk ahead
+        while the previous chunk is published with ``publish_async``; failed acks fall back to
+        ``publish`` with the same msg id (never a duplicate)."""
+        items = list(items)
+        loop = asyncio.get_running_loop()
+        chunk = 64
 
-        prepared = []
-        for subject, rec, msg_id in items:
-            if isinstance(rec, Record):
-                if msg_id is None and hasattr(rec, "msg_id"):
+        def prep(part: list) -> list[tuple[str, bytes, str | None]]:
+            recs = [rec for _, rec, _ in part]
+            datas = encode_many(recs)
+            out = []
+            for (subject, rec, msg_id), data in zip(part, datas, strict=True):
+                if msg_id is None and isinstance(rec, Record):
                     msg_id = rec.msg_id()
-                data = encode(rec)
-            else:
-                data = rec
-            self._check_size(subject, data)
-            prepared.append((subject, data, msg_id))
-        futs: list[Any] = []
-        for subject, data, msg_id in prepared:
-            try:
-                futs.append(
-                    await self.js.publish_async(subject, data, headers=self._headers(msg_id))
-                )
-            except _TRANSIENT + (nats.js.errors.TooManyStalledMsgsError,):
-                futs.append(None)
+                out.append((subject, data, msg_id))
+            return out
+
+        parts = [items[i : i + chunk] for i in range(0, len(items), chunk)]
+        pending = loop.run_in_executor(None, prep, parts[0]) if parts else None
+        sent: list[tuple[tuple[str, bytes, str | None], Any]] = []
+        for i in range(len(parts)):
+            prepared = await pending  # type: ignore[misc]
+            if i + 1 < len(parts):
+                pending = loop.run_in_executor(None, prep, parts[i + 1])
+            for subject, data, _ in prepared:
+                self._check_size(subject, data)
+            for item in prepared:
+                subject, data, msg_id = item
+                try:
+                    fut = await self.js.publish_async(subject, data, headers=self._headers(msg_id))
+                except _TRANSIENT + (nats.js.errors.TooManyStalledMsgsError,):
+                    fut = None
+                sent.append((item, fut))
+        return await self._collect(sent)
+
+    async def _collect(
+        self, sent: list[tuple[tuple[str, bytes, str | None], Any]]
+    ) -> list[PubResult]:
         out: list[PubResult] = []
-        for (subject, data, msg_id), fut in zip(prepared, futs, strict=True):
+        for (subject, data, msg_id), fut in sent:
             res = None
             if fut is not None:
                 try:
-                    ack = await asyncio.wait_for(fut, 10.0)
+                    if not fut.done():
+                        await asyncio.wait_for(asyncio.shield(fut), 10.0)
+                    ack = fut.result()
                     res = PubResult(ack.seq, bool(ack.duplicate))
                 except Exception:
                     res = None

@@ -22,6 +22,7 @@ message, so a redelivered task is a new *attempt* of the same group member, neve
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import time
 from typing import Any, ClassVar, Literal, TypeVar
@@ -38,9 +39,13 @@ COMPRESS_THRESHOLD = 1024
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
+ZSTD_LEVEL = int(os.environ.get("HRL_ZSTD_LEVEL", "-3"))
+"""zstd level for framed records; negative levels trade ratio for speed (token ids are
+high-entropy: level 3 buys ~10% smaller frames at twice the CPU). Env: ``HRL_ZSTD_LEVEL``."""
+
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,200}$")
 
-_zc = zstandard.ZstdCompressor(level=3)
+_zc = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
 _zd = zstandard.ZstdDecompressor()
 
 
@@ -517,6 +522,16 @@ def encode(record: Record, *, compress: bool | None = None) -> bytes:
     if compress is None:
         compress = len(raw) > COMPRESS_THRESHOLD
     return _zc.compress(raw) if compress else raw
+
+
+def encode_many(records: list[Record]) -> list[bytes]:
+    """``encode`` for a batch; safe to call from a worker thread (zstd releases the GIL)."""
+    zc = zstandard.ZstdCompressor(level=ZSTD_LEVEL)  # not thread-safe: one per call
+    out = []
+    for rec in records:
+        raw = _encoder.encode(rec) if not isinstance(rec, bytes) else rec
+        out.append(zc.compress(raw) if len(raw) > COMPRESS_THRESHOLD else raw)
+    return out
 
 
 def unframe(data: bytes) -> bytes:

@@ -1,0 +1,86 @@
+"""Benchmark conventions: ``python -m benchmarks.NAME [--quick]`` prints a table and writes
+``benchmarks/results/NAME.json`` with its metrics, the baseline measured in the same run, the
+targets, the machine and the date. Absolute numbers on shared machines are noisy; ratios against
+a same-run baseline are what we track over time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def parse_args(description: str, argv: list[str] | None = None) -> argparse.Namespace:
+    """Common flags: ``--quick`` (under a minute) and ``--out`` (results folder)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--quick", action="store_true", help="small sizes; finishes in under a minute")
+    p.add_argument("--out", type=Path, default=RESULTS_DIR, help="folder for NAME.json")
+    return p.parse_args(argv)
+
+
+def machine_info() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+    }
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["cuda"] = torch.cuda.is_available()
+    except ImportError:
+        pass
+    return info
+
+
+def write_result(
+    name: str,
+    metrics: dict[str, Any],
+    baseline: dict[str, Any],
+    targets: dict[str, Any],
+    *,
+    ratios: dict[str, float] | None = None,
+    quick: bool = False,
+    out: Path = RESULTS_DIR,
+) -> Path:
+    """Write the result JSON; ``targets`` maps a target name to {"value", "target", "met"}."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
+    doc = {
+        "name": name,
+        "quick": quick,
+        "metrics": metrics,
+        "baseline": baseline,
+        "ratios": ratios or {},
+        "targets": targets,
+        "machine": machine_info(),
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+    }
+    path.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+    return path
+
+
+def target(value: float, bound: float, *, at_least: bool = True) -> dict[str, Any]:
+    """A target entry: ``value >= bound`` (or ``<=`` with ``at_least=False``)."""
+    met = value >= bound if at_least else value <= bound
+    return {"value": round(value, 4), "target": f"{'>=' if at_least else '<='} {bound}", "met": met}
+
+
+def print_table(title: str, rows: list[tuple[str, ...]], header: tuple[str, ...]) -> None:
+    """A plain aligned table on stdout."""
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    print(f"\n{title}")
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)))

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Set up harnessrl on a fresh Debian/Ubuntu machine: system packages, a venv in .venv, torch
+# first (so pip never pulls a multi-GB CUDA build by accident), then the project with extras.
+#   bash deploy/setup.sh            # CPU machine, everything (engine, learner, tests)
+#   EXTRAS=test bash deploy/setup.sh   # actor-only machine: no torch/deepspeed
+#   TORCH_SPEC='torch==2.13.0' ...  # pick your CUDA build on GPU machines
+set -euo pipefail
+cd "$(dirname "$0")/.."
+EXTRAS="${EXTRAS:-train,test}"
+TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
+VENV="${VENV:-.venv}"
+PY="${PYTHON:-python3}"
+
+if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  if ! command -v bwrap >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq bubblewrap >/dev/null
+  fi
+fi
+
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
+if [[ ",$EXTRAS," == *",train,"* ]]; then
+  "$VENV/bin/python" -m pip install -q "$TORCH_SPEC" 2>&1 | grep -v "^WARNING: Location" || true
+fi
+DS_BUILD_OPS=0 "$VENV/bin/python" -m pip install -q -e ".[${EXTRAS}]" 2>&1 \
+  | grep -v -e "^WARNING: Location" -e "^  " -e "^!!" || true
+"$VENV/bin/python" -c "import common, proxy, actors, learner" 
+echo "harnessrl installed in $VENV ($("$VENV/bin/python" --version))"

@@ -1,0 +1,171 @@
+"""CLI and config: instant --help, honest not-yet-landed commands, strict typed configs."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from common import cli
+from common.config import (
+    ConfigError,
+    HrlModel,
+    NatsServerConfig,
+    ServiceConfig,
+    dump_toml,
+    load_config,
+    undocumented_fields,
+)
+from common.procs import pid_alive
+
+HRL = [sys.executable, "-m", "common.cli"]
+
+
+def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([*HRL, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_help_is_fast_and_imports_no_heavy_library() -> None:
+    code = (
+        "import sys, time; t=time.perf_counter(); from common import cli\n"
+        "try: cli.main(['--help'])\nexcept SystemExit: pass\n"
+        "heavy=[m for m in ('torch','deepspeed','transformers') if m in sys.modules]\n"
+        "print('ELAPSED', time.perf_counter()-t, 'HEAVY', heavy)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    line = out.stdout.strip().splitlines()[-1]
+    assert "HEAVY []" in line, line
+    assert float(line.split()[1]) < 1.0, line
+
+
+@pytest.mark.parametrize("name", sorted(cli.COMMANDS))
+def test_every_subcommand_has_help(name: str) -> None:
+    res = run_cli(name, "--help")
+    assert res.returncode == 0, res.stderr
+    assert " ".join(cli.COMMANDS[name].help.split()) in " ".join(res.stdout.split())
+
+
+@pytest.mark.parametrize("name", [n for n, c in cli.COMMANDS.items() if c.module is None])
+def test_not_landed_commands_say_so_and_fail(name: str) -> None:
+    res = run_cli(name)
+    assert res.returncode == cli.EXIT_NOT_LANDED
+    assert "not available yet" in res.stderr and f"#{cli.COMMANDS[name].issue}" in res.stderr
+
+
+def all_config_models() -> list[type[BaseModel]]:
+    """Every CONFIG of a landed subcommand plus the shared models."""
+    models: list[type[BaseModel]] = [ServiceConfig, NatsServerConfig]
+    for c in cli.COMMANDS.values():
+        if c.module:
+            cfg = getattr(importlib.import_module(c.module), "CONFIG", None)
+            if cfg is not None:
+                models.append(cfg)
+    return models
+
+
+@pytest.mark.parametrize("model", all_config_models(), ids=lambda m: m.__name__)
+def test_every_config_field_is_documented_and_strict(model: type[HrlModel]) -> None:
+    assert undocumented_fields(model) == []
+    assert model.model_config.get("extra") == "forbid"
+
+
+def test_unknown_and_illtyped_fields_name_the_field(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text('port = 1\nstore_dirr = "x"\n')
+    with pytest.raises(ConfigError, match="'store_dirr': unknown field"):
+        load_config(NatsServerConfig, f)
+    f.write_text('port = "many"\n')
+    with pytest.raises(ConfigError, match="'port'"):
+        load_config(NatsServerConfig, f)
+    with pytest.raises(ConfigError, match="'port'.*less than or equal"):
+        load_config(NatsServerConfig, None, {"port": 70000})
+    with pytest.raises(ConfigError, match="'run'"):
+        load_config(ServiceConfig, None, {"run": "has.dot"})
+    f.write_text("port = [\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(NatsServerConfig, f)
+
+
+def test_precedence_defaults_toml_flags(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text('port = 5000\nhost = "0.0.0.0"\n')
+    cfg = load_config(NatsServerConfig, f, {"port": "6000"})
+    assert (cfg.port, cfg.host, cfg.max_payload_mb) == (6000, "0.0.0.0", 8)
+    assert load_config(NatsServerConfig, None, {}).port == 4222
+
+
+def test_print_config_roundtrips(tmp_path: Path) -> None:
+    res = run_cli("nats", "--port", "1234", "--max-payload-mb", "16", "--print-config")
+    assert res.returncode == 0, res.stderr
+    assert "port = 1234" in res.stdout and "max_payload_mb = 16" in res.stdout
+    f = tmp_path / "resolved.toml"
+    f.write_text(res.stdout)
+    assert load_config(NatsServerConfig, f) == load_config(
+        NatsServerConfig, None, {"port": 1234, "max_payload_mb": 16}
+    )
+    assert dump_toml(load_config(NatsServerConfig, f)) == res.stdout
+
+
+def test_cli_rejects_bad_flag_value_naming_it() -> None:
+    res = run_cli("nats", "--port", "-5", "--print-config")
+    assert res.returncode == 2
+    assert "'port'" in res.stderr
+
+
+def test_nats_command_serves_until_sigterm_and_leaves_nothing(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [*HRL, "nats", "--port", "0", "--store-dir", str(tmp_path / "store")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    line = proc.stdout.readline()  # type: ignore[union-attr]
+    assert "nats-server ready: nats://127.0.0.1:" in line, line + proc.stderr.read()  # type: ignore[union-attr]
+    server_pid = int(line.split("pid ")[1].split(")")[0])
+    assert pid_alive(server_pid)
+    url = line.split("ready: ")[1].split()[0]
+    import asyncio
+
+    import nats
+
+    async def check() -> None:
+        nc = await nats.connect(url)
+        info = await nc.jetstream().account_info()
+        assert info is not None
+        assert nc.max_payload == 8 * 1024 * 1024
+        await nc.close()
+
+    asyncio.run(check())
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 0
+    for _ in range(50):
+        if not pid_alive(server_pid):
+            break
+        time.sleep(0.1)
+    assert not pid_alive(server_pid), "nats-server survived harnessrl nats"
+
+
+def test_nats_server_dies_with_a_killed_parent(tmp_path: Path) -> None:
+    """Even SIGKILL of `harnessrl nats` leaves no nats-server behind (PDEATHSIG)."""
+    proc = subprocess.Popen(
+        [*HRL, "nats", "--port", "0", "--store-dir", str(tmp_path / "s")],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ},
+    )
+    line = proc.stdout.readline()  # type: ignore[union-attr]
+    server_pid = int(line.split("pid ")[1].split(")")[0])
+    proc.kill()
+    proc.wait()
+    for _ in range(50):
+        if not pid_alive(server_pid):
+            break
+        time.sleep(0.1)
+    assert not pid_alive(server_pid)
