@@ -1,0 +1,32 @@
+"""Sandboxes for rollouts: the small contract in `base`, backends `bwrap` (embedded default)
+and `docker` (later). Use `make_backend` to pick one by name."""
+
+from __future__ import annotations
+
+from actors.sandbox.base import (
+    ExecResult,
+    Limits,
+    Sandbox,
+    SandboxBackend,
+    SandboxError,
+    SandboxSpec,
+)
+
+__all__ = [
+    "ExecResult",
+    "Limits",
+    "Sandbox",
+    "SandboxBackend",
+    "SandboxError",
+    "SandboxSpec",
+    "make_backend",
+]
+
+
+def make_backend(kind: str = "bwrap", **kwargs) -> SandboxBackend:
+    """A sandbox backend by name: ``bwrap`` (kwargs: see `BwrapBackend`) or ``docker``."""
+    if kind == "bwrap":
+        from actors.sandbox.bwrap import BwrapBackend
+
+        return BwrapBackend(**kwargs)
+    raise ValueError(f"unknown sandbox backend {kind!r} (available: bwrap)")

@@ -1,0 +1,201 @@
+"""In-sandbox launcher: relay 127.0.0.1:PORT to the proxy's unix socket, run the command.
+
+    python3 -I -S -B _forwarder.py PORT UNIX_SOCKET -- CMD [ARG...]
+
+Runs *inside* the sandbox, already under the sandbox's uid and rlimits. Why a launcher: each
+`Sandbox.run` is its own bwrap with its own network namespace (loopback only), so whatever
+listens on the loopback for the harness must live in that same namespace, started before the
+harness. This process binds the port first (no start-up race), forks and execs the command, and
+relays every accepted TCP connection to a fresh connection on the unix socket (bind-mounted
+from the host) until the command exits; then it exits with the command's status (128+N for a
+signal), which tears the whole sandbox down.
+
+One thread, a selector, non-blocking sockets; both directions of every connection are relayed
+independently, with half-close (EOF on one side becomes shutdown(SHUT_WR) on the other once the
+pending bytes are written). Standard library only; no threads, so it costs a single entry of
+the sandbox's process limit.
+"""
+
+import errno
+import os
+import selectors
+import signal
+import socket
+import sys
+
+BUF = 256 * 1024
+READ = selectors.EVENT_READ
+WRITE = selectors.EVENT_WRITE
+
+
+class Relay:
+    """One TCP client <-> one unix connection. ``buf[i]`` holds bytes read from ``socks[i]``."""
+
+    def __init__(self, sel, a, b):
+        self.sel = sel
+        self.socks = [a, b]
+        self.buf = [bytearray(), bytearray()]
+        self.eof = [False, False]
+        self.shut = [False, False]
+        self.mask = [0, 0]
+        self.closed = False
+        self.update()
+
+    def on_event(self, i, events):
+        try:
+            if events & READ:
+                data = self.socks[i].recv(BUF)
+                if data:
+                    self.buf[i] += data
+                else:
+                    self.eof[i] = True
+            if events & WRITE:
+                n = self.socks[i].send(self.buf[1 - i])
+                del self.buf[1 - i][:n]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            self.close()
+            return
+        self.update()
+
+    def update(self):
+        if self.closed:
+            return
+        for i in (0, 1):
+            src = 1 - i  # bytes for socks[i] come from socks[src]
+            if self.eof[src] and not self.buf[src] and not self.shut[i]:
+                self.shut[i] = True
+                try:
+                    self.socks[i].shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+        if all(self.shut):
+            self.close()
+            return
+        for i in (0, 1):
+            m = 0
+            if not self.eof[i] and len(self.buf[i]) < BUF:
+                m |= READ
+            if self.buf[1 - i]:
+                m |= WRITE
+            self._set_mask(i, m)
+
+    def _set_mask(self, i, m):
+        old = self.mask[i]
+        if m == old:
+            return
+        sock = self.socks[i]
+        if old == 0:
+            self.sel.register(sock, m, (self, i))
+        elif m == 0:
+            self.sel.unregister(sock)
+        else:
+            self.sel.modify(sock, m, (self, i))
+        self.mask[i] = m
+
+    def close(self):
+        self.closed = True
+        for i in (0, 1):
+            if self.mask[i]:
+                self.sel.unregister(self.socks[i])
+                self.mask[i] = 0
+            self.socks[i].close()
+
+
+def listen(port):
+    """Listening sockets on 127.0.0.1 (required) and ::1 (when the namespace has IPv6)."""
+    out = []
+    for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+        try:
+            s = socket.socket(family, socket.SOCK_STREAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            s.bind((host, port))
+            s.listen(256)
+            s.setblocking(False)
+            out.append(s)
+        except OSError:
+            if family == socket.AF_INET:
+                raise
+    return out
+
+
+def accept(sel, listener, unix_path, warned):
+    while True:
+        try:
+            c, _ = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            return
+        u = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            u.settimeout(5.0)
+            u.connect(unix_path)
+        except OSError as e:
+            u.close()
+            c.close()
+            if not warned:
+                warned.append(1)
+                sys.stderr.write(f"hrl-forwarder: proxy socket unavailable: {e}\n")
+            continue
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        c.setblocking(False)
+        u.setblocking(False)
+        Relay(sel, c, u)
+
+
+def spawn(cmd):
+    pid = os.fork()
+    if pid:
+        return pid
+    try:  # Python ignores these; a harness must get the default actions back
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
+        os.execvp(cmd[0], cmd)
+    except OSError as e:
+        sys.stderr.write(f"hrl-forwarder: cannot execute {cmd[0]}: {e.strerror}\n")
+        sys.stderr.flush()
+        os._exit(127 if e.errno == errno.ENOENT else 126)
+    os._exit(126)
+
+
+def main(argv):
+    if len(argv) < 4 or argv[2] != "--":
+        sys.stderr.write("usage: _forwarder.py PORT UNIX_SOCKET -- CMD [ARG...]\n")
+        return 125
+    port, unix_path, cmd = int(argv[0]), argv[1], argv[3:]
+    sel = selectors.DefaultSelector()
+    try:
+        for s in listen(port):
+            sel.register(s, READ, None)
+    except OSError as e:
+        sys.stderr.write(f"hrl-forwarder: cannot listen on 127.0.0.1:{port}: {e}\n")
+        return 125
+    pid = spawn(cmd)
+    try:
+        pidfd = os.pidfd_open(pid)
+        sel.register(pidfd, READ, "child")
+    except (AttributeError, OSError):
+        pidfd = None
+    warned = []
+    while True:
+        for key, events in sel.select(None if pidfd is not None else 0.05):
+            if key.data is None:
+                accept(sel, key.fileobj, unix_path, warned)
+            elif key.data == "child":
+                pass
+            else:
+                relay, i = key.data
+                relay.on_event(i, events)
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            code = os.waitstatus_to_exitcode(status)
+            return 128 - code if code < 0 else code
+
+
+if __name__ == "__main__":
+    sys.stdout.flush()
+    os._exit(main(sys.argv[1:]))

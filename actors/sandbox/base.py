@@ -1,0 +1,232 @@
+"""The sandbox contract: one sandbox per rollout, a few async verbs, two backends.
+
+The contract is deliberately small: create from a `SandboxSpec`, `run` commands, move files in
+and out, `destroy`. Everything a rollout needs (the harness run, copying hidden reward files in
+after the harness exited, the verifier run, copying the final workspace out) is made of these.
+
+Invariants every backend keeps:
+
+* The workspace is the only host state a sandbox can write; nothing else of the host is
+  writable, and nothing of the host that is not explicitly bound (read-only) is readable.
+* The sandbox has no network except its own loopback; the only way out is the proxy forwarder
+  (``127.0.0.1:<proxy_port>`` inside relays to the ``proxy_socket`` unix socket on the host).
+* ``run`` never outlives its wall-clock limit: on timeout the command and every process it
+  started are killed, and ``run`` returns with ``timed_out=True``.
+* Host-side file verbs (`read_file`, `write_file`, `copy_in`, `copy_out`) never follow a
+  symlink planted inside the workspace, so a sandbox cannot trick the host into reading or
+  writing outside it.
+* `destroy` is idempotent and leaves nothing behind; `SandboxBackend.sweep` removes what dead
+  owners left behind.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+DEFAULT_OUTPUT_CAP = 4 * MiB
+DEFAULT_PROXY_PORT = 18080
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (setup, isolation, bookkeeping) — not the command inside it.
+
+    A rollout whose sandbox raised this is discarded (``status = sandbox_error``).
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class ExecResult:
+    """The outcome of one `Sandbox.run`."""
+
+    returncode: int
+    """Exit status; 128+N when the command died of signal N; -9 when `run` killed it."""
+    stdout: bytes
+    """At most ``Limits.output_cap_bytes`` bytes; the rest is read and dropped."""
+    stderr: bytes
+    timed_out: bool
+    """The wall-clock limit ran out and the whole process tree was killed."""
+    duration_s: float
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+
+@dataclass(slots=True)
+class Limits:
+    """Resource limits of a sandbox. ``None`` means "inherit the host's limit"."""
+
+    memory_bytes: int | None = 8 * GiB
+    """Per process: RLIMIT_DATA for bwrap (heap + private writable mappings; reserved but
+    untouched address space does not count, so Node/Go/Bun runtimes still start)."""
+    max_processes: int | None = 1024
+    """Processes + threads (RLIMIT_NPROC, or pids limit for Docker)."""
+    max_file_size: int | None = 4 * GiB
+    """Largest file a process may write (RLIMIT_FSIZE; SIGXFSZ beyond)."""
+    max_open_files: int | None = None
+    """RLIMIT_NOFILE."""
+    wall_clock_s: float = 3600.0
+    """Default timeout of `Sandbox.run` when the call gives none."""
+    output_cap_bytes: int = DEFAULT_OUTPUT_CAP
+    """Bytes of stdout and of stderr kept by `Sandbox.run` (each)."""
+
+
+@dataclass(slots=True)
+class SandboxSpec:
+    """What a rollout asks of its sandbox. Paths named "host" are on the actor's machine."""
+
+    workspace_src: Path | None = None
+    """Host directory copied (never bound) into the fresh workspace; ``None``: start empty.
+    It must not contain the task's hidden reward files."""
+    workdir: str = "/workspace"
+    """Mount point of the workspace inside the sandbox (e.g. a task's input_mount_dir such as
+    ``/root/.openclaw/workspace``); the default cwd of `Sandbox.run`."""
+    home: str = "/home/hrl"
+    """``$HOME`` inside; backed by a private per-sandbox directory (the host's home is never
+    visible). ``workdir`` may lie below it."""
+    proxy_socket: Path | None = None
+    """Host unix socket of this rollout's proxy; ``None``: no forwarder, no way out at all."""
+    proxy_port: int = DEFAULT_PROXY_PORT
+    """Loopback port inside the sandbox where the forwarder listens (``$HRL_PROXY_URL``)."""
+    ro_binds: list[tuple[Path, str]] = field(default_factory=list)
+    """Extra read-only binds ``(host_path, inside_path)``, e.g. a harness install dir."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment of every command (on top of a minimal base; the host's is never inherited)."""
+    limits: Limits = field(default_factory=Limits)
+    owner: str = "hrl"
+    """Who owns the sandbox (e.g. the actor's name); part of the host state dir's name."""
+    hostname: str = "hrl-sandbox"
+
+    def __post_init__(self) -> None:
+        self.workdir = _inside_abs(self.workdir, "workdir")
+        self.home = _inside_abs(self.home, "home")
+        self.owner = re.sub(r"[^A-Za-z0-9_.-]", "_", self.owner)[:48] or "hrl"
+        if not 0 < self.proxy_port < 65536:
+            raise ValueError(f"proxy_port out of range: {self.proxy_port}")
+        self.ro_binds = [(Path(h), _inside_abs(i, "ro_binds")) for h, i in self.ro_binds]
+        for k, v in self.env.items():
+            if not k or "=" in k or "\0" in k or "\0" in v:
+                raise ValueError(f"bad environment variable {k!r}")
+
+
+def _inside_abs(path: str, what: str) -> str:
+    p = posixpath.normpath(path)
+    if not p.startswith("/") or p == "/" or p.startswith("//"):
+        raise ValueError(f"{what} must be an absolute path below /: {path!r}")
+    return p
+
+
+def workspace_relpath(workdir: str, path: str) -> str:
+    """``path`` (relative to ``workdir`` or absolute inside it) as a normalised relative path.
+
+    Raises `SandboxError` for anything that points outside the workspace.
+    """
+    if posixpath.isabs(path):
+        p = posixpath.normpath(path)
+        if p == workdir:
+            return "."
+        if not p.startswith(workdir.rstrip("/") + "/"):
+            raise SandboxError(f"path outside the workspace: {path!r}")
+        return posixpath.relpath(p, workdir)
+    rel = posixpath.normpath(path)
+    if rel == ".." or rel.startswith("../"):
+        raise SandboxError(f"path outside the workspace: {path!r}")
+    return rel
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """One isolated workspace + process environment for one rollout."""
+
+    workdir: str
+    """Path of the workspace inside the sandbox."""
+
+    async def run(
+        self,
+        argv: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        """Run ``argv`` inside (cwd defaults to `workdir`, timeout to ``limits.wall_clock_s``).
+
+        Every process the command starts dies when it exits or times out. stdin is /dev/null
+        unless given. A failure of the sandbox itself raises `SandboxError`.
+        """
+        ...
+
+    async def read_file(self, path: str) -> bytes:
+        """A regular file of the workspace (relative to `workdir`, or absolute inside it).
+
+        Raises FileNotFoundError when it is missing, `SandboxError` for anything that is not a
+        regular file reached without symlinks.
+        """
+        ...
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        """Create or replace a workspace file (parent directories are created)."""
+        ...
+
+    async def copy_in(self, host_src: Path, dest: str) -> None:
+        """Copy a host file or directory tree to ``dest`` in the workspace (merging dirs)."""
+        ...
+
+    async def copy_out(self, dest_host: Path) -> None:
+        """Copy the whole workspace to a new (or empty) host directory; symlinks stay links,
+        special files are skipped."""
+        ...
+
+    async def destroy(self) -> None:
+        """Kill everything still running and remove all host state. Idempotent."""
+        ...
+
+    async def __aenter__(self) -> Sandbox: ...
+
+    async def __aexit__(self, *exc: object) -> None: ...
+
+
+@runtime_checkable
+class SandboxBackend(Protocol):
+    """Makes sandboxes of one kind (``bwrap``, ``docker``)."""
+
+    name: str
+
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        """A fresh sandbox; raises `SandboxError` when it cannot be made."""
+        ...
+
+    async def sweep(self) -> int:
+        """Remove sandboxes whose owner process is dead (and kill what they left running).
+
+        Returns how many were removed. Safe to call while live owners use the same state root.
+        """
+        ...
+
+    async def close(self) -> None:
+        """Destroy every sandbox this backend created and is still alive."""
+        ...
+
+
+class SandboxBase:
+    """Mixin: ``async with`` a sandbox destroys it on exit."""
+
+    async def destroy(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.destroy()

@@ -1,0 +1,751 @@
+"""Bubblewrap sandboxes: the embedded default backend (no daemon, ~ms per command).
+
+Design (the simplest one that is correct):
+
+* **State on the host, processes per command.** A sandbox is a host state dir
+  ``<root>/<owner>-<pid>-<id>/`` holding ``workspace/``, ``home/``, ``tmp/``, generated
+  ``etc/`` files (passwd, group, hosts, hostname) and ``lock`` (flock held by the owner for the
+  sandbox's life; JSON: owner pid, uid). Every `BwrapSandbox.run` is a fresh ``bwrap`` with the
+  same binds, so state persists between commands only through those dirs and no daemon needs
+  minding. Whatever the actor keeps beside ``workspace/`` (hidden reward files) stays unseen.
+* **What is visible inside:** read-only ``/usr`` (+ the ``/bin``, ``/lib*`` links), a curated
+  read-only ``/etc`` (an allowlist copied once per host into a cache: no shadow, sudoers, ssh
+  keys…; passwd/group/hosts/hostname are per sandbox, under ``/run/hrl/etc``), a fresh
+  ``/proc`` and ``/dev`` (``/dev/shm`` writable, in memory, per command), the sandbox's own
+  ``/tmp`` and ``$HOME``, the workspace (read-write) at ``spec.workdir``, and
+  ``spec.ro_binds``. The root is a read-only tmpfs: nothing else exists, in particular not
+  the host's ``/root``, ``/home``, ``/tmp`` or the state dir's other files.
+* **Namespaces:** pid, net (loopback only), ipc, uts (hostname), cgroup; ``--die-with-parent``
+  and ``--new-session``. The pid namespace is what makes "kill the whole tree" exact: when the
+  command exits, or bwrap is killed on timeout, the namespace's init dies and the kernel kills
+  every process left in it — double-forked daemons included.
+* **Who runs inside.** As root (the usual actor), bwrap runs privileged *without* a user
+  namespace, and ``setpriv`` drops to a per-sandbox host uid (allocated from ``uid_base`` with
+  flock'ed lock files) with every capability gone and no_new_privs. A user namespace owned by
+  root would leave the processes host uid 0, and the kernel exempts uid 0 from RLIMIT_NPROC;
+  with a uid of its own, the sandbox's process limit holds for the whole sandbox and its files
+  are nobody else's. As non-root, bwrap uses a user namespace (uid 1000 inside, mapped to the
+  actor's uid); RLIMIT_NPROC is then counted per user namespace, i.e. per `run`.
+* **Limits:** ``prlimit`` (util-linux) sets RLIMIT_NPROC / DATA / FSIZE / NOFILE / CORE=0 inside,
+  after the uid drop. The wall clock is enforced from here: ``killpg`` of bwrap's process group
+  (bwrap runs in a new session), and the pid namespace does the rest.
+* **Proxy forwarder:** when ``spec.proxy_socket`` is set, the host socket is bound at
+  ``/run/hrl/proxy.sock`` and the command is wrapped in ``_forwarder.py`` (host python, stdlib
+  only), which listens on ``127.0.0.1:<proxy_port>`` in the command's own network namespace
+  before starting it and relays each connection to the unix socket. Without a proxy socket,
+  commands run without Python in between (the fast path).
+
+Needs: ``bubblewrap`` and ``util-linux`` (setpriv, prlimit); python3 for the forwarder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import posixpath
+import re
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from actors.sandbox import _fs
+from actors.sandbox.base import (
+    ExecResult,
+    SandboxBase,
+    SandboxError,
+    SandboxSpec,
+    workspace_relpath,
+)
+from common.procs import kill_tree
+
+DEFAULT_ROOT = Path(tempfile.gettempdir()) / "harnessrl-sandboxes"
+DEFAULT_UID_LOCKS = Path(tempfile.gettempdir()) / "harnessrl-sandbox-uids"
+USERNS_UID = 1000
+RUN_DIR = "/run/hrl"
+PROXY_SOCK_INSIDE = f"{RUN_DIR}/proxy.sock"
+FORWARDER_INSIDE = f"{RUN_DIR}/forwarder.py"
+ETC_INSIDE = f"{RUN_DIR}/etc"
+FORWARDER_SRC = Path(__file__).with_name("_forwarder.py")
+MAX_READ_BYTES = 256 * 1024 * 1024
+PATH_INSIDE = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+#: /etc entries bound read-only when present. Everything else of /etc stays invisible
+#: (shadow, sudoers, ssh host keys, app secrets); passwd, group, hosts, hostname, nsswitch.conf
+#: and resolv.conf are generated per sandbox.
+ETC_ALLOW = (
+    "alternatives",
+    "bash.bashrc",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "crypto-policies",
+    "debian_version",
+    "gai.conf",
+    "gitconfig",
+    "host.conf",
+    "inputrc",
+    "issue",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "locale.alias",
+    "locale.conf",
+    "localtime",
+    "lsb-release",
+    "magic",
+    "magic.mime",
+    "mime.types",
+    "os-release",
+    "perl",
+    "pki",
+    "profile",
+    "profile.d",
+    "protocols",
+    "python3",
+    f"python3.{sys.version_info.minor}",
+    "services",
+    "shells",
+    "ssl",
+    "terminfo",
+    "timezone",
+)
+_ROOT_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+
+
+def _starttime(pid: int) -> str | None:
+    """Kernel start time of ``pid`` (guards against pid reuse)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _kill_uid(uid: int) -> int:
+    """SIGKILL every process whose real uid is ``uid``; returns how many were found."""
+    n = 0
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/status") as f:
+                for line in f:
+                    if line.startswith("Uid:"):
+                        if int(line.split()[1]) == uid:
+                            os.kill(int(d), signal.SIGKILL)
+                            n += 1
+                        break
+        except (OSError, ValueError):
+            continue
+    return n
+
+
+def _try_lock(path: Path) -> int | None:
+    """An fd holding an exclusive flock on ``path`` (created), or None when someone holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _etc_files(spec: SandboxSpec, uid: int) -> dict[str, str]:
+    """The /etc files generated per sandbox (the user's uid and the hostname vary)."""
+    return {
+        "passwd": "root:x:0:0:root:/root:/bin/bash\n"
+        f"hrl:x:{uid}:{uid}:harnessrl sandbox:{spec.home}:/bin/bash\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+        "group": f"root:x:0:\nhrl:x:{uid}:\nnogroup:x:65534:\n",
+        "hosts": f"127.0.0.1 localhost {spec.hostname}\n::1 localhost ip6-localhost\n",
+        "hostname": f"{spec.hostname}\n",
+    }
+
+
+def _no_private_keys(d: str, names: list[str]) -> list[str]:
+    return ["private"] if d.endswith("ssl") else []
+
+
+def _below(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def _setup_failed(returncode: int | None, stderr: bytes) -> bool:
+    """Whether a run failed in bwrap / setpriv / prlimit / the forwarder, before the command.
+
+    These tools report on stderr with their name as prefix and exit 1 (125: forwarder).
+    """
+    return returncode in (1, 125) and stderr.startswith(_SETUP_ERRORS)
+
+
+_SETUP_ERRORS = (b"bwrap: ", b"setpriv: ", b"prlimit: failed to set", b"hrl-forwarder: cannot")
+
+
+async def _read_capped(stream: asyncio.StreamReader | None, cap: int) -> tuple[bytes, bool]:
+    buf, truncated = bytearray(), False
+    if stream is None:
+        return b"", False
+    while chunk := await stream.read(1 << 16):
+        room = cap - len(buf)
+        if room > 0:
+            buf += chunk[:room]
+        truncated = truncated or len(chunk) > room
+    return bytes(buf), truncated
+
+
+class BwrapBackend:
+    """Creates `BwrapSandbox`es under ``root``; sweeps dead owners' leftovers on start.
+
+    ``mode``: ``"auto"`` (``"root"`` when running as root, else ``"userns"``), ``"root"`` or
+    ``"userns"`` — see the module docstring. ``python``: interpreter for the forwarder
+    (default ``/usr/bin/python3`` when present, else this interpreter with its prefix bound).
+    """
+
+    name = "bwrap"
+
+    def __init__(
+        self,
+        root: Path | str | None = None,
+        *,
+        mode: str = "auto",
+        bwrap: str | None = None,
+        python: str | None = None,
+        uid_base: int = 2_000_000_000,
+        uid_count: int = 65536,
+        uid_lock_dir: Path | str | None = None,
+        etc_allow: tuple[str, ...] = ETC_ALLOW,
+        etc_cache_dir: Path | str | None = None,
+        sweep_on_start: bool = True,
+    ) -> None:
+        self.root = Path(root) if root is not None else DEFAULT_ROOT
+        if mode == "auto":
+            mode = "root" if os.geteuid() == 0 else "userns"
+        if mode not in ("root", "userns"):
+            raise ValueError(f"unknown bwrap mode {mode!r}")
+        self.mode = mode
+        self._bwrap = bwrap or shutil.which("bwrap") or "/usr/bin/bwrap"
+        self._python, self._python_bind = self._pick_python(python)
+        self.uid_base, self.uid_count = uid_base, uid_count
+        self.uid_lock_dir = Path(uid_lock_dir) if uid_lock_dir is not None else DEFAULT_UID_LOCKS
+        self.etc_allow = etc_allow
+        self.etc_cache_dir = (
+            Path(etc_cache_dir)
+            if etc_cache_dir is not None
+            else Path(tempfile.gettempdir()) / f"harnessrl-etc-{os.geteuid()}"
+        )
+        self.sweep_on_start = sweep_on_start
+        self._tools: dict[str, str] = {}
+        self._version: tuple[int, ...] = (0,)
+        self._started = False
+        self._start_lock = asyncio.Lock()
+        self._live: set[BwrapSandbox] = set()
+        self._etc: Path | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> BwrapBackend:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Check bwrap works here, then sweep dead owners' leftovers. Idempotent."""
+        async with self._start_lock:
+            if self._started:
+                return
+            reason = await self.probe()
+            if reason is not None:
+                raise SandboxError(f"bubblewrap is not usable here: {reason}")
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if self.mode == "root":
+                self.uid_lock_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._etc = await asyncio.to_thread(self._shared_etc)
+            self._started = True
+        if self.sweep_on_start:
+            await self.sweep()
+
+    async def probe(self) -> str | None:
+        """None when sandboxes can run here, else why not (for skips and error messages)."""
+        if not os.path.exists(self._bwrap):
+            return "bwrap not installed (apt-get install bubblewrap)"
+        for tool in ("prlimit", *(("setpriv",) if self.mode == "root" else ())):
+            path = shutil.which(tool, path=PATH_INSIDE)
+            if path is None:
+                return f"{tool} not found (apt-get install util-linux)"
+            self._tools[tool] = path
+        proc = await asyncio.create_subprocess_exec(
+            self._bwrap, "--version", stdout=asyncio.subprocess.PIPE
+        )
+        out, _ = await proc.communicate()
+        if m := re.search(rb"(\d+)\.(\d+)\.(\d+)", out):
+            self._version = tuple(int(x) for x in m.groups())
+        argv = [self._bwrap, *self._ns_args(), *self._system_binds(), "--", "/usr/bin/true"]
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+        )
+        _, err = await proc.communicate()
+        if proc.returncode != 0:
+            return err.decode(errors="replace").strip() or f"bwrap exited {proc.returncode}"
+        return None
+
+    async def close(self) -> None:
+        """Destroy every sandbox of this backend that is still alive."""
+        for sb in list(self._live):
+            await sb.destroy()
+
+    def _shared_etc(self) -> Path:
+        """The curated read-only /etc shared by sandboxes (one mount instead of forty).
+
+        Copies of the ``etc_allow`` entries the host has (unreadable parts skipped; never
+        ``ssl/private``), nsswitch/resolv.conf of our own, and symlinks into ``/run/hrl/etc``
+        for the per-sandbox files. Built once per day and content of the host's entries (a few
+        hundred files, slow on some disks) into ``etc_cache_dir/<hash>``, atomically; copies
+        get fresh mtimes so /tmp cleaners do not eat a cache in use; week-old ones are pruned.
+        """
+        day = time.strftime("%Y%m%d", time.gmtime())
+        h = hashlib.blake2b(f"layout 2 {day} {self.etc_allow}".encode(), digest_size=8)
+        for name in self.etc_allow:
+            for d, _, files in os.walk(Path("/etc") / name):
+                for n in (d, *(os.path.join(d, f) for f in files)):
+                    with contextlib.suppress(OSError):
+                        st = os.lstat(n)
+                        h.update(f"{n}:{st.st_mtime_ns}:{st.st_size}\n".encode())
+            with contextlib.suppress(OSError):
+                st = os.lstat(Path("/etc") / name)
+                h.update(f"{name}:{st.st_mtime_ns}:{st.st_size}\n".encode())
+        final = self.etc_cache_dir / h.hexdigest()
+        if final.is_dir():
+            return final
+        self.etc_cache_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+        for old in self.etc_cache_dir.iterdir():
+            with contextlib.suppress(OSError):
+                if time.time() - old.lstat().st_mtime > 7 * 86400:
+                    _fs.rmtree(old)
+        tmp = Path(tempfile.mkdtemp(prefix=".new-", dir=self.etc_cache_dir))
+        os.chmod(tmp, 0o755)
+        for name in self.etc_allow:
+            src = Path("/etc") / name
+            with contextlib.suppress(OSError, shutil.Error):
+                if src.is_symlink() or src.is_file():
+                    shutil.copy(src, tmp / name, follow_symlinks=False)
+                elif src.is_dir():
+                    shutil.copytree(
+                        src,
+                        tmp / name,
+                        symlinks=True,
+                        ignore=_no_private_keys,
+                        copy_function=shutil.copy,
+                    )
+        for fname in _etc_files(SandboxSpec(), 0):  # per sandbox: one bind at /run/hrl/etc
+            (tmp / fname).unlink(missing_ok=True)
+            (tmp / fname).symlink_to(f"{ETC_INSIDE}/{fname}")
+        (tmp / "nsswitch.conf").write_text(
+            "passwd: files\ngroup: files\nshadow: files\nhosts: files\n"
+            "networks: files\nprotocols: files\nservices: files\n"
+        )
+        (tmp / "resolv.conf").write_text("# harnessrl sandbox: no network, no DNS\n")
+        try:
+            os.rename(tmp, final)
+        except OSError:  # someone else built it meanwhile
+            _fs.rmtree(tmp)
+        return final
+
+    # ------------------------------------------------------------------ create
+
+    async def create(self, spec: SandboxSpec) -> BwrapSandbox:
+        await self.start()
+        try:
+            return await asyncio.to_thread(self._create_sync, spec)
+        except SandboxError:
+            raise
+        except OSError as e:
+            raise SandboxError(f"cannot create sandbox: {e}") from e
+
+    def _create_sync(self, spec: SandboxSpec) -> BwrapSandbox:
+        sid = secrets.token_hex(4)
+        name = f"{spec.owner}-{os.getpid()}-{sid}"
+        tmp_dir = self.root / f".new-{name}"
+        tmp_dir.mkdir(mode=0o700)
+        lock_fd = _try_lock(tmp_dir / "lock")
+        uid_fd, uid = None, USERNS_UID
+        try:
+            assert lock_fd is not None
+            if self.mode == "root":
+                uid_fd, uid = self._alloc_uid()
+            info = {"owner": spec.owner, "pid": os.getpid(), "start": _starttime(os.getpid())}
+            info |= {"id": sid, "uid": uid, "mode": self.mode}
+            os.write(lock_fd, json.dumps(info).encode())
+            self._populate(tmp_dir, spec, uid)
+            state = self.root / name
+            os.rename(tmp_dir, state)  # only now visible to sweep, already locked
+        except BaseException:
+            for fd in (lock_fd, uid_fd):
+                if fd is not None:
+                    os.close(fd)
+            _fs.rmtree(tmp_dir)
+            raise
+        sb = BwrapSandbox(self, spec, state, uid, lock_fd, uid_fd)
+        self._live.add(sb)
+        return sb
+
+    def _alloc_uid(self) -> tuple[int, int]:
+        for i in range(self.uid_count):  # lowest free first: lock files stay few
+            uid = self.uid_base + i
+            fd = _try_lock(self.uid_lock_dir / str(uid))
+            if fd is not None:
+                return fd, uid
+        raise SandboxError("no free sandbox uid")
+
+    def _populate(self, state: Path, spec: SandboxSpec, uid: int) -> None:
+        owner = (uid, uid) if self.mode == "root" else None
+        for sub, mode in (("workspace", 0o755), ("home", 0o700), ("tmp", 0o1777)):
+            d = state / sub
+            d.mkdir()
+            os.chmod(d, mode)
+            if owner:
+                os.chown(d, *owner)
+        for inside, host in ((spec.home, "home"), ("/tmp", "tmp")):
+            rel = spec.workdir.removeprefix(inside + "/")
+            if rel != spec.workdir:  # workdir lies below home or /tmp: pre-make its mount point
+                _fs.make_dirs(state / host, rel, owner)
+        if spec.workspace_src is not None:
+            if not spec.workspace_src.is_dir():
+                raise SandboxError(f"workspace_src is not a directory: {spec.workspace_src}")
+            _fs.copy_in(spec.workspace_src, state / "workspace", ".", owner)
+        etc = state / "etc"
+        etc.mkdir()
+        for fname, text in _etc_files(spec, uid).items():
+            (etc / fname).write_text(text)
+
+    # ------------------------------------------------------------------ sweep
+
+    async def sweep(self) -> int:
+        return await asyncio.to_thread(self._sweep_sync)
+
+    def _sweep_sync(self) -> int:
+        if not self.root.is_dir():
+            return 0
+        removed = 0
+        for entry in os.scandir(self.root):
+            path = Path(entry.path)
+            if entry.name.startswith(".new-"):
+                # a create() that died half-way; a live one finishes within seconds
+                if time.time() - entry.stat(follow_symlinks=False).st_mtime > 300:
+                    _fs.rmtree(path)
+                continue
+            if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+                continue
+            lock = path / "lock"
+            fd = _try_lock(lock) if lock.exists() else -1
+            if fd is None:
+                continue  # owner alive (flock held)
+            try:
+                self._kill_leftovers(path / "lock")
+                _fs.rmtree(path)
+                removed += 1
+            finally:
+                if fd >= 0:
+                    os.close(fd)
+        return removed
+
+    @staticmethod
+    def _kill_leftovers(lock: Path) -> None:
+        """Kill whatever still runs as a dead root-mode sandbox's own uid.
+
+        Normally nothing: bwrap dies with its owner (``--die-with-parent``) and the pid
+        namespace with bwrap. The uid is the sandbox's alone, so this can hit nothing else.
+        """
+        with contextlib.suppress(OSError, ValueError):
+            info = json.loads(lock.read_text() or "{}")
+            if info.get("mode") == "root" and isinstance(info.get("uid"), int):
+                for _ in range(50):  # a fork bomb may still be forking: repeat until empty
+                    if not _kill_uid(info["uid"]):
+                        break
+
+    # ------------------------------------------------------------------ argv
+
+    def _pick_python(self, python: str | None) -> tuple[str, str | None]:
+        if python:
+            return python, None
+        if os.access("/usr/bin/python3", os.X_OK):
+            return "/usr/bin/python3", None
+        exe, prefix = os.path.realpath(sys.executable), os.path.realpath(sys.base_prefix)
+        return exe, (None if prefix.startswith("/usr/") else prefix)
+
+    def _ns_args(self) -> list[str]:
+        common = ["--die-with-parent", "--new-session"]
+        if self.mode == "root":
+            caps = ["--cap-drop", "ALL"]
+            # kept only until setpriv drops them all: uid change, and --chdir into the
+            # sandbox uid's 0700 dirs
+            for cap in ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_DAC_READ_SEARCH"):
+                caps += ["--cap-add", cap]
+            return [
+                "--unshare-pid",
+                "--unshare-net",
+                "--unshare-ipc",
+                "--unshare-uts",
+                "--unshare-cgroup-try",
+                *caps,
+                *common,
+            ]
+        extra = ["--disable-userns"] if self._version >= (0, 8, 0) else []
+        ids = ["--uid", str(USERNS_UID), "--gid", str(USERNS_UID)]
+        return ["--unshare-all", "--unshare-user", *ids, *extra, *common]
+
+    @staticmethod
+    def _system_binds() -> list[str]:
+        args = ["--ro-bind", "/usr", "/usr"]
+        for name in _ROOT_LINKS:
+            p = Path("/") / name
+            if p.is_symlink():
+                args += ["--symlink", os.readlink(p), str(p)]
+            elif p.is_dir():
+                args += ["--ro-bind", str(p), str(p)]
+        return args + ["--proc", "/proc", "--dev", "/dev"]
+
+    def _etc_binds(self, state: Path) -> list[str]:
+        assert self._etc is not None
+        args = ["--ro-bind", str(self._etc), "/etc", "--dir", RUN_DIR]
+        return args + ["--ro-bind", str(state / "etc"), ETC_INSIDE]
+
+    def sandbox_prefix(self, spec: SandboxSpec, state: Path) -> list[str]:
+        """The bwrap options shared by every command of one sandbox."""
+        args = [self._bwrap, *self._ns_args(), "--hostname", spec.hostname]
+        args += self._system_binds() + ["--chmod", "1777", "/dev/shm"] + self._etc_binds(state)
+        binds = [
+            ("--bind", state / "tmp", "/tmp"),
+            ("--bind", state / "home", spec.home),
+            ("--bind", state / "workspace", spec.workdir),
+            *(("--ro-bind", host, inside) for host, inside in spec.ro_binds),
+        ]
+        if spec.proxy_socket is not None:
+            binds.append(("--ro-bind", FORWARDER_SRC, FORWARDER_INSIDE))
+            if self._python_bind:
+                binds.append(("--ro-bind", self._python_bind, self._python_bind))
+        mounted = ["/usr", "/etc", "/proc", "/dev"]
+        for flag, host, inside in binds:
+            # bwrap makes missing parents 0700 (unusable after the uid drop): make them 0755,
+            # except inside another bind, where the host dir must not gain root-owned dirs
+            parent = posixpath.dirname(inside)
+            if parent != "/" and not any(_below(parent, m) for m in mounted):
+                args += ["--dir", parent]
+            args += [flag, str(host), inside]
+            mounted.append(inside)
+        return args
+
+    def command_chain(self, spec: SandboxSpec, uid: int) -> list[str]:
+        """What runs inside before the user's argv: uid drop, rlimits, forwarder."""
+        chain: list[str] = []
+        if self.mode == "root":
+            chain += [self._tools["setpriv"], f"--reuid={uid}", f"--regid={uid}"]
+            chain += ["--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--"]
+        lim = spec.limits
+        rl = [("nproc", lim.max_processes), ("data", lim.memory_bytes)]
+        rl += [("fsize", lim.max_file_size), ("nofile", lim.max_open_files), ("core", 0)]
+        chain += [self._tools["prlimit"], *(f"--{k}={v}:{v}" for k, v in rl if v is not None)]
+        chain += ["--"]
+        if spec.proxy_socket is not None:
+            chain += [self._python, "-I", "-S", "-B", FORWARDER_INSIDE]
+            chain += [str(spec.proxy_port), PROXY_SOCK_INSIDE, "--"]
+        return chain
+
+
+class BwrapSandbox(SandboxBase):
+    """One rollout's sandbox; see the module docstring. Made by `BwrapBackend.create`."""
+
+    def __init__(
+        self,
+        backend: BwrapBackend,
+        spec: SandboxSpec,
+        state_dir: Path,
+        uid: int,
+        lock_fd: int,
+        uid_fd: int | None,
+    ) -> None:
+        self.backend, self.spec, self.state_dir, self.uid = backend, spec, state_dir, uid
+        self.workdir = spec.workdir
+        self.workspace_host = state_dir / "workspace"
+        self._lock_fd, self._uid_fd = lock_fd, uid_fd
+        self._owner = (uid, uid) if backend.mode == "root" else None
+        self._prefix = backend.sandbox_prefix(spec, state_dir)
+        self._chain = backend.command_chain(spec, uid)
+        self._procs: set[asyncio.subprocess.Process] = set()
+        self._destroyed = False
+        self._destroy_lock = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"<BwrapSandbox {self.state_dir.name} uid={self.uid}>"
+
+    # ------------------------------------------------------------------ run
+
+    def base_env(self) -> dict[str, str]:
+        spec = self.spec
+        env = {
+            "PATH": PATH_INSIDE,
+            "HOME": spec.home,
+            "USER": "hrl",
+            "LOGNAME": "hrl",
+            "SHELL": "/bin/bash",
+            "LANG": "C.UTF-8",
+            "TMPDIR": "/tmp",
+            "TERM": "dumb",
+            "HOSTNAME": spec.hostname,
+        }
+        if spec.proxy_socket is not None:
+            env["HRL_PROXY_URL"] = f"http://127.0.0.1:{spec.proxy_port}"
+        return env | spec.env
+
+    async def run(
+        self,
+        argv: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        if self._destroyed:
+            raise SandboxError("sandbox destroyed")
+        if not argv:
+            raise ValueError("empty argv")
+        limit = self.spec.limits.wall_clock_s if timeout is None else timeout
+        full_env = self.base_env() | (env or {})
+        argv_full = [*self._prefix, *self._per_run_args(cwd)]
+        argv_full += ["--", *self._chain, *argv]
+        t0 = time.monotonic()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv_full,
+                stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=full_env,
+                start_new_session=True,
+            )
+        except OSError as e:
+            raise SandboxError(f"cannot start bwrap: {e}") from e
+        return await self._supervise(proc, stdin, limit, t0)
+
+    def _per_run_args(self, cwd: str | None) -> list[str]:
+        args = ["--chdir", cwd or self.workdir]
+        sock = self.spec.proxy_socket
+        if sock is not None and sock.exists():
+            st = sock.stat()
+            if self._owner is not None and st.st_uid != self.uid and not st.st_mode & 0o002:
+                # connect() needs write permission on the inode: hand this rollout's socket to
+                # the sandbox's uid (a socket shared by sandboxes must be mode 0666 instead)
+                os.chown(sock, self.uid, -1)
+            args += ["--ro-bind", str(sock), PROXY_SOCK_INSIDE]
+        return [*args, "--remount-ro", "/"]
+
+    async def _supervise(self, proc, stdin, limit, t0) -> ExecResult:
+        cap = self.spec.limits.output_cap_bytes
+        self._procs.add(proc)
+        readers = [
+            asyncio.ensure_future(_read_capped(proc.stdout, cap)),
+            asyncio.ensure_future(_read_capped(proc.stderr, cap)),
+        ]
+        feeder = asyncio.ensure_future(self._feed(proc, stdin)) if stdin is not None else None
+        timed_out = False
+        try:
+            try:
+                await asyncio.wait_for(proc.wait(), limit)
+            except TimeoutError:
+                timed_out = True
+        finally:
+            if proc.returncode is None:
+                kill_tree(proc.pid)  # bwrap's group; the pid namespace takes the rest down
+                await proc.wait()
+            self._procs.discard(proc)
+            if feeder is not None:
+                feeder.cancel()
+            done, pending = await asyncio.wait(readers, timeout=5.0)
+            for r in pending:
+                r.cancel()
+        (out, out_trunc), (err, err_trunc) = (
+            r.result() if r in done else (b"", True) for r in readers
+        )
+        if not timed_out and _setup_failed(proc.returncode, err):
+            raise SandboxError(f"sandbox setup failed: {err.decode(errors='replace').strip()}")
+        return ExecResult(
+            returncode=proc.returncode,
+            stdout=out,
+            stderr=err,
+            timed_out=timed_out,
+            duration_s=time.monotonic() - t0,
+            stdout_truncated=out_trunc,
+            stderr_truncated=err_trunc,
+        )
+
+    @staticmethod
+    async def _feed(proc: asyncio.subprocess.Process, data: bytes) -> None:
+        assert proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            proc.stdin.write(data)
+            await proc.stdin.drain()
+            proc.stdin.close()
+
+    # ------------------------------------------------------------------ files
+
+    def _check_alive(self) -> None:
+        if self._destroyed:
+            raise SandboxError("sandbox destroyed")
+
+    async def read_file(self, path: str, *, max_bytes: int = MAX_READ_BYTES) -> bytes:
+        self._check_alive()
+        rel = workspace_relpath(self.workdir, path)
+        return await self._fs(_fs.read_file, self.workspace_host, rel, max_bytes)
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        self._check_alive()
+        rel = workspace_relpath(self.workdir, path)
+        await self._fs(_fs.write_file, self.workspace_host, rel, data, self._owner)
+
+    async def copy_in(self, host_src: Path, dest: str) -> None:
+        self._check_alive()
+        rel = workspace_relpath(self.workdir, dest)
+        await self._fs(_fs.copy_in, Path(host_src), self.workspace_host, rel, self._owner)
+
+    async def copy_out(self, dest_host: Path) -> None:
+        self._check_alive()
+        await self._fs(_fs.copy_out, self.workspace_host, Path(dest_host))
+
+    @staticmethod
+    async def _fs(fn, *args):
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except SandboxError:
+            raise
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            raise SandboxError(f"{fn.__name__}: {e}") from e
+
+    # ------------------------------------------------------------------ destroy
+
+    async def destroy(self) -> None:
+        async with self._destroy_lock:
+            if self._destroyed:
+                return
+            self._destroyed = True
+            for proc in list(self._procs):
+                kill_tree(proc.pid)
+            for proc in list(self._procs):
+                with contextlib.suppress(ProcessLookupError):
+                    await proc.wait()
+            await asyncio.to_thread(_fs.rmtree, self.state_dir)
+            for fd in (self._lock_fd, self._uid_fd):
+                if fd is not None:
+                    os.close(fd)
+            self.backend._live.discard(self)
