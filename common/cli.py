@@ -33,7 +33,9 @@ COMMANDS: dict[str, Command] = {
     "engine": Command("serve a model over SGLang's native HTTP API (CPU/embedded)", None, 3),
     "proxy": Command("model-API gateway for one rollout (OpenAI/Anthropic APIs)", None, 4),
     "actor": Command("run rollouts: sandboxes + harnesses + verifiers", None, 5),
-    "assembler": Command("rebuild rollouts' calls into prefix-tree samples", None, 6),
+    "assembler": Command(
+        "rebuild rollouts' calls into prefix-tree samples", "learner.assembler_cmd", 6
+    ),
     "learner": Command(
         "train on tree samples (GRPO/PPO, DeepSpeed) and broadcast weights", None, 7
     ),

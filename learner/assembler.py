@@ -1,0 +1,251 @@
+"""The assembler service: every RolloutResult becomes exactly one TreeSample or one tombstone.
+
+Loop (durable pull consumer ``assembler`` on ROLLOUTS, up to ``concurrency`` rollouts at once):
+
+1. a failed rollout (``status != ok``) becomes a ``rollout_<status>`` tombstone at once;
+2. otherwise its CallRecords are read by subject (``hrl.<run>.calls.<rid>``); while a seq below
+   ``n_calls`` is missing, the read is repeated every ``straggler_poll_s`` for up to
+   ``straggler_wait_s`` (heartbeats keep the delivery meanwhile), then ``common.tree.assemble``
+   runs (in a worker thread: it is CPU work);
+3. the sample is published to SAMPLES with msg id ``sample:<rid>`` (``sample:<rid>:<part>`` for
+   the parts of one larger than ``max_part_bytes``), and only then the result is acked.
+
+What must stay true:
+
+* **Exactly one outcome per rollout, restart-safe.** Message ids derive from the rollout id and
+  assembly is deterministic for a given set of calls, so a redelivered result (a crash between
+  publish and ack, a restarted or second assembler, a duplicate result) republishes identical
+  messages that JetStream drops as duplicates. Nothing is acked before its sample is stored, so
+  killing the service loses nothing. Duplicate results seen recently are acked without work.
+  Limits: JetStream de-duplicates within its window (10 min for our streams), and a redelivery
+  that finds *more* calls than the first attempt (a straggler that arrived after a
+  ``missing_calls`` tombstone was published) still maps to the same id and is dropped, so the
+  tombstone stands.
+* **Never stuck.** A result that cannot be processed at all (a rollout id that is not a subject
+  token) is dead-lettered; an exception inside ``assemble`` (a bug) still yields an
+  ``assembler_error`` tombstone, so the learner's group never waits, and the result is
+  dead-lettered for inspection; bus errors nak the result for a retry and the loop goes on.
+* **Oversized samples** are split by nodes (see ``common.tree.split_sample``); if the server still
+  refuses a part (its ``max_payload`` is below ``max_part_bytes``), nothing of it was stored —
+  sizes are checked before any part is sent — and a ``too_large`` tombstone is published instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+
+from common import metrics
+from common.bus import Bus, Delivery, PayloadTooLarge
+from common.records import CallRecord, RolloutResult, TreeSample, check_token
+from common.tree import AssembleOptions, assemble, split_sample, tombstone
+from learner.config import AssemblerConfig
+
+log = logging.getLogger("harnessrl.assembler")
+
+DURABLE = "assembler"
+RETRY_DELAY_S = 2.0
+
+M_CALLS = metrics.counter("hrl_assembler_calls_total", "CallRecords assembled (rate: calls/s)")
+M_ROLLOUTS = metrics.counter(
+    "hrl_assembler_rollouts_total",
+    "Rollouts finished, by outcome: 'sample' or the tombstone's reason",
+    ("outcome",),
+)
+M_DROPPED_CALLS = metrics.counter(
+    "hrl_assembler_dropped_calls_total", "Calls left out of samples, by reason", ("reason",)
+)
+M_BRANCHES = metrics.histogram(
+    "hrl_assembler_branches",
+    "Retained root-to-leaf branches per sample",
+    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256),
+)
+M_FORKED = metrics.counter(
+    "hrl_assembler_forked_total", "Samples with more than one branch (fork rate = this / samples)"
+)
+M_UNIQUE = metrics.counter("hrl_assembler_unique_tokens_total", "Tree tokens, each counted once")
+M_EXPANDED = metrics.counter(
+    "hrl_assembler_expanded_tokens_total", "Tokens if every branch were its own sequence"
+)
+M_MODEL = metrics.counter("hrl_assembler_model_tokens_total", "Trained (loss mask 1) tokens")
+M_TITO = metrics.counter("hrl_assembler_tito_misses_total", "Calls whose input was re-rendered")
+M_LAG = metrics.histogram(
+    "hrl_assembler_lag_seconds", "From the rollout's end to its sample being stored"
+)
+M_SECONDS = metrics.histogram(
+    "hrl_assembler_assemble_seconds", "Time to assemble one rollout (tree building only)"
+)
+M_DUPLICATES = metrics.counter(
+    "hrl_assembler_duplicate_results_total", "Results acked without work (already done or busy)"
+)
+M_STRAGGLERS = metrics.counter(
+    "hrl_assembler_straggler_waits_total", "Re-reads of a rollout's calls while some were missing"
+)
+M_SPLIT = metrics.counter("hrl_assembler_split_samples_total", "Samples published in parts")
+M_RETRIES = metrics.counter(
+    "hrl_assembler_retries_total", "Results nak'ed for a retry after a bus error"
+)
+M_INFLIGHT = metrics.gauge("hrl_assembler_inflight", "Rollouts being assembled now")
+
+
+class Assembler:
+    """Consumes ROLLOUTS, publishes SAMPLES; ``run`` until cancelled."""
+
+    def __init__(self, bus: Bus, cfg: AssemblerConfig) -> None:
+        self.bus = bus
+        self.cfg = cfg
+        self.opts = AssembleOptions(
+            max_branches=cfg.max_branches, export_side_calls=cfg.export_side_calls
+        )
+        self._done: OrderedDict[str, None] = OrderedDict()
+        self._busy: set[str] = set()
+
+    async def run(self) -> None:
+        """The loop: fetch up to the free concurrency, handle each delivery in its own task."""
+        consumer = await self.bus.consumer(
+            "ROLLOUTS", DURABLE, RolloutResult, ack_wait=self.cfg.ack_wait
+        )
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                tasks = {t for t in tasks if not t.done()}
+                room = self.cfg.concurrency - len(tasks)
+                if room <= 0:
+                    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                try:
+                    got = await consumer.fetch(room, timeout=1.0)
+                except Exception as e:  # the bus reconnects; keep the loop alive
+                    log.warning("fetching results failed: %r", e)
+                    await asyncio.sleep(1.0)
+                    continue
+                tasks.update(asyncio.create_task(self._guarded(d)) for d in got)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _guarded(self, d: Delivery[RolloutResult]) -> None:
+        try:
+            await self.handle(d)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # never lets one rollout end the loop
+            log.exception("rollout %s: unexpected failure", d.record.rollout_id)
+
+    # -- one result ------------------------------------------------------------------------
+
+    async def handle(self, d: Delivery[RolloutResult]) -> None:
+        """Turn one delivered result into its stored sample or tombstone, then ack it."""
+        res = d.record
+        rid = res.rollout_id
+        try:
+            check_token(rid, "rollout_id")
+        except ValueError as e:
+            M_ROLLOUTS.labels(outcome="dead_letter").inc()
+            await d.dead_letter(f"unprocessable RolloutResult: {e}")
+            return
+        if rid in self._done or rid in self._busy:
+            M_DUPLICATES.inc()
+            await d.ack()
+            return
+        self._busy.add(rid)
+        M_INFLIGHT.inc()
+        try:
+            async with d.keepalive():
+                calls = await self.read_calls(res)
+                sample, bug = await self._assemble(res, calls)
+                sample = await self.publish(sample, res)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            M_RETRIES.inc()
+            log.warning("rollout %s: %r; retrying in %.0f s", rid, e, RETRY_DELAY_S)
+            with contextlib.suppress(Exception):
+                await d.nak(delay=RETRY_DELAY_S)
+            return
+        finally:
+            self._busy.discard(rid)
+            M_INFLIGHT.dec()
+        self._observe(res, sample, len(calls))
+        if bug:
+            await d.dead_letter(bug)
+        else:
+            await d.ack()
+        self._remember(rid)
+
+    async def read_calls(self, res: RolloutResult) -> list[CallRecord]:
+        """The rollout's calls, waiting up to ``straggler_wait_s`` for seqs below ``n_calls``."""
+        if res.status != "ok":
+            return []
+        subject = self.bus.subjects.calls(res.rollout_id)
+        deadline = time.monotonic() + self.cfg.straggler_wait_s
+        while True:
+            calls = await self.bus.read_subject(subject, CallRecord)
+            have = {c.seq for c in calls}
+            left = deadline - time.monotonic()
+            if all(s in have for s in range(res.n_calls)) or left <= 0:
+                return calls
+            M_STRAGGLERS.inc()
+            await asyncio.sleep(min(self.cfg.straggler_poll_s, left))
+
+    async def _assemble(
+        self, res: RolloutResult, calls: list[CallRecord]
+    ) -> tuple[TreeSample, str]:
+        """(sample, "") or, when assembly itself fails, (tombstone, why) for the dead letter."""
+        t0 = time.perf_counter()
+        try:
+            sample = await asyncio.to_thread(assemble, calls, res, self.opts)
+        except Exception as e:
+            log.exception("rollout %s: assembly failed", res.rollout_id)
+            return tombstone(res, "assembler_error"), f"assembler error: {e!r}"[:2000]
+        M_SECONDS.observe(time.perf_counter() - t0)
+        return sample, ""
+
+    async def publish(self, sample: TreeSample, res: RolloutResult) -> TreeSample:
+        """Store ``sample`` (in parts when large); returns what was stored."""
+        subject = self.bus.subjects.samples
+        parts = split_sample(sample, self.cfg.max_part_bytes)
+        try:
+            if len(parts) == 1:
+                await self.bus.publish(subject, parts[0])
+            else:  # sizes are all checked before any part is sent
+                await self.bus.publish_many([(subject, p, p.msg_id()) for p in parts])
+                M_SPLIT.inc()
+        except PayloadTooLarge as e:
+            log.error("rollout %s: %s", res.rollout_id, e)
+            sample = tombstone(res, "too_large", sample.counters)
+            await self.bus.publish(subject, sample)
+        return sample
+
+    # -- bookkeeping -----------------------------------------------------------------------
+
+    def _remember(self, rid: str) -> None:
+        if self.cfg.remember <= 0:
+            return
+        self._done[rid] = None
+        while len(self._done) > self.cfg.remember:
+            self._done.popitem(last=False)
+
+    def _observe(self, res: RolloutResult, sample: TreeSample, n_read: int) -> None:
+        c = sample.counters
+        M_CALLS.inc(c.n_calls or n_read)
+        M_TITO.inc(c.tito_misses)
+        for reason, n in c.dropped.items():
+            M_DROPPED_CALLS.labels(reason=reason).inc(n)
+        if res.ended_at > 0:
+            M_LAG.observe(max(0.0, time.time() - res.ended_at))
+        if sample.is_tombstone:
+            M_ROLLOUTS.labels(outcome=sample.dropped_reason).inc()
+            log.info("rollout %s: tombstone %s", res.rollout_id, sample.dropped_reason)
+            return
+        M_ROLLOUTS.labels(outcome="sample").inc()
+        M_BRANCHES.observe(c.n_leaves)
+        if c.n_leaves > 1:
+            M_FORKED.inc()
+        M_UNIQUE.inc(c.unique_tokens)
+        M_EXPANDED.inc(c.expanded_tokens)
+        M_MODEL.inc(c.model_tokens)

@@ -1,0 +1,70 @@
+"""``harnessrl assembler --nats URL --run NAME``: run the tree assembler until SIGTERM or Ctrl-C.
+
+Also runnable as ``python -m learner.assembler_cmd`` with the same flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+from learner.config import AssemblerConfig
+
+CONFIG = AssemblerConfig
+SECTION = "assembler"
+
+
+def main(cfg: AssemblerConfig, args: argparse.Namespace | None = None) -> int:
+    from common import aio
+
+    aio.setup_logging(cfg.log_level, "assembler")
+    return aio.run(serve(cfg))
+
+
+async def serve(cfg: AssemblerConfig) -> int:
+    """Connect, serve ``/metrics``, run the loop; a signal cancels it (in-flight work is simply
+    redelivered later: nothing is acked before its sample is stored)."""
+    from common import metrics
+    from common.bus import connect
+    from learner.assembler import Assembler
+
+    bus = await connect(cfg.nats, cfg.run)
+    served = await metrics.start_metrics_server(cfg.metrics_port)
+    if served:
+        print(f"assembler: metrics on :{served[1]}/metrics", file=sys.stderr, flush=True)
+    task = asyncio.create_task(Assembler(bus, cfg).run())
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    finally:
+        if served:
+            await served[0].cleanup()
+        await bus.close()
+    return 0
+
+
+def _standalone(argv: list[str]) -> int:
+    from common.config import ConfigError, add_config_args, config_from_args, dump_toml
+
+    parser = argparse.ArgumentParser(prog="harnessrl assembler", description=__doc__)
+    add_config_args(parser, CONFIG)
+    args = parser.parse_args(argv)
+    try:
+        cfg = config_from_args(CONFIG, args, section=SECTION)
+    except ConfigError as e:
+        print(f"harnessrl assembler: {e}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        sys.stdout.write(dump_toml(cfg))
+        return 0
+    return main(cfg, args)
+
+
+if __name__ == "__main__":
+    sys.exit(_standalone(sys.argv[1:]))
