@@ -1,0 +1,139 @@
+"""``harnessrl harness``: list, install and describe harness adapters.
+
+    harnessrl harness list [--cache-dir DIR] [--json]
+    harnessrl harness install NAME [NAME ...] [--cache-dir DIR] [--version V] [--force]
+    harnessrl harness show NAME
+
+Installs go to ``<cache-dir>/<name>`` (default ``$HRL_HARNESS_CACHE`` or
+``~/.cache/harnessrl/harnesses``); installing is idempotent and safe to run from several
+processes at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from actors.harnesses import ADAPTERS
+
+    names = ", ".join(ADAPTERS)
+    parser.epilog = f"Harnesses: {names}."
+    sub = parser.add_subparsers(dest="harness_action", metavar="ACTION", required=True)
+
+    p = sub.add_parser("list", help="list harness adapters and whether they are installed")
+    _cache_arg(p)
+    p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+
+    p = sub.add_parser(
+        "install",
+        help="install harnesses into the cache dir (idempotent)",
+        description="Install harnesses (npm/pip) into <cache-dir>/<name>; a no-op when present.",
+    )
+    p.add_argument("names", nargs="+", metavar="NAME", help=f"harness to install ({names})")
+    _cache_arg(p)
+    p.add_argument("--version", help="pin the harness package version (default: latest)")
+    p.add_argument("--force", action="store_true", help="reinstall even when installed")
+
+    p = sub.add_parser("show", help="print an adapter's launch recipe (command, env, files)")
+    p.add_argument("name", metavar="NAME", help=f"harness ({names})")
+
+
+def _cache_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="install cache (default $HRL_HARNESS_CACHE or ~/.cache/harnessrl/harnesses)",
+    )
+
+
+def main(cfg: object, args: argparse.Namespace) -> int:
+    from actors.harnesses import default_cache_dir
+
+    cache_dir = getattr(args, "cache_dir", None) or default_cache_dir()
+    action = args.harness_action
+    if action == "list":
+        return _list(cache_dir, as_json=args.json)
+    if action == "install":
+        return asyncio.run(_install(args.names, cache_dir, args.version, args.force))
+    return _show(args.name)
+
+
+def _rows(cache_dir: Path) -> list[dict]:
+    from actors.harnesses import list_adapters
+
+    rows = []
+    for a in list_adapters():
+        installed = a.is_installed(cache_dir)
+        rows.append(
+            {
+                "name": a.name,
+                "api": a.api,
+                "installed": installed,
+                "builtin": a.builtin,
+                "version": None if a.builtin or not installed else a.installed_version(cache_dir),
+                "install_dir": None if a.builtin else str(a.install_dir(cache_dir)),
+                "summary": a.summary,
+            }
+        )
+    return rows
+
+
+def _list(cache_dir: Path, *, as_json: bool) -> int:
+    rows = _rows(cache_dir)
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'NAME':<15} {'API':<10} {'INSTALLED':<10} {'VERSION':<14} INSTALL DIR")
+    for r in rows:
+        inst = "built-in" if r["builtin"] else "yes" if r["installed"] else "no"
+        where = r["install_dir"] or "-"
+        print(f"{r['name']:<15} {r['api']:<10} {inst:<10} {r['version'] or '-':<14} {where}")
+    return 0
+
+
+async def _install(names: list[str], cache_dir: Path, version: str | None, force: bool) -> int:
+    from actors.harnesses import HarnessInstallError, get_adapter
+
+    status = 0
+    for name in names:
+        try:
+            adapter = get_adapter(name)
+        except KeyError as e:
+            print(f"harnessrl harness: {e.args[0]}", file=sys.stderr)
+            return 2
+        if adapter.is_installed(cache_dir) and not force:
+            print(f"{name}: already installed in {adapter.install_dir(cache_dir)}")
+            continue
+        print(f"{name}: installing into {adapter.install_dir(cache_dir)} …", flush=True)
+        started = time.monotonic()
+        try:
+            await adapter.install(cache_dir, version=version, force=force)
+        except HarnessInstallError as e:
+            print(f"{name}: install failed: {e}", file=sys.stderr)
+            status = 1
+            continue
+        took = time.monotonic() - started
+        ver = adapter.installed_version(cache_dir) or "?"
+        print(f"{name}: installed version {ver} in {took:.1f}s")
+    return status
+
+
+def _show(name: str) -> int:
+    from actors.harnesses import get_adapter
+
+    try:
+        adapter = get_adapter(name)
+    except KeyError as e:
+        print(f"harnessrl harness: {e.args[0]}", file=sys.stderr)
+        return 2
+    module = sys.modules[type(adapter).__module__]
+    print(inspect.cleandoc(module.__doc__ or adapter.summary))
+    return 0

