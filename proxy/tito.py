@@ -1,0 +1,477 @@
+"""Token-in-token-out (TITO): build each call's prompt from the ids the engine really sampled.
+
+A harness sends its whole conversation on every call, as text. Re-encoding that text does not
+reproduce what the model produced (BPE merges differently, harnesses re-serialise tool calls,
+templates rewrite earlier turns), and training on re-encoded ids would train on tokens nobody
+sampled. So, per rollout, TITO keeps every earlier call (its request messages, its input ids,
+its output ids and its parsed reply) and builds call *i*'s input as::
+
+    input_k + output_k (+ the template's closing) + encode(render(new messages only))
+
+where *k* is the earliest-started, longest earlier call whose request messages plus its own reply
+are a prefix of call *i*'s messages (see ``TitoSession.prepare``). Where no reply matches (a fork,
+a compaction) the prompt is rendered from the longest prefix known in ids (an earlier request's
+input, else nothing) and counted as a miss. A request identical to an earlier one (a harness
+retry) gets exactly that request's ids.
+
+Invariants (tested):
+
+* On a conversation nobody re-serialised, the TITO ids equal the ids of a full render.
+* Whatever the harness does to earlier turns that keeps their meaning (reordered JSON keys,
+  renamed tool-call ids, whitespace in arguments, a dropped reasoning field), the input of call
+  *i* starts with ``input_k + output_k`` exactly (minus a final stop token the template would not
+  have written, see below).
+* The new part is rendered by the template and encoded on its own, starting at its first special
+  token, so BPE never merges across the boundary with sampled ids.
+
+Seams handled (DESIGN §4 hazards):
+
+* The engine stops on ``<|im_end|>`` without the ``\\n`` the template writes after it: exactly
+  that ``\\n`` is spliced in. An output that stopped on another stop token (``<|endoftext|>``)
+  has that token replaced by the template's turn end; an output cut off by ``max_new_tokens``
+  is closed with the template's turn end.
+* Templates group consecutive tool results into one turn: the new part is found by rendering
+  the prefix and the whole conversation and checking that one is a string prefix of the other;
+  when it is not, the next candidate is tried, and finally a full render.
+* Templates that drop ``<think>`` of earlier turns (Qwen3): when the prefix check fails, it is
+  retried with the reasoning of the reused turns blanked on both sides, so the new part is still
+  found and the history stays as the engine saw it.
+
+Normalised message format (what the API layers convert OpenAI chat, Anthropic messages and
+Responses input into; ``normalize_messages`` does it for OpenAI-chat-shaped dicts)::
+
+    {"role": "system" | "user" | "assistant" | "tool" | <other>,
+     "content": str,                               # text parts concatenated; "" if none
+     "reasoning_content": str,                     # assistant only; absent = unknown/none
+     "tool_calls": [{"id": str, "type": "function",
+                     "function": {"name": str, "arguments": str}}],  # assistant only; raw JSON
+     "tool_call_id": str, "name": str}             # tool only, optional
+
+Tools are OpenAI function tools ``{"type": "function", "function": {name, description,
+parameters}}``; ``None`` and ``[]`` are the same.
+
+Matching compares by meaning: user/system/tool turns by role and exact content; assistant
+turns by stripped content, tool names and canonical JSON arguments (``json.loads`` then
+``json.dumps(sort_keys=True)``), and reasoning when the harness sent it (a harness that drops
+reasoning still matches: the sampled reasoning stays in the ids). Tool-call ids are ignored.
+Tools must be equal as canonical JSON.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from common import metrics
+from common.models import eos_token_ids, render_chat
+
+__all__ = [
+    "ChatRenderer",
+    "TitoPrompt",
+    "TitoSession",
+    "canonical_json",
+    "normalize_messages",
+    "normalize_tools",
+]
+
+M_TITO = metrics.counter(
+    "hrl_proxy_tito_total", "Prompts built by token-in-token-out, by result", ("result",)
+)
+
+# ---------------------------------------------------------------------------------------------
+# normalisation and meaning keys
+# ---------------------------------------------------------------------------------------------
+
+_REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
+
+
+def _text(content: Any) -> str:
+    """Content as the template renders it: strings and ``text`` parts concatenated."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, dict):
+        content = [content]
+    out = []
+    for part in content:
+        if isinstance(part, str):
+            out.append(part)
+        elif isinstance(part, dict) and part.get("type") in ("text", "input_text", "output_text"):
+            out.append(str(part.get("text") or ""))
+    return "".join(out)
+
+
+def _arguments(args: Any) -> str:
+    if args is None:
+        return "{}"
+    if isinstance(args, str):
+        return args
+    return json.dumps(args, ensure_ascii=False)
+
+
+def normalize_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI-chat-shaped messages -> the normalised format (rendering is unchanged by it)."""
+    out = []
+    for m in messages:
+        role = str(m.get("role") or "user")
+        n: dict[str, Any] = {"role": role, "content": _text(m.get("content"))}
+        if role == "assistant":
+            reasoning = next((m[k] for k in _REASONING_KEYS if isinstance(m.get(k), str)), None)
+            if reasoning is not None:
+                n["reasoning_content"] = reasoning
+            calls = []
+            for tc in m.get("tool_calls") or []:
+                fn = tc.get("function") or tc
+                calls.append(
+                    {
+                        "id": str(tc.get("id") or ""),
+                        "type": "function",
+                        "function": {
+                            "name": str(fn.get("name") or ""),
+                            "arguments": _arguments(fn.get("arguments")),
+                        },
+                    }
+                )
+            if calls:
+                n["tool_calls"] = calls
+        elif role == "tool":
+            for k in ("tool_call_id", "name"):
+                if m.get(k):
+                    n[k] = str(m[k])
+        out.append(n)
+    return out
+
+
+def normalize_tools(tools: Sequence[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Tools list, ``None`` when empty."""
+    return [dict(t) for t in tools] if tools else None
+
+
+def canonical_json(text: str) -> str:
+    """JSON text re-serialised with sorted keys and no whitespace (unparseable: stripped text)."""
+    try:
+        return json.dumps(
+            json.loads(text), sort_keys=True, ensure_ascii=False, separators=(",", ":")
+        )
+    except (ValueError, TypeError):
+        return text.strip()
+
+
+def _visible_key(m: dict[str, Any]) -> bytes:
+    """What a turn means, without reasoning and tool-call ids."""
+    if m.get("role") == "assistant":
+        calls = [
+            (tc["function"]["name"], canonical_json(tc["function"]["arguments"]))
+            for tc in m.get("tool_calls") or []
+        ]
+        key: Any = ["assistant", (m.get("content") or "").strip(), calls]
+    else:
+        key = [m.get("role"), m.get("content") or ""]
+    return json.dumps(key, ensure_ascii=False).encode()
+
+
+def _reasoning(m: dict[str, Any]) -> str | None:
+    r = m.get("reasoning_content")
+    return r.strip() if isinstance(r, str) else None
+
+
+def _chain(prev: bytes, m: dict[str, Any]) -> bytes:
+    return hashlib.blake2b(prev + _visible_key(m), digest_size=16).digest()
+
+
+def _digests(messages: Sequence[dict[str, Any]]) -> list[bytes]:
+    """``d[i]`` identifies the meaning of ``messages[:i]`` (a hash chain of visible keys)."""
+    out = [b""]
+    for m in messages:
+        out.append(_chain(out[-1], m))
+    return out
+
+
+def _tools_key(tools: Sequence[dict[str, Any]] | None) -> str:
+    return json.dumps(tools or [], sort_keys=True, ensure_ascii=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# rendering
+# ---------------------------------------------------------------------------------------------
+
+
+class ChatRenderer:
+    """A tokenizer plus its chat template, and the facts about the template TITO relies on."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        template: str | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+        stop_ids: Sequence[int] | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        self.template = template or getattr(tokenizer, "chat_template", None) or None
+        self.template_kwargs = dict(template_kwargs or {})
+        self.stop_ids = list(stop_ids) if stop_ids is not None else eos_token_ids(tokenizer)
+        self.turn_end = self._probe_turn_end()
+        """What the template writes after an assistant turn's content (``<|im_end|>\\n``)."""
+        probe = [{"role": "user", "content": "x"}]
+        gen_text = self.render(probe, None, gen=True)[len(self.render(probe, None, gen=False)) :]
+        self.gen_ids = self.encode(gen_text)
+        """Ids of the generation prompt (``<|im_start|>assistant\\n``), assumed history-free."""
+        self._stop_text = {i: self.decode([i]) for i in self.stop_ids}
+
+    def render(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None, gen: bool
+    ) -> str:
+        return render_chat(
+            messages,
+            tools=tools or None,
+            add_generation_prompt=gen,
+            template=self.template,
+            **self.template_kwargs,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        if self._backend is not None:  # same ids, faster, no max-length warning
+            return self._backend.encode(text, add_special_tokens=False).ids
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def _probe_turn_end(self) -> str:
+        marker = "\u2063probe\u2063"
+        probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": marker}]
+        text = self.render(probe, None, gen=False)
+        return text[text.rindex(marker) + len(marker) :]
+
+    def closing(self, output_ids: Sequence[int]) -> tuple[int, str]:
+        """How a sampled output becomes a finished turn: ``(ids kept, text to splice after)``.
+
+        Stopped on the token the template's turn end starts with: keep it, add the rest (``\\n``).
+        Stopped on another stop token: drop it, add the whole turn end. Cut off: add the turn end.
+        """
+        n = len(output_ids)
+        if n and output_ids[-1] in self._stop_text:
+            stop = self._stop_text[output_ids[-1]]
+            if stop and self.turn_end.startswith(stop):
+                return n, self.turn_end[len(stop) :]
+            return n - 1, self.turn_end
+        return n, self.turn_end
+
+
+# ---------------------------------------------------------------------------------------------
+# per-rollout state
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Anchor:
+    """A conversation prefix whose token ids are known exactly."""
+
+    seq: int
+    n_msgs: int
+    digest: bytes
+    tools_key: str
+    reasoning: dict[int, str | None]
+    """Reasoning (stripped) of each covered assistant message, by index."""
+    ids: np.ndarray
+    """int32 ids of the prefix (a view into the call's input+output)."""
+    closing: str
+    kind: Literal["reply", "request"]
+
+
+TitoKind = Literal["hit", "miss", "first"]
+
+
+@dataclass
+class TitoPrompt:
+    """A prompt built for one call."""
+
+    input_ids: list[int]
+    kind: TitoKind
+    """``first``: the rollout's first call. ``hit``: every assistant turn of the prompt comes
+    from ids the engine sampled. ``miss``: some assistant turn had to be rendered from text (a
+    fork or edit of history, a compaction); the longest prefix known in ids is still reused."""
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    anchor_seq: int = -1
+    """Call whose ids were reused (-1: none)."""
+    anchor_kind: str = ""
+    """``reply`` (its input+output) or ``request`` (its input, for a retried/extended request)."""
+    reused: int = 0
+    """Number of leading ids taken from the anchor."""
+    digests: list[bytes] = field(default_factory=list, repr=False)
+    tools_key: str = field(default="", repr=False)
+
+    @property
+    def hit(self) -> bool:
+        return self.kind == "hit"
+
+
+class TitoSession:
+    """TITO state of one rollout: ``prepare`` a prompt, then ``commit`` what the call produced."""
+
+    def __init__(self, renderer: ChatRenderer, max_tries: int = 4) -> None:
+        self.r = renderer
+        self.max_tries = max_tries
+        """Candidate anchors tried (longest first) before rendering in full."""
+        self.anchors: list[_Anchor] = []
+        self.calls = 0
+        self.counts: dict[str, int] = {"hit": 0, "miss": 0, "first": 0}
+
+    def prepare(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> TitoPrompt:
+        """The input ids for a call with these messages (normalised here if they are not yet:
+        OpenAI-chat-shaped input is accepted) and tools."""
+        msgs = normalize_messages(messages)
+        tools_n = normalize_tools(tools)
+        digests = _digests(msgs)
+        tkey = _tools_key(tools_n)
+        full = self.r.render(msgs, tools_n, gen=True)
+        prompt = None
+        for a in self._candidates(msgs, digests, tkey):
+            prompt = self._extend(a, msgs, tools_n, full)
+            if prompt is not None:
+                break
+        if prompt is None:
+            kind: TitoKind = "miss" if self.calls else "first"
+            prompt = TitoPrompt(self.r.encode(full), kind, msgs, tools_n)
+        prompt.digests, prompt.tools_key = digests, tkey
+        self.calls += 1
+        self.counts[prompt.kind] += 1
+        M_TITO.labels(result=prompt.kind).inc()
+        return prompt
+
+    def _candidates(
+        self, msgs: list[dict[str, Any]], digests: list[bytes], tkey: str
+    ) -> Iterator[_Anchor]:
+        """Anchors that are a prefix of ``msgs`` by meaning: longest first, then earliest."""
+        found = [
+            a
+            for a in self.anchors
+            if a.n_msgs <= len(msgs) and a.tools_key == tkey and digests[a.n_msgs] == a.digest
+        ]
+        found.sort(key=lambda a: (-a.n_msgs, a.seq, a.kind != "reply"))
+        sent = [(i, r) for i, m in enumerate(msgs) if (r := _reasoning(m)) is not None]
+        tries = 0
+        for a in found:
+            if all(a.reasoning.get(i) == r for i, r in sent if i < a.n_msgs):
+                yield a
+                tries += 1
+                if tries >= self.max_tries:
+                    return
+
+    def _extend(
+        self,
+        a: _Anchor,
+        msgs: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        full: str,
+    ) -> TitoPrompt | None:
+        """``a.ids + encode(closing + new part)``, or None when the new part cannot be found."""
+        suffix = self._new_part(msgs[: a.n_msgs], msgs, tools, full, a.kind)
+        if suffix is None:
+            blank = [_without_reasoning(m) for m in msgs[: a.n_msgs]] + msgs[a.n_msgs :]
+            suffix = self._new_part(
+                blank[: a.n_msgs], blank, tools, self.r.render(blank, tools, True), a.kind
+            )
+            if suffix is None:
+                return None
+        ids = a.ids.tolist() + self.r.encode(a.closing + suffix)
+        rerendered = any(m.get("role") == "assistant" for m in msgs[a.n_msgs :])
+        kind: TitoKind = "miss" if rerendered else "hit"
+        return TitoPrompt(ids, kind, msgs, tools, a.seq, a.kind, len(a.ids))
+
+    def _new_part(
+        self,
+        prefix: list[dict[str, Any]],
+        msgs: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        full: str,
+        kind: str,
+    ) -> str | None:
+        head = self.r.render(prefix, tools, gen=False)
+        if not full.startswith(head):
+            return None
+        if kind == "reply" and not head.endswith(self.r.turn_end):
+            return None
+        return full[len(head) :]
+
+    def commit(
+        self,
+        seq: int,
+        prompt: TitoPrompt,
+        output_ids: Sequence[int] | None = None,
+        reply: dict[str, Any] | None = None,
+    ) -> None:
+        """Remember a finished call: its request (always) and its reply (when it had one).
+
+        ``reply`` is the parsed assistant message in the normalised format (what the harness
+        was sent); ``output_ids`` the ids the engine sampled for it.
+        """
+        msgs = prompt.messages
+        reasoning = {i: _reasoning(m) for i, m in enumerate(msgs) if m.get("role") == "assistant"}
+        n, gen = len(msgs), self.r.gen_ids
+        out = list(output_ids or [])
+        keep, closing = self.r.closing(out) if reply is not None and out else (0, "")
+        ids = np.asarray(list(prompt.input_ids) + out[:keep], dtype=np.int32)
+        n_in = len(prompt.input_ids)
+        if gen and list(prompt.input_ids[n_in - len(gen) :]) == gen:
+            self.anchors.append(
+                _Anchor(
+                    seq,
+                    n,
+                    prompt.digests[n],
+                    prompt.tools_key,
+                    reasoning,
+                    ids[: n_in - len(gen)],
+                    "",
+                    "request",
+                )
+            )
+        if reply is None or not out:
+            return
+        self.anchors.append(
+            _Anchor(
+                seq,
+                n + 1,
+                _chain(prompt.digests[n], reply),
+                prompt.tools_key,
+                {**reasoning, n: _reasoning(reply)},
+                ids,
+                closing,
+                "reply",
+            )
+        )
+
+
+def _without_reasoning(m: dict[str, Any]) -> dict[str, Any]:
+    if "reasoning_content" not in m:
+        return m
+    m = dict(m)
+    del m["reasoning_content"]
+    return m
+
+
+class Tito:
+    """TITO sessions of many rollouts sharing one renderer."""
+
+    def __init__(self, renderer: ChatRenderer) -> None:
+        self.renderer = renderer
+        self.sessions: dict[str, TitoSession] = {}
+
+    def session(self, rollout_id: str) -> TitoSession:
+        s = self.sessions.get(rollout_id)
+        if s is None:
+            s = self.sessions[rollout_id] = TitoSession(self.renderer)
+        return s
+
+    def drop(self, rollout_id: str) -> None:
+        self.sessions.pop(rollout_id, None)

@@ -1,0 +1,215 @@
+"""Call recorder: deltas, ordering, flush semantics, and no unrecorded call when the bus is down."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from common.bus import Bus, MemoryBus, PayloadTooLarge, connect
+from common.records import CallRecord, SamplingParams, ids_hash, unpack_f32, unpack_ids
+from proxy.recorder import Recorder, RecorderFull, RecordLost, longest_prefix
+from proxy.sglang import GenerateResult
+
+
+def result(out: list[int], version: int = 3) -> GenerateResult:
+    return GenerateResult(
+        output_ids=out,
+        logprobs=[-0.25] * len(out),
+        finish_reason="stop",
+        weight_version_start=version,
+        weight_version_end=version,
+        cached_tokens=2,
+        engine="http://e:1",
+    )
+
+
+def rebuild(records: list[CallRecord]) -> dict[int, list[int]]:
+    """What the assembler does: rebuild every full input from the deltas, verifying each."""
+    full: dict[int, list[int]] = {}
+    for r in records:
+        base: list[int] = []
+        if r.parent_seq >= 0:
+            parent = next(p for p in records if p.seq == r.parent_seq)
+            base = (full[parent.seq] + unpack_ids(parent.output_ids).tolist())[: r.prefix_len]
+        ids = base + unpack_ids(r.suffix_ids).tolist()
+        assert len(ids) == r.input_len and ids_hash(ids) == r.input_hash
+        full[r.seq] = ids
+    return full
+
+
+@pytest.fixture
+async def bus(run_name: str):
+    b = await connect(f"memory://{run_name}", run_name)
+    yield b
+    await b.close()
+
+
+def test_longest_prefix_prefers_longest_then_earliest() -> None:
+    """The parent is the earlier input+output sharing the most tokens; ties go to the earliest."""
+    earlier = {0: np.array([1, 2, 3]), 1: np.array([1, 2, 3, 4, 5]), 2: np.array([1, 2, 3, 4, 9])}
+    assert longest_prefix(np.array([1, 2, 3, 4, 5, 6]), earlier) == (1, 5)
+    assert longest_prefix(np.array([1, 2, 3, 4, 7]), earlier) == (1, 4)
+    assert longest_prefix(np.array([1, 2, 3, 4, 7]), earlier, hint=2) == (1, 4)
+    assert longest_prefix(np.array([1, 2]), earlier) == (0, 2)
+    assert longest_prefix(np.array([8]), earlier) == (-1, 0)
+    assert longest_prefix(np.array([], dtype=np.int32), earlier) == (-1, 0)
+
+
+async def test_records_are_deltas_that_rebuild_exactly(bus: Bus) -> None:
+    """Each input is stored as a delta against the best earlier call and rebuilds bit-exactly."""
+    rid = "g-0-1"
+    async with Recorder(bus) as rec:
+        t0 = rec.begin(rid)
+        rec.record(t0, [1, 2, 3], result([10, 11, 2]), sampling=SamplingParams(temperature=0.7))
+        t1 = rec.begin(rid)
+        r1 = rec.record(t1, [1, 2, 3, 10, 11, 2, 5, 6], result([12, 2]), tito_hit=True)
+        t2 = rec.begin(rid)  # a fork from call 0's input
+        r2 = rec.record(t2, [1, 2, 3, 7], result([13, 2]), requested={"temperature": 0})
+        t3 = rec.begin(rid)  # an unrelated (compaction restart)
+        r3 = rec.record(t3, [9, 9], result([1]))
+        assert await rec.flush(rid) == 4
+    assert (r1.parent_seq, r1.prefix_len, unpack_ids(r1.suffix_ids).tolist()) == (0, 6, [5, 6])
+    assert (r2.parent_seq, r2.prefix_len) == (0, 3)
+    assert (r3.parent_seq, r3.prefix_len, r3.input_len) == (-1, 0, 2)
+    stored = await bus.read_subject(bus.subjects.calls(rid), CallRecord)
+    assert [r.seq for r in stored] == [0, 1, 2, 3]
+    full = rebuild(stored)
+    assert full[1] == [1, 2, 3, 10, 11, 2, 5, 6] and full[2] == [1, 2, 3, 7]
+    first = stored[0]
+    assert unpack_f32(first.output_logprobs).tolist() == [-0.25] * 3
+    assert (first.weight_version_start, first.cached_tokens, first.engine) == (3, 2, "http://e:1")
+    assert first.sampling.temperature == pytest.approx(0.7)
+    assert stored[2].requested == {"temperature": 0} and stored[1].tito_hit
+
+
+async def test_msg_id_deduplicates(bus: Bus) -> None:
+    """Records carry ``call:<rollout>:<seq>``: a republish (retry) is stored once."""
+    async with Recorder(bus) as rec:
+        r = rec.record(rec.begin("g-1-1"), [1], result([2]))
+        await rec.flush("g-1-1")
+        await bus.publish(bus.subjects.calls("g-1-1"), r, r.msg_id())
+    assert r.msg_id() == "call:g-1-1:0"
+    assert await bus.stream_count("CALLS", bus.subjects.calls("g-1-1")) == 1
+
+
+async def test_seq_is_arrival_order_and_errors_are_recorded(bus: Bus) -> None:
+    """Seqs follow arrival, not completion; a failed call still gets its record (dense seqs)."""
+    async with Recorder(bus) as rec:
+        a, b = rec.begin("g-2-1"), rec.begin("g-2-1")
+        rec.record(b, [1, 2], result([3]))
+        rec.record(a, [1], None, status="error", error="engine unavailable")
+        await rec.flush("g-2-1")
+    stored = await bus.read_subject(bus.subjects.calls("g-2-1"), CallRecord)
+    assert [(r.seq, r.status) for r in stored] == [(1, "ok"), (0, "error")]
+    assert stored[1].error == "engine unavailable" and stored[1].output_ids == b""
+
+
+async def test_flush_waits_for_calls_in_flight(bus: Bus) -> None:
+    """flush returns only after the rollout's open calls are recorded and acknowledged."""
+    async with Recorder(bus) as rec:
+        t = rec.begin("g-3-1")
+
+        async def finish_later() -> None:
+            await asyncio.sleep(0.2)
+            rec.record(t, [1], result([2]))
+
+        task = asyncio.create_task(finish_later())
+        assert await rec.flush("g-3-1", timeout=5) == 1
+        await task
+        other = rec.begin("g-4-1")
+        with pytest.raises(TimeoutError):
+            await rec.flush("g-4-1", timeout=0.1)
+        rec.record(other, [1], result([2]))
+        assert await rec.flush("g-3-1") == 1  # another rollout's open call does not block it
+
+
+class _FlakyBus(MemoryBus):
+    """A memory bus that can be taken down, and refuses records above a size."""
+
+    def __init__(self, run: str) -> None:
+        super().__init__(run)
+        self.down = False
+        self.max_bytes = 1 << 30
+
+    async def publish_bytes(self, subject, data, msg_id):
+        if len(data) > self.max_bytes:
+            raise PayloadTooLarge(f"{len(data)} bytes")
+        if self.down:
+            raise ConnectionError("bus down")
+        return await super().publish_bytes(subject, data, msg_id)
+
+
+async def test_bus_down_fills_buffer_then_refuses(run_name: str) -> None:
+    """With the bus down, calls are admitted until ``capacity`` records wait; then begin()
+    raises RecorderFull (-> 503). When the bus is back everything is stored exactly once."""
+    bus = _FlakyBus(run_name)
+    await bus.ensure_streams()
+    bus.down = True
+    async with Recorder(bus, capacity=3, retry_delay=0.01) as rec:
+        for _ in range(3):
+            assert rec.can_accept()
+            rec.record(rec.begin("g-5-1"), [1], result([2]))
+        await asyncio.sleep(0.05)
+        assert not rec.can_accept() and not rec.bus_ok
+        with pytest.raises(RecorderFull, match="bus unreachable"):
+            rec.begin("g-5-1")
+        bus.down = False
+        assert await rec.flush("g-5-1", timeout=5) == 3
+        assert rec.can_accept() and rec.bus_ok
+    assert await bus.stream_count("CALLS") == 3
+
+
+async def test_admitted_call_is_recorded_even_if_buffer_filled(run_name: str) -> None:
+    """A call admitted before the buffer filled is recorded anyway (never served unrecorded)."""
+    bus = _FlakyBus(run_name)
+    await bus.ensure_streams()
+    bus.down = True
+    async with Recorder(bus, capacity=1, retry_delay=0.01) as rec:
+        early = rec.begin("g-6-1")
+        rec.record(rec.begin("g-6-1"), [1], result([2]))
+        rec.record(early, [1], result([3]))  # over capacity: accepted
+        bus.down = False
+        assert await rec.flush("g-6-1", timeout=5) == 2
+
+
+async def test_oversized_record_is_lost_and_flush_says_so(run_name: str) -> None:
+    """A record the server can never accept does not block the others; flush raises RecordLost."""
+    bus = _FlakyBus(run_name)
+    await bus.ensure_streams()
+    bus.max_bytes = 2000
+    async with Recorder(bus, retry_delay=0.01) as rec:
+        rec.record(rec.begin("g-7-1"), list(range(5000)), result([2]))
+        rec.record(rec.begin("g-7-1"), [1], result([2]))
+        with pytest.raises(RecordLost, match="call:g-7-1:0"):
+            await rec.flush("g-7-1", timeout=5)
+    stored = await bus.read_subject(bus.subjects.calls("g-7-1"), CallRecord)
+    assert [r.seq for r in stored] == [1]
+
+
+async def test_real_nats_server_outage(nats_server_fn) -> None:
+    """Against a real nats-server that is killed and restarted: the buffer fills and refuses,
+    then every admitted record is stored once, in order, and flush returns."""
+    srv = nats_server_fn
+    bus = await connect(srv.url, "outage", publish_timeout=0.5)
+    rid = "g-8-1"
+    try:
+        async with Recorder(bus, capacity=4, retry_delay=0.05, publish_timeout=1.0) as rec:
+            rec.record(rec.begin(rid), [1, 2], result([3, 2]))
+            assert await rec.flush(rid, timeout=10) == 1
+            srv.kill()
+            for i in range(3):
+                rec.record(rec.begin(rid), [1, 2, 3, 2, 4 + i], result([5]))
+            await asyncio.sleep(1.5)
+            assert rec._unacked == 3 and not rec.bus_ok
+            rec.record(rec.begin(rid), [1], result([5]))
+            with pytest.raises(RecorderFull):
+                rec.begin(rid)
+            srv.start()
+            assert await rec.flush(rid, timeout=30) == 5
+        stored = await bus.read_subject(bus.subjects.calls(rid), CallRecord)
+        assert [r.seq for r in stored] == [0, 1, 2, 3, 4]
+        rebuild(stored)
+    finally:
+        await bus.close()

@@ -1,0 +1,495 @@
+"""Token-in-token-out: prompts extend the ids the engine sampled, and equal a full render when
+nobody re-serialised anything. Each DESIGN §4 hazard has its own test."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from common.models import CHAT_TEMPLATE, load_tokenizer
+from proxy.parsers import HermesParser
+from proxy.tito import ChatRenderer, Tito, TitoSession, canonical_json, normalize_messages
+
+TOK = load_tokenizer("tiny-1m")
+R = ChatRenderer(TOK)
+P = HermesParser()
+IM_END, EOT = 2, 0
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a command",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+        },
+    }
+]
+START = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "List files."},
+]
+
+
+def enc(text: str) -> list[int]:
+    return R.encode(text)
+
+
+def full_ids(msgs: list[dict], tools=TOOLS) -> list[int]:
+    return enc(R.render(msgs, tools, True))
+
+
+def canonical_output(input_ids: list[int], msgs: list[dict], reply: dict, tools=TOOLS):
+    """The ids a model trained on full renders samples for ``reply`` (ending in <|im_end|>), or
+    None when the full render does not extend ``input_ids`` (a BPE merge at the prompt end)."""
+    ids = enc(R.render(msgs + [reply], tools, False))
+    if ids[: len(input_ids)] != input_ids:
+        return None
+    tail = ids[len(input_ids) :]
+    assert tail[-2:] == [IM_END, *enc("\n")]
+    return tail[:-1]
+
+
+def call(session: TitoSession, seq: int, msgs: list[dict], output: list[int], tools=TOOLS):
+    """One proxy call: prepare, 'sample' ``output``, parse it, commit. Returns (prompt, reply)."""
+    prompt = session.prepare(msgs, tools)
+    reply = P.parse(R.decode(output)).message()
+    session.commit(seq, prompt, output, reply)
+    return prompt, reply
+
+
+def bash_call(command: str, content: str = "") -> dict:
+    args = json.dumps({"command": command})
+    return {
+        "role": "assistant",
+        "content": content,
+        "tool_calls": [
+            {"id": "x", "type": "function", "function": {"name": "bash", "arguments": args}}
+        ],
+    }
+
+
+def out_text(text: str) -> list[int]:
+    """Output ids for a completion text written canonically plus <|im_end|>."""
+    return enc(text) + [IM_END]
+
+
+# ---------------------------------------------------------------------------------------------
+# basics
+# ---------------------------------------------------------------------------------------------
+
+
+def test_first_call_is_a_full_render() -> None:
+    """The first call of a rollout renders in full and is neither a hit nor a miss."""
+    s = TitoSession(R)
+    p = s.prepare(START, TOOLS)
+    assert p.input_ids == full_ids(START)
+    assert (p.kind, p.anchor_seq) == ("first", -1)
+
+
+def test_echoed_history_extends_input_and_output() -> None:
+    """Call 1's ids are call 0's input + output + "\\n" + the new turn + generation prompt."""
+    s = TitoSession(R)
+    out = out_text('<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>')
+    p0, reply = call(s, 0, START, out)
+    msgs = START + [reply, {"role": "tool", "content": "a.py"}]
+    p1 = s.prepare(msgs, TOOLS)
+    assert (p1.kind, p1.anchor_seq, p1.anchor_kind) == ("hit", 0, "reply")
+    assert p1.input_ids[: len(p0.input_ids) + len(out)] == p0.input_ids + out
+    assert p1.input_ids == full_ids(msgs)
+
+
+def test_hazard_im_end_without_newline_is_spliced_exactly() -> None:
+    """The engine stops on <|im_end|>; exactly the template's "\\n" follows it, nothing else."""
+    s = TitoSession(R)
+    out = out_text("Two files.")
+    p0, reply = call(s, 0, START, out)
+    msgs = START + [reply, {"role": "user", "content": "Thanks"}]
+    p1 = s.prepare(msgs, TOOLS)
+    n = len(p0.input_ids) + len(out)
+    assert p1.input_ids[n - 1 : n + 2] == [IM_END, *enc("\n"), 1]  # <|im_end|> \n <|im_start|>
+
+
+def test_hazard_output_cut_by_length_is_closed_like_the_template() -> None:
+    """No stop token: the template's whole turn end (<|im_end|>\\n) is spliced after the ids."""
+    s = TitoSession(R)
+    out = enc("I will now list the fi")  # max_new_tokens reached mid-word
+    p0, reply = call(s, 0, START, out)
+    assert reply["content"] == "I will now list the fi"
+    msgs = START + [reply, {"role": "user", "content": "go on"}]
+    p1 = s.prepare(msgs, TOOLS)
+    n = len(p0.input_ids) + len(out)
+    assert p1.input_ids[:n] == p0.input_ids + out
+    assert p1.input_ids[n : n + 2] == [IM_END, *enc("\n")]
+
+
+def test_hazard_other_stop_token_is_replaced_by_turn_end() -> None:
+    """Stopped on <|endoftext|>: the template would have written <|im_end|>\\n instead."""
+    s = TitoSession(R)
+    out = enc("Done.") + [EOT]
+    p0, reply = call(s, 0, START, out)
+    msgs = START + [reply, {"role": "user", "content": "ok"}]
+    p1 = s.prepare(msgs, TOOLS)
+    assert p1.hit and p1.reused == len(p0.input_ids) + len(out) - 1
+    assert p1.input_ids == full_ids(msgs)
+
+
+def test_hazard_consecutive_tool_results_form_one_turn() -> None:
+    """Two results render as ONE user turn: a request ending in the first is not a prefix of one
+    with both; TITO falls back to the reply anchor and still equals the full render."""
+    s = TitoSession(R)
+    two = (
+        '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "bash", "arguments": {"command": "pwd"}}\n</tool_call>'
+    )
+    _, reply = call(s, 0, START, out_text(two))
+    partial = START + [reply, {"role": "tool", "content": "a.py"}]
+    p1 = s.prepare(partial, TOOLS)  # a harness that sent the first result alone, then failed
+    s.commit(1, p1)  # no reply: only its request is remembered
+    both = partial + [{"role": "tool", "content": "/work"}]
+    p2 = s.prepare(both, TOOLS)
+    assert (p2.kind, p2.anchor_seq, p2.anchor_kind) == ("hit", 0, "reply")
+    assert p2.input_ids == full_ids(both)
+    assert "</tool_response>\n<tool_response>" in R.decode(p2.input_ids)
+
+
+def test_hazard_bpe_merge_keeps_the_sampled_ids() -> None:
+    """The model sampled a tokenization BPE would not produce: TITO keeps the sampled ids and
+    encodes the new part on its own (a full render would re-merge them)."""
+    s = TitoSession(R)
+    word = "Hello"
+    out = [t for ch in word for t in enc(ch)] + [IM_END]  # one id per character
+    assert out[:-1] != enc(word)
+    p0, reply = call(s, 0, START, out)
+    msgs = START + [reply, {"role": "user", "content": "again"}]
+    p1 = s.prepare(msgs, TOOLS)
+    assert p1.input_ids[: len(p0.input_ids) + len(out)] == p0.input_ids + out
+    assert p1.input_ids != full_ids(msgs)
+    rest = R.render(msgs, TOOLS, True)[len(R.render(msgs[:3], TOOLS, False)) :]
+    assert p1.input_ids == p0.input_ids + out + enc("\n" + rest)
+
+
+def test_hazard_prompt_boundary_merge() -> None:
+    """Content starting with a newline: BPE of a full render merges it with the prompt's "\\n";
+    TITO keeps the sampled split."""
+    s = TitoSession(R)
+    out = enc("\nIndented answer") + [IM_END]
+    p0, reply = call(s, 0, START, out)
+    msgs = START + [reply, {"role": "user", "content": "ok"}]
+    p1 = s.prepare(msgs, TOOLS)
+    assert p1.input_ids[: len(p0.input_ids) + len(out)] == p0.input_ids + out
+
+
+def test_reserialised_tool_call_still_matches() -> None:
+    """Harness rewrote the call: new id, reordered keys, other spacing, arguments as a dict."""
+    s = TitoSession(R)
+    out = out_text(
+        'Let me check.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls", "cwd": "/w"}}'
+        "\n</tool_call>"
+    )
+    p0, _ = call(s, 0, START, out)
+    echo = {
+        "role": "assistant",
+        "content": "Let me check.",
+        "tool_calls": [
+            {
+                "id": "callabc",
+                "type": "function",
+                "function": {"name": "bash", "arguments": {"cwd": "/w", "command": "ls"}},
+            }
+        ],
+    }
+    msgs = normalize_messages(
+        START + [echo, {"role": "tool", "tool_call_id": "callabc", "content": "x"}]
+    )
+    p1 = s.prepare(msgs, TOOLS)
+    assert p1.hit and p1.input_ids[: p1.reused] == p0.input_ids + out
+    msgs[2]["tool_calls"][0]["function"]["arguments"] = '{ "cwd" : "/w",\n "command":"ls" }'
+    assert s.prepare(msgs, TOOLS).input_ids == p1.input_ids
+
+
+def test_harness_dropping_reasoning_still_matches() -> None:
+    """Chat-completions harnesses do not send reasoning back: the sampled reasoning stays."""
+    s = TitoSession(R)
+    out = out_text("<think>\nsecret plan\n</think>\n\nSure.")
+    p0, reply = call(s, 0, START, out)
+    assert reply["reasoning_content"] == "secret plan"
+    msgs = START + [{"role": "assistant", "content": "Sure."}, {"role": "user", "content": "and?"}]
+    p1 = s.prepare(msgs, TOOLS)
+    assert p1.hit and "secret plan" in R.decode(p1.input_ids)
+
+
+def test_changed_reasoning_or_content_is_a_miss() -> None:
+    """A history that says something else than what was sampled is a fork: full render, counted."""
+    s = TitoSession(R)
+    _, reply = call(s, 0, START, out_text("<think>\nA\n</think>\n\nSure."))
+    other = dict(reply, reasoning_content="B")
+    p1 = s.prepare(START + [other, {"role": "user", "content": "x"}], TOOLS)
+    assert p1.kind == "miss" and p1.input_ids == full_ids(
+        START + [other, {"role": "user", "content": "x"}]
+    )
+    edited = dict(reply, content="Sure!")
+    assert s.prepare(START + [edited, {"role": "user", "content": "x"}], TOOLS).kind == "miss"
+    assert s.counts == {"first": 1, "miss": 2, "hit": 0}
+
+
+def test_changed_tools_is_a_miss() -> None:
+    """Tools are part of the prompt: another tool set cannot reuse the ids."""
+    s = TitoSession(R)
+    _, reply = call(s, 0, START, out_text("Hi."))
+    msgs = START + [reply, {"role": "user", "content": "x"}]
+    assert s.prepare(msgs, TOOLS + [{"type": "function", "function": {"name": "y"}}]).kind == "miss"
+    reordered = [{"function": TOOLS[0]["function"], "type": "function"}]
+    assert s.prepare(msgs, reordered).kind == "hit"
+
+
+def test_retry_of_same_request_reuses_its_input() -> None:
+    """A harness retry (after a 503) gets the very same ids, so the tree sees one prefix."""
+    s = TitoSession(R)
+    _, reply = call(s, 0, START, out_text("Hi."))
+    msgs = START + [reply, {"role": "user", "content": "x"}]
+    p1 = s.prepare(msgs, TOOLS)
+    s.commit(1, p1)  # failed: no reply
+    p2 = s.prepare(msgs, TOOLS)
+    assert (p2.anchor_seq, p2.anchor_kind, p2.input_ids) == (1, "request", p1.input_ids)
+
+
+def test_earliest_started_longest_match_wins() -> None:
+    """Two calls with the same request and the same reply: the earlier one is the anchor."""
+    s = TitoSession(R)
+    out = out_text("Same.")
+    call(s, 0, START, out)
+    _, reply = call(s, 1, START, out)
+    p = s.prepare(START + [reply, {"role": "user", "content": "x"}], TOOLS)
+    assert (p.anchor_seq, p.anchor_kind) == (0, "reply")
+
+
+def test_fork_from_an_earlier_turn() -> None:
+    """A branch from turn 1 (e.g. a sub-agent resumed from history) extends call 0, not call 1."""
+    s = TitoSession(R)
+    _, r0 = call(s, 0, START, out_text("One."))
+    m1 = START + [r0, {"role": "user", "content": "next"}]
+    _, r1 = call(s, 1, m1, out_text("Two."))
+    fork = START + [r0, {"role": "user", "content": "other"}]
+    p = s.prepare(fork, TOOLS)
+    assert (p.kind, p.anchor_seq) == ("hit", 0) and p.input_ids == full_ids(fork)
+
+
+def test_hazard_template_that_drops_earlier_reasoning() -> None:
+    """Qwen3-style templates drop <think> before the last user query: the new part is still
+    found (reasoning blanked on both sides) and the sampled reasoning stays in the ids."""
+    qwen3ish = CHAT_TEMPLATE.replace(
+        "{%- for message in messages %}",
+        "{%- set ns = namespace(last_user=-1) %}{%- for m in messages %}{%- if m.role == 'user' %}"
+        "{%- set ns.last_user = loop.index0 %}{%- endif %}{%- endfor %}"
+        "{%- for message in messages %}",
+        1,
+    ).replace(
+        "{%- if reasoning is not none %}",
+        "{%- if reasoning is not none and loop.index0 > ns.last_user %}",
+    )
+    r = ChatRenderer(TOK, template=qwen3ish)
+    s = TitoSession(r)
+    out = r.encode("<think>\nhidden\n</think>\n\nAnswer.") + [IM_END]
+    p0 = s.prepare(START, None)
+    reply = P.parse(r.decode(out)).message()
+    s.commit(0, p0, out, reply)
+    msgs = START + [reply, {"role": "user", "content": "more"}]
+    assert "hidden" not in r.render(msgs, None, True)  # the template drops it...
+    p1 = s.prepare(msgs, None)
+    assert p1.hit and p1.input_ids[: p1.reused] == p0.input_ids + out  # ...TITO keeps it
+    assert r.decode(p1.input_ids).endswith(
+        "Answer.<|im_end|>\n<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_sessions_are_per_rollout() -> None:
+    """Tito keeps one session per rollout id; another rollout never reuses its ids."""
+    tito = Tito(R)
+    a, b = tito.session("r-0-1"), tito.session("r-1-1")
+    call(a, 0, START, out_text("Hi."))
+    assert b.prepare(START, TOOLS).kind == "first"
+    assert tito.session("r-0-1") is a
+    tito.drop("r-0-1")
+    assert tito.session("r-0-1") is not a
+
+
+def test_canonical_json() -> None:
+    """Key order and whitespace do not matter; invalid JSON compares as stripped text."""
+    assert canonical_json('{"b": 1, "a": [1, 2]}') == canonical_json('{"a":[1,2],\n"b":1}')
+    assert canonical_json(" not json ") == "not json"
+
+
+def test_normalize_messages() -> None:
+    """Parts concatenate, None is "", dict arguments become the template's JSON text."""
+    msgs = normalize_messages(
+        [
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image"}, "b"]},
+            {
+                "role": "assistant",
+                "content": None,
+                "reasoning": "r",
+                "tool_calls": [{"id": "1", "function": {"name": "f", "arguments": {"x": "é"}}}],
+            },
+            {"role": "tool", "tool_call_id": "1", "content": "ok"},
+        ]
+    )
+    assert msgs == [
+        {"role": "user", "content": "ab"},
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": "r",
+            "tool_calls": [
+                {
+                    "id": "1",
+                    "type": "function",
+                    "function": {"name": "f", "arguments": '{"x": "é"}'},
+                }
+            ],
+        },
+        {"role": "tool", "content": "ok", "tool_call_id": "1"},
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# invariants over random conversations
+# ---------------------------------------------------------------------------------------------
+
+_chars = st.sampled_from(list("abcdefxyz ABC.,:;!?-_/()[]'\"{}\n\t0123456789é中"))
+texts = st.lists(_chars, max_size=24).map("".join)
+words = st.lists(st.sampled_from(["ls", "cat a.py", "echo hi", "pytest -q", "", "x y"]), min_size=1)
+args = st.dictionaries(
+    st.sampled_from(["command", "path", "n", "flag"]), texts | st.integers(), max_size=3
+)
+
+
+@st.composite
+def replies(draw) -> dict:
+    msg: dict = {"role": "assistant", "content": draw(texts)}
+    if draw(st.booleans()):
+        msg["reasoning_content"] = draw(texts)
+    n = draw(st.integers(0, 3))
+    if n:
+        msg["tool_calls"] = [
+            {
+                "type": "function",
+                "function": {
+                    "name": "bash",
+                    "arguments": json.dumps(draw(args), ensure_ascii=False),
+                },
+            }
+            for _ in range(n)
+        ]
+    return msg
+
+
+@st.composite
+def conversations(draw) -> tuple[list[dict], list | None, list[tuple[dict, list[dict]]]]:
+    start = [{"role": "user", "content": draw(texts)}]
+    if draw(st.booleans()):
+        start.insert(0, {"role": "system", "content": draw(texts)})
+    tools = draw(st.sampled_from([None, TOOLS]))
+    steps = []
+    for _ in range(draw(st.integers(1, 4))):
+        reply = draw(replies())
+        new = [{"role": "tool", "content": draw(texts)} for _ in reply.get("tool_calls", [])]
+        if not new or draw(st.booleans()):  # Claude Code adds user text after tool results
+            new.append({"role": "user", "content": draw(texts)})
+        steps.append((reply, new))
+    return start, tools, steps
+
+
+def _rewrite(msg: dict, rnd: random.Random) -> dict:
+    """How harnesses re-serialise a reply: new ids, reordered keys, spacing, dropped reasoning."""
+    out = {"role": "assistant", "content": msg["content"] or None}
+    if "reasoning_content" in msg and rnd.random() < 0.5:
+        out["reasoning_content"] = msg["reasoning_content"]
+    calls = []
+    for i, tc in enumerate(msg.get("tool_calls", [])):
+        a = json.loads(tc["function"]["arguments"])
+        a = dict(reversed(list(a.items())))
+        raw = json.dumps(a, indent=rnd.choice([None, 1]), separators=rnd.choice([None, (",", ":")]))
+        calls.append(
+            {
+                "id": f"call{rnd.randint(0, 999)}_{i}",
+                "function": {"name": "bash", "arguments": raw if rnd.random() < 0.5 else a},
+            }
+        )
+    if calls:
+        out["tool_calls"] = calls
+    return out
+
+
+@settings(
+    max_examples=120,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+@given(conversations())
+def test_invariant_echo_unchanged_equals_full_render(conv) -> None:
+    """Over random conversations: when the harness echoes history unchanged, TITO ids == the
+    ids of a full render, and every call after the first is a hit."""
+    start, tools, steps = conv
+    s = TitoSession(R)
+    msgs = list(start)
+    for seq, (intended, new) in enumerate(steps):
+        p = s.prepare(msgs, tools)
+        assert p.input_ids == full_ids(msgs, tools)
+        assert p.kind == ("first" if seq == 0 else "hit")
+        out = canonical_output(p.input_ids, msgs, intended, tools)
+        assume(out is not None)
+        reply = P.parse(R.decode(out)).message()
+        s.commit(seq, p, out, reply)
+        msgs = msgs + [reply] + new
+    assert s.prepare(msgs, tools).input_ids == full_ids(msgs, tools)
+
+
+@settings(
+    max_examples=80,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+@given(conversations(), st.integers(0, 2**32 - 1))
+def test_invariant_reserialised_history_extends_sampled_ids(conv, seed: int) -> None:
+    """When the harness re-serialises its history, each call still extends the previous call's
+    input+output exactly, and the new part is the template's rendering of the new messages."""
+    rnd = random.Random(seed)
+    start, tools, steps = conv
+    s = TitoSession(R)
+    msgs = normalize_messages(start)
+    prev = None
+    for seq, (intended, new) in enumerate(steps):
+        p = s.prepare(msgs, tools)
+        if prev is not None:
+            p_in, p_out, n_before = prev
+            assert p.kind == "hit" and p.anchor_seq == seq - 1
+            assert p.input_ids[: len(p_in) + len(p_out)] == p_in + p_out
+            rest = R.render(msgs, tools, True)[len(R.render(msgs[: n_before + 1], tools, False)) :]
+            assert p.input_ids == p_in + p_out + enc("\n" + rest)
+        out = canonical_output(full_ids(msgs, tools), msgs, intended, tools)
+        assume(out is not None)
+        reply = P.parse(R.decode(out)).message()
+        s.commit(seq, p, out, reply)
+        prev = (p.input_ids, out, len(msgs))
+        msgs = normalize_messages(msgs[:] + [_rewrite(reply, rnd)] + new)
+
+
+@pytest.mark.parametrize("n_turns", [60])
+def test_long_rollout_stays_exact(n_turns: int) -> None:
+    """A long agent loop (tool call, result, repeat): every call is a hit equal to a full render."""
+    s = TitoSession(R)
+    msgs = list(START)
+    for seq in range(n_turns):
+        p = s.prepare(msgs, TOOLS)
+        if seq:
+            assert p.hit and p.anchor_seq == seq - 1
+        intended = bash_call(f"cat file_{seq}.py", content=f"Step {seq}.")
+        out = canonical_output(p.input_ids, msgs, intended)
+        reply = P.parse(R.decode(out)).message()
+        s.commit(seq, p, out, reply)
+        msgs = msgs + [reply, {"role": "tool", "content": f"print({seq})\n" * 3}]
+    assert s.prepare(msgs, TOOLS).input_ids == full_ids(msgs)
