@@ -7,15 +7,22 @@ Baseline (same run): ``asyncio.create_subprocess_exec("true")`` + wait. Also rep
 forwarder (python launcher in between), and the floor: a bare ``bwrap`` with the same
 namespaces and only ``/usr`` bound, which no bwrap design can beat (namespace creation, the
 network namespace above all). Target: lifecycle p50 <= 5x the baseline p50.
+
+Docker (reported, no target): the same three cases on the engine at ``$DOCKER_HOST`` when one
+answers, else on a private dockerd started for the run (root + ``docker.io`` installed); the
+image is imported from the cached rootfs (`actors.sandbox.docker_image`). When neither works the
+docker cases are skipped and the reason is printed and recorded (``docker_skipped``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import statistics
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from actors.sandbox import SandboxSpec
@@ -57,7 +64,76 @@ def summary(xs: list[float]) -> dict[str, float]:
     }
 
 
-async def main_async(quick: bool) -> dict[str, dict[str, float]]:
+class DockerSkipped(Exception):
+    """No docker engine could be reached or started here (the message says why)."""
+
+
+@contextlib.asynccontextmanager
+async def docker_engine(tmp: Path) -> AsyncIterator[str]:
+    """URL of an engine with the sandbox image: ``$DOCKER_HOST``'s, else a private dockerd."""
+    from actors.sandbox.docker_image import PrivateDockerd, ensure_image
+
+    url = os.environ.get("DOCKER_HOST")
+    if url:
+        try:
+            await ensure_image(url)
+        except Exception as e:
+            raise DockerSkipped(f"DOCKER_HOST={url}: {e}") from e
+        yield url
+        return
+    daemon = PrivateDockerd(tmp / "dockerd")
+    try:
+        await asyncio.to_thread(daemon.start)
+        await ensure_image(daemon.url)
+    except Exception as e:
+        await asyncio.to_thread(daemon.stop)
+        raise DockerSkipped(f"private dockerd: {e}") from e
+    try:
+        yield daemon.url
+    finally:
+        await asyncio.to_thread(daemon.stop)
+
+
+async def docker_cases(tmp: Path, n: int) -> dict[str, list[float]]:
+    """create+run+destroy, run only, run through the forwarder — on docker."""
+    from actors.sandbox.docker import DockerBackend
+
+    async with (
+        docker_engine(tmp) as url,
+        DockerBackend(tmp / "docker-sandboxes", docker_url=url) as be,
+    ):
+
+        async def lifecycle() -> None:
+            sb = await be.create(SandboxSpec(owner="bench"))
+            r = await sb.run(["true"], timeout=30)
+            await sb.destroy()
+            assert r.ok, r
+
+        async def noop(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.close()
+
+        sock = tmp / "docker-proxy.sock"
+        server = await asyncio.start_unix_server(noop, path=str(sock))
+        try:
+            async with (
+                await be.create(SandboxSpec(owner="bench")) as sb,
+                await be.create(SandboxSpec(owner="bench", proxy_socket=sock)) as sbf,
+            ):
+
+                async def run_only() -> None:
+                    assert (await sb.run(["true"], timeout=30)).ok
+
+                async def run_forwarder() -> None:
+                    assert (await sbf.run(["true"], timeout=30)).ok
+
+                cases = {"lifecycle": lifecycle, "run_only": run_only}
+                cases["run_with_forwarder"] = run_forwarder
+                return await timed(cases, n, blocks=2, warmup=2)
+        finally:
+            server.close()
+
+
+async def main_async(quick: bool) -> tuple[dict[str, dict[str, float]], str | None]:
     n = 40 if quick else 250
 
     async def plain() -> None:
@@ -104,25 +180,37 @@ async def main_async(quick: bool) -> dict[str, dict[str, float]]:
                 }
                 results = await timed(cases, n)
             server.close()
-    return {k: summary(v) for k, v in results.items()}
+        skipped = None
+        try:
+            docker = await docker_cases(Path(tmp), 10 if quick else 60)
+            results |= {f"docker_{k}": v for k, v in docker.items()}
+        except DockerSkipped as e:
+            skipped = str(e)
+    return {k: summary(v) for k, v in results.items()}, skipped
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(__doc__.splitlines()[0], argv)
-    res = asyncio.run(main_async(args.quick))
+    res, docker_skipped = asyncio.run(main_async(args.quick))
     base = res.pop("baseline_subprocess")
     ratios = {k: round(v["p50_ms"] / base["p50_ms"], 2) for k, v in res.items()}
     rows = [("baseline: create_subprocess_exec(true)", *map(str, base.values()), "1.0")]
-    rows += [(f"bwrap {k}", *map(str, v.values()), str(ratios[k])) for k, v in res.items()]
+    rows += [
+        (k.replace("docker_", "docker ") if k.startswith("docker_") else f"bwrap {k}",)
+        + (*map(str, v.values()), str(ratios[k]))
+        for k, v in res.items()
+    ]
     print_table(
         "sandbox lifecycle (p50 over n)",
         rows,
         ("case", "p50 ms", "p90 ms", "mean ms", "n", "x baseline"),
     )
     targets = {"lifecycle_vs_subprocess": target(ratios["lifecycle"], TARGET_RATIO, at_least=False)}
+    if docker_skipped:
+        print(f"\ndocker skipped: {docker_skipped}")
     path = write_result(
         "sandbox_lifecycle",
-        res,
+        {**res, "docker_skipped": docker_skipped} if docker_skipped else res,
         {"subprocess_true": base},
         targets,
         ratios=ratios,

@@ -12,10 +12,17 @@ VENV="${VENV:-.venv}"
 PY="${PYTHON:-python3}"
 
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-  if ! command -v bwrap >/dev/null 2>&1; then
+  # bubblewrap: the default sandbox; docker.io + debootstrap: the docker sandbox backend and
+  # its offline image build; nodejs/npm: installing the npm-distributed harnesses
+  need=()
+  command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+  command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
+  command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+  command -v npm >/dev/null 2>&1 || need+=(npm)
+  if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq >/dev/null
-    apt-get install -y -qq bubblewrap >/dev/null
+    apt-get install -y -qq "${need[@]}" >/dev/null
   fi
 fi
 

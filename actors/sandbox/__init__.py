@@ -1,5 +1,5 @@
 """Sandboxes for rollouts: the small contract in `base`, backends `bwrap` (embedded default)
-and `docker` (later). Use `make_backend` to pick one by name."""
+and `docker` (containers on a docker engine). Use `make_backend` to pick one by name."""
 
 from __future__ import annotations
 
@@ -24,9 +24,14 @@ __all__ = [
 
 
 def make_backend(kind: str = "bwrap", **kwargs) -> SandboxBackend:
-    """A sandbox backend by name: ``bwrap`` (kwargs: see `BwrapBackend`) or ``docker``."""
+    """A sandbox backend by name: ``bwrap`` or ``docker`` (kwargs: see `BwrapBackend`,
+    `DockerBackend`)."""
     if kind == "bwrap":
         from actors.sandbox.bwrap import BwrapBackend
 
         return BwrapBackend(**kwargs)
-    raise ValueError(f"unknown sandbox backend {kind!r} (available: bwrap)")
+    if kind == "docker":
+        from actors.sandbox.docker import DockerBackend
+
+        return DockerBackend(**kwargs)
+    raise ValueError(f"unknown sandbox backend {kind!r} (available: bwrap, docker)")

@@ -1,0 +1,752 @@
+"""Docker sandboxes: one container per sandbox, one ``docker exec`` per command (aiodocker).
+
+Design:
+
+* **State on the host, processes in a container.** As with bwrap, a sandbox is a host state
+  dir ``<root>/<owner>-<pid>-<id>/`` holding ``workspace/``, ``home/``, generated
+  ``etc/passwd`` + ``etc/group`` and ``lock`` (flock held by the owner for the sandbox's life;
+  JSON: owner pid, container name). The container ``hrl-<state dir name>`` is created from the
+  image (`docker_image`, configurable) with ``--network none``, a read-only root, cap-drop ALL,
+  no-new-privileges, a pids limit, a memory cgroup limit (swap off), a cpu quota, rlimits
+  (fsize, nofile, core=0), a private tmpfs ``/tmp``, ``docker-init`` (tini) as PID 1 reaping
+  orphans, and binds: the workspace (read-write) at ``spec.workdir``, the private home at
+  ``spec.home``, passwd/group, ``spec.ro_binds`` read-only. Labels ``harnessrl.owner``,
+  ``harnessrl.pid`` (+ the pid's start time and the boot id) let `DockerBackend.sweep` find
+  containers whose actor died.
+* **Two users.** The container's own processes (tini, the forwarder) run as ``proxy_uid``;
+  every command runs as ``uid``. Commands therefore cannot signal the forwarder, and "every
+  process of this run" is exactly "every process of ``uid`` in the container's cgroup".
+* **Proxy forwarder:** with ``--network none`` the container's loopback is one network
+  namespace shared by all its commands, so one forwarder per sandbox suffices: the container's
+  main process is ``_forwarder.py PORT /run/hrl/proxy.sock -- sleep infinity`` (the image's
+  python3), listening on ``127.0.0.1:<proxy_port>`` before `create` returns. The host socket
+  is bind-mounted, so it must exist when the sandbox is created (it is handed to
+  ``proxy_uid`` unless world-writable); a missing one leaves the forwarder closing every
+  connection at once.
+* **Killing trees.** docker has no "kill this exec" call, and a pid namespace per exec needs
+  privileges the container has not. So runs of one sandbox are serialized, and after every run
+  (exit, timeout, failure) the backend SIGKILLs, from the host, every process of ``uid`` in
+  the container's cgroup (``cgroup.procs``), in rounds until none is left (freezing the
+  container if a fork bomb outpaces it). Daemons that ``setsid`` or clear their environment
+  cannot leave the cgroup, so none survives. Exit is observed as the end of the exec's output;
+  a command whose background children keep its stdout open returns after dockerd's 2 s grace
+  for exec output, when those children are killed.
+* **Memory** is a real cgroup limit for the whole sandbox: beyond it the kernel's OOM killer
+  kills the largest process (exit status 137), unlike bwrap's per-process RLIMIT_DATA.
+
+Requirements: a docker engine on this host (bind sources are host paths; ``/proc`` and the
+cgroup filesystem of its containers must be visible here: the backend reads them to kill
+trees and to see the forwarder listen), ``docker-init`` (tini; part of docker packages), root
+or a user allowed to chown files to ``uid`` (the workspace's owner inside).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+try:
+    import aiodocker
+except ImportError:  # optional: `DockerBackend.probe` says what is missing
+    aiodocker = None
+
+from actors.sandbox import _fs
+from actors.sandbox.base import (
+    ExecResult,
+    SandboxBase,
+    SandboxError,
+    SandboxSpec,
+    workspace_relpath,
+)
+from actors.sandbox.bwrap import _starttime, _try_lock
+from actors.sandbox.docker_image import DEFAULT_IMAGE
+
+DEFAULT_ROOT = Path(tempfile.gettempdir()) / "harnessrl-docker-sandboxes"
+RUN_DIR = "/run/hrl"
+PROXY_SOCK_INSIDE = f"{RUN_DIR}/proxy.sock"
+FORWARDER_INSIDE = f"{RUN_DIR}/forwarder.py"
+FORWARDER_SRC = Path(__file__).with_name("_forwarder.py")
+PATH_INSIDE = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+MAX_READ_BYTES = 256 * 1024 * 1024
+LABEL = "harnessrl.sandbox"
+EXIT_GRACE_S = 5.0
+"""How long a run waits for output to end after its processes were killed."""
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _proc_status(pid: str) -> tuple[int, str] | None:
+    """(real uid, state letter) of a host pid, or None when it is gone."""
+    uid, state = None, ""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("State:"):
+                    state = line.split()[1]
+                elif line.startswith("Uid:"):
+                    uid = int(line.split()[1])
+                    break
+    except (OSError, ValueError, IndexError):
+        return None
+    return None if uid is None else (uid, state)
+
+
+def _cgroup_procs(pid: int) -> Path | None:
+    """The ``cgroup.procs`` file (v1 pids controller, or v2) holding host pid ``pid``."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    candidates = []
+    for line in lines:
+        hid, ctrls, path = line.split(":", 2)
+        rel = path.lstrip("/")
+        if "pids" in ctrls.split(","):
+            candidates.insert(0, Path("/sys/fs/cgroup") / ctrls / rel)
+        elif hid == "0":
+            candidates += [Path("/sys/fs/cgroup") / rel, Path("/sys/fs/cgroup/unified") / rel]
+    for c in candidates:
+        with contextlib.suppress(OSError):
+            if str(pid) in (c / "cgroup.procs").read_text().split():
+                return c / "cgroup.procs"
+    return None
+
+
+def _kill_uid_round(procs: Path, uid: int) -> int:
+    """SIGKILL the live processes of ``uid`` listed in ``procs``; how many were signalled."""
+    n = 0
+    for pid in procs.read_text().split():
+        st = _proc_status(pid)
+        if st is not None and st[0] == uid and st[1] != "Z":
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+                n += 1
+    return n
+
+
+def _listening(pid: int, port: int) -> bool:
+    """Whether the network namespace of host pid ``pid`` has a TCP listener on 127.0.0.1:port."""
+    want = f"0100007F:{port:04X}"
+    try:
+        with open(f"/proc/{pid}/net/tcp") as f:
+            return any(
+                (cols := line.split())[1] == want and cols[3] == "0A" for line in f.readlines()[1:]
+            )
+    except (OSError, IndexError):
+        return False
+
+
+def _etc_files(spec: SandboxSpec, uid: int, proxy_uid: int) -> dict[str, str]:
+    return {
+        "passwd": "root:x:0:0:root:/root:/bin/bash\n"
+        f"hrl:x:{uid}:{uid}:harnessrl sandbox:{spec.home}:/bin/bash\n"
+        f"hrl-proxy:x:{proxy_uid}:{proxy_uid}:harnessrl proxy:/nonexistent:/usr/sbin/nologin\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+        "group": f"root:x:0:\nhrl:x:{uid}:\nhrl-proxy:x:{proxy_uid}:\nnogroup:x:65534:\n",
+    }
+
+
+def _exec_failure(message: bytes) -> int | None:
+    """Exit status for a command docker could not start (127 not found, 126 not executable);
+    None when the sandbox itself is at fault (bad cwd, no pids left, …)."""
+    if b"chdir to cwd" in message:
+        return None
+    if b"executable file not found" in message or b"no such file or directory" in message:
+        return 127
+    if b"permission denied" in message:
+        return 126
+    return None
+
+
+class DockerBackend:
+    """Creates `DockerSandbox`es (containers) on the engine at ``docker_url``.
+
+    ``docker_url``: e.g. ``unix:///var/run/docker.sock`` (default: ``$DOCKER_HOST``, then the
+    usual socket). ``image``: needs python3, sh, coreutils (`docker_image.ensure_image`).
+    ``uid``/``proxy_uid``: host uids of the commands and of the forwarder (no user namespace:
+    pick uids no host account uses). ``cpus``: cpu quota per sandbox (None: unlimited).
+    ``tmp_bytes``: size of the tmpfs ``/tmp`` (charged to the memory limit; default: that
+    limit).
+    """
+
+    name = "docker"
+
+    def __init__(
+        self,
+        root: Path | str | None = None,
+        *,
+        docker_url: str | None = None,
+        image: str = DEFAULT_IMAGE,
+        uid: int = 2_100_000_000,
+        proxy_uid: int = 2_100_000_001,
+        cpus: float | None = 1.0,
+        tmp_bytes: int | None = None,
+        sweep_on_start: bool = True,
+    ) -> None:
+        self.root = Path(root) if root is not None else DEFAULT_ROOT
+        self.docker_url = docker_url
+        self.image = image
+        self.uid, self.proxy_uid = uid, proxy_uid
+        self.cpus = cpus
+        self.tmp_bytes = tmp_bytes
+        self.sweep_on_start = sweep_on_start
+        self.docker = None
+        self._started = False
+        self._start_lock = asyncio.Lock()
+        self._live: set[DockerSandbox] = set()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> DockerBackend:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Connect, check the engine and the image, then sweep dead owners. Idempotent."""
+        async with self._start_lock:
+            if self._started:
+                return
+            reason = await self.probe()
+            if reason is not None:
+                await self.close()
+                raise SandboxError(f"docker is not usable here: {reason}")
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._started = True
+        if self.sweep_on_start:
+            await self.sweep()
+
+    async def probe(self) -> str | None:
+        """None when sandboxes can be made here, else why not (for skips and errors)."""
+        if aiodocker is None:
+            return "aiodocker not installed (pip install aiodocker)"
+        if self.docker is None:
+            try:
+                self.docker = aiodocker.Docker(url=self.docker_url)
+            except (ValueError, OSError) as e:
+                return f"no docker engine: {e}"
+        try:
+            await self.docker.version()
+        except Exception as e:  # aiodocker raises DockerError, aiohttp errors, OSError
+            return f"docker engine unreachable at {self.docker.docker_host}: {e}"
+        try:
+            await self.docker.images.inspect(self.image)
+        except aiodocker.DockerError:
+            return (
+                f"image {self.image} missing (python -m actors.sandbox.docker_image "
+                f"--image {self.image})"
+            )
+        return None
+
+    async def close(self) -> None:
+        """Destroy every sandbox of this backend that is still alive; disconnect."""
+        for sb in list(self._live):
+            await sb.destroy()
+        if self.docker is not None:
+            await self.docker.close()
+            self.docker = None
+        self._started = False
+
+    # ------------------------------------------------------------------ create
+
+    async def create(self, spec: SandboxSpec) -> DockerSandbox:
+        await self.start()
+        sid = secrets.token_hex(4)
+        name = f"{spec.owner}-{os.getpid()}-{sid}"
+        try:
+            state, lock_fd = await asyncio.to_thread(self._make_state, spec, name)
+        except SandboxError:
+            raise
+        except OSError as e:
+            raise SandboxError(f"cannot create sandbox state: {e}") from e
+        sb = DockerSandbox(self, spec, state, lock_fd, f"hrl-{name}")
+        self._live.add(sb)
+        try:
+            await sb._start_container()
+        except BaseException:
+            await sb.destroy()
+            raise
+        return sb
+
+    def _make_state(self, spec: SandboxSpec, name: str) -> tuple[Path, int]:
+        tmp_dir = self.root / f".new-{name}"
+        tmp_dir.mkdir(mode=0o700)
+        lock_fd = _try_lock(tmp_dir / "lock")
+        try:
+            assert lock_fd is not None
+            info = {"owner": spec.owner, "pid": os.getpid(), "start": _starttime(os.getpid())}
+            info["container"] = f"hrl-{name}"
+            os.write(lock_fd, json.dumps(info).encode())
+            self._populate(tmp_dir, spec)
+            state = self.root / name
+            os.rename(tmp_dir, state)  # only now visible to sweep, already locked
+        except BaseException:
+            if lock_fd is not None:
+                os.close(lock_fd)
+            _fs.rmtree(tmp_dir)
+            raise
+        return state, lock_fd
+
+    def _populate(self, state: Path, spec: SandboxSpec) -> None:
+        owner = (self.uid, self.uid)
+        for sub, mode in (("workspace", 0o755), ("home", 0o700)):
+            d = state / sub
+            d.mkdir()
+            os.chmod(d, mode)
+            os.chown(d, *owner)
+        rel = spec.workdir.removeprefix(spec.home + "/")
+        if rel != spec.workdir:  # workdir lies below home: its mount point must exist there
+            _fs.make_dirs(state / "home", rel, owner)
+        if spec.workspace_src is not None:
+            if not spec.workspace_src.is_dir():
+                raise SandboxError(f"workspace_src is not a directory: {spec.workspace_src}")
+            _fs.copy_in(spec.workspace_src, state / "workspace", ".", owner)
+        (state / "etc").mkdir()
+        for fname, text in _etc_files(spec, self.uid, self.proxy_uid).items():
+            (state / "etc" / fname).write_text(text)
+
+    def container_config(self, spec: SandboxSpec, state: Path, name: str) -> dict:
+        """The ``containers/create`` body of one sandbox."""
+        lim = spec.limits
+        mounts = [
+            (state / "workspace", spec.workdir, False),
+            (state / "home", spec.home, False),
+            (state / "etc" / "passwd", "/etc/passwd", True),
+            (state / "etc" / "group", "/etc/group", True),
+            *((host, inside, True) for host, inside in spec.ro_binds),
+        ]
+        cmd = ["sleep", "infinity"]
+        if spec.proxy_socket is not None:
+            mounts.append((FORWARDER_SRC, FORWARDER_INSIDE, True))
+            if spec.proxy_socket.exists():
+                mounts.append((spec.proxy_socket, PROXY_SOCK_INSIDE, True))
+            cmd = ["python3", "-I", "-S", "-B", FORWARDER_INSIDE, str(spec.proxy_port)]
+            cmd += [PROXY_SOCK_INSIDE, "--", "sleep", "infinity"]
+        ulimits = [("core", 0), ("fsize", lim.max_file_size), ("nofile", lim.max_open_files)]
+        tmp_opts = "rw,exec,nosuid,nodev,mode=1777"
+        if tmp_size := self.tmp_bytes or lim.memory_bytes:
+            tmp_opts += f",size={tmp_size}"
+        host = {
+            "NetworkMode": "none",
+            "ReadonlyRootfs": True,
+            "CapDrop": ["ALL"],
+            "SecurityOpt": ["no-new-privileges"],
+            "Init": True,
+            "IpcMode": "private",
+            "PidsLimit": lim.max_processes or -1,
+            "Ulimits": [{"Name": k, "Soft": v, "Hard": v} for k, v in ulimits if v is not None],
+            "Mounts": [
+                {"Type": "bind", "Source": str(h), "Target": i, "ReadOnly": ro}
+                for h, i, ro in mounts
+            ],
+            "Tmpfs": {"/tmp": tmp_opts},
+            "LogConfig": {"Type": "none"},
+            "RestartPolicy": {"Name": "no"},
+        }
+        if lim.memory_bytes is not None:
+            host |= {"Memory": lim.memory_bytes, "MemorySwap": lim.memory_bytes}
+        if self.cpus is not None:
+            host["NanoCpus"] = int(self.cpus * 1e9)
+        labels = {
+            LABEL: "docker",
+            "harnessrl.owner": spec.owner,
+            "harnessrl.pid": str(os.getpid()),
+            "harnessrl.start": _starttime(os.getpid()) or "",
+            "harnessrl.boot": _boot_id(),
+            "harnessrl.state": str(state),
+        }
+        return {
+            "Image": self.image,
+            "Cmd": cmd,
+            "User": f"{self.proxy_uid}:{self.proxy_uid}",
+            "Env": [f"PATH={PATH_INSIDE}", "LANG=C.UTF-8"],
+            "Hostname": spec.hostname,
+            "WorkingDir": "/",
+            "Labels": labels,
+            "HostConfig": host,
+        }
+
+    # ------------------------------------------------------------------ sweep
+
+    async def sweep(self) -> int:
+        """Remove containers and state dirs of owners that are gone; returns how many sandboxes.
+
+        A container's owner is alive when its labelled pid runs with the labelled start time on
+        this boot; a state dir's owner is alive while it holds the dir's flock.
+        """
+        await self.start()
+        removed: set[str] = set()
+        flt = json.dumps({"label": [f"{LABEL}=docker"]})
+        for c in await self.docker.containers.list(all=True, filters=flt):
+            labels = c["Labels"] or {}
+            if self._owner_alive(labels):
+                continue
+            await self._remove_container(c.id)
+            state = labels.get("harnessrl.state")
+            if state and Path(state).is_dir():
+                await asyncio.to_thread(self._remove_state, Path(state))
+            removed.add(Path(state).name if state else c.id)
+        for state in await asyncio.to_thread(self._dead_state_dirs):
+            info = {}
+            with contextlib.suppress(OSError, ValueError):
+                info = json.loads((state / "lock").read_text() or "{}")
+            if info.get("container"):
+                await self._remove_container(info["container"])
+            await asyncio.to_thread(self._remove_state, state)
+            removed.add(state.name)
+        return len(removed)
+
+    @staticmethod
+    def _owner_alive(labels: dict[str, str]) -> bool:
+        if labels.get("harnessrl.boot") != _boot_id():
+            return False
+        try:
+            pid = int(labels.get("harnessrl.pid", ""))
+        except ValueError:
+            return False
+        return _starttime(pid) == labels.get("harnessrl.start")
+
+    def _dead_state_dirs(self) -> list[Path]:
+        if not self.root.is_dir():
+            return []
+        out = []
+        for entry in os.scandir(self.root):
+            path = Path(entry.path)
+            if entry.name.startswith(".new-"):
+                # a create() that died half-way; a live one finishes within seconds
+                if time.time() - entry.stat(follow_symlinks=False).st_mtime > 300:
+                    _fs.rmtree(path)
+                continue
+            if entry.is_dir(follow_symlinks=False) and not entry.name.startswith("."):
+                lock = path / "lock"
+                fd = _try_lock(lock) if lock.exists() else -1
+                if fd is not None:
+                    out.append(path)
+                    if fd >= 0:
+                        os.close(fd)
+        return out
+
+    @staticmethod
+    def _remove_state(state: Path) -> None:
+        """rmtree ``state`` unless a live owner holds its lock."""
+        lock = state / "lock"
+        fd = _try_lock(lock) if lock.exists() else -1
+        if fd is None:
+            return
+        try:
+            _fs.rmtree(state)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    async def _remove_container(self, ref: str) -> None:
+        try:
+            await self.docker.containers.container(ref).delete(force=True, v=True)
+        except aiodocker.DockerError as e:
+            if e.status != 404:
+                raise SandboxError(f"cannot remove container {ref}: {e}") from e
+
+
+class DockerSandbox(SandboxBase):
+    """One rollout's container; see the module docstring. Made by `DockerBackend.create`."""
+
+    def __init__(
+        self, backend: DockerBackend, spec: SandboxSpec, state_dir: Path, lock_fd: int, name: str
+    ) -> None:
+        self.backend, self.spec, self.state_dir, self.name = backend, spec, state_dir, name
+        self.workdir = spec.workdir
+        self.workspace_host = state_dir / "workspace"
+        self.uid = backend.uid
+        self._owner = (backend.uid, backend.uid)
+        self._lock_fd: int | None = lock_fd
+        self._container = None
+        self._init_pid: int | None = None
+        self._procs_file: Path | None = None
+        self._run_lock = asyncio.Lock()
+        self._destroyed = False
+        self._destroy_lock = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"<DockerSandbox {self.name}>"
+
+    async def _start_container(self) -> None:
+        be, spec = self.backend, self.spec
+        sock = spec.proxy_socket
+        try:
+            if sock is not None and sock.exists() and not sock.stat().st_mode & 0o002:
+                os.chown(sock, be.proxy_uid, -1)  # connect() needs write permission
+            config = be.container_config(spec, self.state_dir, self.name)
+            self._container = await be.docker.containers.create(config, name=self.name)
+            await self._container.start()
+            info = await self._container.show()
+        except (aiodocker.DockerError, aiohttp.ClientError, OSError) as e:
+            raise SandboxError(f"cannot start container: {e}") from e
+        self._init_pid = info["State"]["Pid"]
+        self._procs_file = await asyncio.to_thread(_cgroup_procs, self._init_pid)
+        if self._procs_file is None:
+            raise SandboxError(
+                "cannot see the container's cgroup from here: the docker backend needs the "
+                "engine on this host, sharing /proc and /sys/fs/cgroup"
+            )
+        if spec.proxy_socket is not None:
+            deadline = time.monotonic() + 15
+            while not _listening(self._init_pid, spec.proxy_port):
+                if time.monotonic() > deadline or _proc_status(str(self._init_pid)) is None:
+                    raise SandboxError("proxy forwarder did not start in the container")
+                await asyncio.sleep(0.01)
+
+    # ------------------------------------------------------------------ run
+
+    def base_env(self) -> dict[str, str]:
+        spec = self.spec
+        env = {
+            "PATH": PATH_INSIDE,
+            "HOME": spec.home,
+            "USER": "hrl",
+            "LOGNAME": "hrl",
+            "SHELL": "/bin/bash",
+            "LANG": "C.UTF-8",
+            "TMPDIR": "/tmp",
+            "TERM": "dumb",
+            "HOSTNAME": spec.hostname,
+        }
+        if spec.proxy_socket is not None:
+            env["HRL_PROXY_URL"] = f"http://127.0.0.1:{spec.proxy_port}"
+        return env | spec.env
+
+    async def run(
+        self,
+        argv: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        """See `Sandbox.run`. Runs of one sandbox take turns (the kill after each run takes
+        every process of the sandbox's user)."""
+        self._check_alive()
+        if not argv:
+            raise ValueError("empty argv")
+        limit = self.spec.limits.wall_clock_s if timeout is None else timeout
+        async with self._run_lock:
+            self._check_alive()
+            t0 = time.monotonic()
+            try:
+                return await self._run_locked(argv, env, cwd, limit, stdin, t0)
+            finally:
+                await self._kill_user_procs()
+
+    async def _run_locked(self, argv, env, cwd, limit, stdin, t0) -> ExecResult:
+        full_env = self.base_env() | (env or {})
+        user = f"{self.uid}:{self.uid}"
+        try:
+            ex = await self._container.exec(
+                argv,
+                stdin=stdin is not None,
+                user=user,
+                environment=full_env,
+                workdir=cwd or self.workdir,
+            )
+        except (aiodocker.DockerError, aiohttp.ClientError) as e:
+            raise self._failure(f"docker exec: {e}") from e
+        cap = self.spec.limits.output_cap_bytes
+        timed_out = False
+        try:
+            async with ex.start(detach=False) as stream:
+                pump = asyncio.ensure_future(_pump(stream, cap))
+                feeder = asyncio.ensure_future(_feed(stream, stdin)) if stdin is not None else None
+                try:
+                    timed_out = not await self._wait_exit(ex, pump, t0 + limit)
+                finally:
+                    if timed_out or self._destroyed:
+                        await self._kill_user_procs()
+                    if feeder is not None:
+                        feeder.cancel()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(asyncio.shield(pump), EXIT_GRACE_S)
+                    pump.cancel()
+                out, err = pump.result() if pump.done() and not pump.cancelled() else _EMPTY
+                info = await self._exec_info(ex)
+        except (aiodocker.DockerError, aiohttp.ClientError, OSError) as e:
+            if self._destroyed:
+                return ExecResult(-signal.SIGKILL, b"", b"", False, time.monotonic() - t0)
+            raise self._failure(f"docker exec: {e}") from e
+        return self._result(info, out, err, timed_out, t0)
+
+    async def _wait_exit(self, ex, pump: asyncio.Future, deadline: float) -> bool:
+        """Wait until the exec's process exited (its output ended and docker says so);
+        False when ``deadline`` came first."""
+        try:
+            await asyncio.wait_for(asyncio.shield(pump), max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            return False
+        while not self._destroyed:  # output closed early (e.g. ``exec >&-``): poll the exec
+            if not (await ex.inspect()).get("Running"):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
+    async def _exec_info(self, ex) -> dict:
+        """The exec's final state (docker records the exit shortly after the output ends)."""
+        for _ in range(200):
+            info = await ex.inspect()
+            if not info.get("Running") or self._destroyed:
+                return info
+            await asyncio.sleep(0.025)
+        return info
+
+    def _result(self, info: dict, out, err, timed_out: bool, t0: float) -> ExecResult:
+        (out, out_trunc), (err, err_trunc) = out, err
+        code = info.get("ExitCode")
+        if timed_out and code not in (None, 128 + signal.SIGKILL):
+            # it had exited in time; only its background children held the output open
+            timed_out = False
+        if timed_out or self._destroyed or code is None:
+            code = -signal.SIGKILL
+        elif info.get("Pid") == 0 and code in (126, 127):  # docker could not start it
+            mapped = _exec_failure(out)
+            if mapped is None:
+                raise self._failure(f"cannot start command: {out.decode(errors='replace')}")
+            code, out, err = mapped, b"", out.strip() + b"\n"
+        return ExecResult(
+            returncode=code,
+            stdout=out,
+            stderr=err,
+            timed_out=timed_out,
+            duration_s=time.monotonic() - t0,
+            stdout_truncated=out_trunc,
+            stderr_truncated=err_trunc,
+        )
+
+    def _failure(self, msg: str) -> SandboxError:
+        return SandboxError(f"{self.name}: {msg}")
+
+    async def _kill_user_procs(self) -> None:
+        """SIGKILL every process of the sandbox's user in the container, until none is left."""
+        procs = self._procs_file
+        if procs is None:
+            return
+        try:
+            for i in range(50):
+                if not _kill_uid_round(procs, self.uid):
+                    return
+                await asyncio.sleep(0.002 * min(i, 10))
+            await self._kill_frozen()
+            for _ in range(200):
+                if not _kill_uid_round(procs, self.uid):
+                    return
+                await asyncio.sleep(0.01)
+        except OSError:  # the container (and its cgroup) is gone: nothing left to kill
+            if not procs.exists():
+                return
+            raise
+        raise self._failure("processes survive SIGKILL")
+
+    # ------------------------------------------------------------------ files
+
+    async def _kill_frozen(self) -> None:
+        """A fork bomb outpaces the rounds: freeze the container, signal every process of the
+        user once (frozen, none can fork), thaw (they die with SIGKILL pending)."""
+        await self._container.pause()
+        try:
+            _kill_uid_round(self._procs_file, self.uid)
+        finally:
+            await self._container.unpause()
+
+    def _check_alive(self) -> None:
+        if self._destroyed:
+            raise SandboxError("sandbox destroyed")
+
+    async def read_file(self, path: str, *, max_bytes: int = MAX_READ_BYTES) -> bytes:
+        self._check_alive()
+        rel = workspace_relpath(self.workdir, path)
+        return await self._fs(_fs.read_file, self.workspace_host, rel, max_bytes)
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        self._check_alive()
+        rel = workspace_relpath(self.workdir, path)
+        await self._fs(_fs.write_file, self.workspace_host, rel, data, self._owner)
+
+    async def copy_in(self, host_src: Path, dest: str) -> None:
+        self._check_alive()
+        rel = workspace_relpath(self.workdir, dest)
+        await self._fs(_fs.copy_in, Path(host_src), self.workspace_host, rel, self._owner)
+
+    async def copy_out(self, dest_host: Path) -> None:
+        self._check_alive()
+        await self._fs(_fs.copy_out, self.workspace_host, Path(dest_host))
+
+    @staticmethod
+    async def _fs(fn, *args):
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except (SandboxError, FileNotFoundError):
+            raise
+        except OSError as e:
+            raise SandboxError(f"{fn.__name__}: {e}") from e
+
+    # ------------------------------------------------------------------ destroy
+
+    async def destroy(self) -> None:
+        async with self._destroy_lock:
+            if self._destroyed:
+                return
+            self._destroyed = True
+            try:
+                await self.backend._remove_container(self.name)
+            finally:
+                await asyncio.to_thread(_fs.rmtree, self.state_dir)
+                if self._lock_fd is not None:
+                    os.close(self._lock_fd)
+                    self._lock_fd = None
+                self.backend._live.discard(self)
+
+
+_EMPTY = ((b"", True), (b"", True))
+
+
+async def _pump(stream, cap: int) -> tuple[tuple[bytes, bool], tuple[bytes, bool]]:
+    """Read the exec's multiplexed output to its end: (stdout, truncated), (stderr, truncated).
+    A connection that breaks counts as the end."""
+    bufs = {1: bytearray(), 2: bytearray()}
+    trunc = {1: False, 2: False}
+    with contextlib.suppress(Exception):  # aiohttp / docker errors: the stream is over
+        while (msg := await stream.read_out()) is not None:
+            buf = bufs.get(msg.stream)
+            if buf is None:
+                continue
+            room = cap - len(buf)
+            if room > 0:
+                buf += msg.data[:room]
+            trunc[msg.stream] = trunc[msg.stream] or len(msg.data) > room
+    return (bytes(bufs[1]), trunc[1]), (bytes(bufs[2]), trunc[2])
+
+
+async def _feed(stream, data: bytes) -> None:
+    """Write stdin, then half-close the connection (docker then closes the command's stdin)."""
+    with contextlib.suppress(Exception):
+        if data:
+            await stream.write_in(data)
+        resp = getattr(stream, "_resp", None)  # aiodocker has no public half-close
+        transport = resp.connection.transport if resp is not None and resp.connection else None
+        if transport is not None and transport.can_write_eof():
+            transport.write_eof()
