@@ -30,7 +30,9 @@ class Command:
 
 COMMANDS: dict[str, Command] = {
     "nats": Command("run an embedded nats-server with JetStream", "common.natsd_cli", 2),
-    "engine": Command("serve a model over SGLang's native HTTP API (CPU/embedded)", None, 3),
+    "engine": Command(
+        "serve a model over SGLang's native HTTP API (CPU/embedded)", "proxy.engine_cmd", 3
+    ),
     "proxy": Command(
         "model-API gateway for one rollout (OpenAI/Anthropic APIs)", "proxy.proxy_cmd", 4
     ),
@@ -45,7 +47,7 @@ COMMANDS: dict[str, Command] = {
     "demo": Command("the built-in end-to-end demo: SFT then RL on the toy suite", None, 8),
     "rollout": Command("run a single rollout by hand and print its score and tree", None, 5),
     "eval": Command("evaluate policies on a task suite across harnesses", None, 8),
-    "tasks": Command("list, show, import and lint tasks", None, 5),
+    "tasks": Command("list, show, import and lint tasks", "actors.tasks_cmd", 5),
     "harness": Command("install and list harness adapters", "actors.harness_cmd", 5),
     "weights-sync": Command("apply broadcast weight versions to an SGLang engine", None, 7),
 }

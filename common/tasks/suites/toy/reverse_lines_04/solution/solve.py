@@ -1,0 +1,13 @@
+"""Reference solution (reverse_lines); run with the workspace as the current directory."""
+
+from pathlib import Path
+
+P = {"input": "input.txt", "output": "result.txt"}
+
+
+def read(rel):
+    return Path(rel).read_text()
+
+
+out = "".join(line + "\n" for line in read(P["input"]).splitlines()[::-1])
+Path(P["output"]).write_text(out)

@@ -1,0 +1,49 @@
+"""Checker for the `calendar_conflicts` task. Usage: python3 test.py WORKSPACE
+
+Prints a JSON dict of metrics in [0, 1]. Every metric is 0 when the file it judges is missing,
+empty or unreadable; expected values live in expected.json beside this file.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+WS = Path(sys.argv[1]) if len(sys.argv) > 1 else Path.cwd()
+EXP = json.loads((Path(__file__).parent / "expected.json").read_text())
+
+
+def read(rel):
+    """The text of a workspace file, or None when it is missing, unreadable or empty."""
+    try:
+        text = (WS / rel).read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text if text.strip() else None
+
+
+def load_json(rel):
+    text = read(rel)
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def close(a, b, tol=0.011):
+    try:
+        return abs(float(a) - float(b)) <= tol
+    except (TypeError, ValueError):
+        return False
+
+
+m = {}
+text = read("conflicts.txt") or ""
+lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+exp = EXP["pairs"]
+m["all_found"] = float(all(p in lines for p in exp))
+m["no_false_pairs"] = float(bool(lines) and all(ln in exp for ln in lines))
+m["sorted_unique"] = float(lines == exp)
+
+print(json.dumps(m))

@@ -1,0 +1,188 @@
+"""Scripted teacher for the toy suites: the next assistant message, given the conversation.
+
+``teacher_step(task, messages)`` is a pure function. It reads what its earlier tool calls
+observed from ``messages`` (OpenAI chat format) and returns the next assistant message with one
+tool call of the reference harness (``read_file(path)``, ``write_file(path, content)``,
+``list_dir(path)``, ``run(cmd)``, ``finish(summary)``): list the directory (level 3), read the
+files the task needs, write the answer computed *from the observed file texts*, then finish.
+Served through the real proxy, its turns become cold-start SFT data whose every answer is
+derivable from what the model saw.
+
+Assumptions about the harness's tool results (``actors/harnesses/reference_agent.py``'s
+contract): ``read_file`` returns the file's text; ``list_dir`` returns one entry per line,
+directories ending in ``/`` (``(empty)`` for none; a JSON list of names also works). Paths are
+relative to the workspace. `TOOLS` mirrors the reference agent's tool names and parameters for
+offline use; through a real harness, the harness's own tool definitions are what the model sees.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from common.tasks.model import Task
+from common.tasks.toy import FAMILY, Family, reads_needed
+
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": desc,
+            "parameters": {
+                "type": "object",
+                "properties": {p: {"type": "string"} for p in params},
+                "required": list(params),
+            },
+        },
+    }
+    for name, desc, params in (
+        ("read_file", "Read a text file of the workspace.", ("path",)),
+        ("write_file", "Create or overwrite a file with the given content.", ("path", "content")),
+        ("list_dir", "List a directory of the workspace.", ("path",)),
+        ("run", "Run a shell command in the workspace.", ("cmd",)),
+        ("finish", "Say the task is done.", ("summary",)),
+    )
+]
+"""The reference harness's tools, in OpenAI ``tools`` format."""
+
+
+@dataclass
+class Observed:
+    """What the teacher's earlier tool calls returned."""
+
+    reads: dict[str, str] = field(default_factory=dict)
+    listings: dict[str, list[str]] = field(default_factory=dict)
+    wrote: set[str] = field(default_factory=set)
+    finished: bool = False
+    turns: int = 0
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return "" if content is None else str(content)
+
+
+def _norm(path: str) -> str:
+    p = path.strip()
+    while p.startswith("./"):
+        p = p[2:]
+    return p.rstrip("/") or "."
+
+
+def _entries(text: str) -> list[str]:
+    s = text.strip()
+    if s.startswith("["):
+        try:
+            data = json.loads(s)
+            if isinstance(data, list):
+                return [str(x) for x in data]
+        except json.JSONDecodeError:
+            pass
+    return [ln.strip() for ln in s.splitlines() if ln.strip() and ln.strip() != "(empty)"]
+
+
+def observe(messages: list[dict[str, Any]]) -> Observed:
+    """Pair each assistant tool call with its tool result."""
+    obs, calls = Observed(), {}
+    for m in messages:
+        role = m.get("role")
+        if role == "assistant":
+            obs.turns += 1
+            for tc in m.get("tool_calls") or []:
+                fn = tc.get("function") or {}
+                try:
+                    args = json.loads(fn.get("arguments") or "{}")
+                except json.JSONDecodeError:
+                    args = {}
+                calls[tc.get("id")] = (fn.get("name"), args if isinstance(args, dict) else {})
+                obs.finished |= fn.get("name") == "finish"
+        elif role == "tool" and m.get("tool_call_id") in calls:
+            name, args = calls[m["tool_call_id"]]
+            result = _text(m.get("content"))
+            path = _norm(str(args.get("path", "")))
+            if name == "read_file":
+                obs.reads[path] = result
+            elif name == "list_dir":
+                obs.listings[path] = _entries(result)
+            elif name == "write_file":
+                obs.wrote.add(path)
+    return obs
+
+
+def _call(turn: int, name: str, say: str, **args: str) -> dict[str, Any]:
+    return {
+        "role": "assistant",
+        "content": say,
+        "tool_calls": [
+            {
+                "id": f"call_{turn}_{name}",
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(args)},
+            }
+        ],
+    }
+
+
+def family_of(task: Task) -> tuple[Family, dict[str, Any]]:
+    meta = dict(task.metadata.get("toy") or {})
+    fam = FAMILY.get(meta.pop("family", ""))
+    if fam is None:
+        raise ValueError(f"task {task.name} is not a toy task (no metadata.toy.family)")
+    return fam, meta
+
+
+def teacher_step(task: Task, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The next assistant message (OpenAI chat format) that moves the toy task forward."""
+    fam, p = family_of(task)
+    obs = observe(messages)
+    turn = obs.turns
+    if obs.finished:
+        return {"role": "assistant", "content": "The task is done."}
+    out = p["output"]
+    if out in obs.wrote:
+        return _call(turn, "finish", f"I wrote {out}.", summary=f"Wrote {out}.")
+    listing = None
+    if fam.reads_dir:
+        d = _norm(p["dir"])
+        if d not in obs.listings:
+            return _call(turn, "list_dir", f"Let me see what is in {d}/.", path=d)
+        listing = obs.listings[d]
+    needed = reads_needed(fam, p, listing)
+    done_early = fam.stop_when is not None and any(
+        fam.stop_when(p, obs.reads[f]) for f in needed if f in obs.reads
+    )
+    for f in needed:
+        if f not in obs.reads and not done_early:
+            return _call(turn, "read_file", f"I will read {f}.", path=f)
+    answer = fam.compute(p, lambda rel: obs.reads.get(_norm(rel), ""), lambda _d: listing or [])
+    return _call(turn, "write_file", f"Now I write the answer to {out}.", path=out, content=answer)
+
+
+def teacher_rollout(
+    task: Task, execute: Any, *, max_turns: int = 16, system: str | None = None
+) -> list[dict[str, Any]]:
+    """Drive `teacher_step` against ``execute(name, args) -> str`` until it finishes.
+
+    Returns the whole conversation (system?, user, assistant/tool turns). For tests and for
+    building SFT data without a harness.
+    """
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": task.instruction})
+    for _ in range(max_turns):
+        msg = teacher_step(task, messages)
+        messages.append(msg)
+        calls = msg.get("tool_calls") or []
+        if not calls:
+            break
+        for tc in calls:
+            fn = tc["function"]
+            result = execute(fn["name"], json.loads(fn["arguments"]))
+            messages.append({"role": "tool", "tool_call_id": tc["id"], "content": result})
+        if calls[-1]["function"]["name"] == "finish":
+            break
+    return messages

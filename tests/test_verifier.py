@@ -1,0 +1,455 @@
+"""The verifier and checker lint, run in real bubblewrap sandboxes (skipped where bwrap cannot run).
+
+The rubric judge is a real aiohttp server speaking the OpenAI chat API with scripted replies.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from actors.sandbox import SandboxSpec
+from actors.sandbox.bwrap import BwrapBackend
+from actors.verifier import (
+    JudgeConfig,
+    RubricJudge,
+    backend_factory,
+    combine,
+    lint_task,
+    run_solution,
+    verify,
+)
+from common import cli
+from common.tasks import CLAWGYM_MOUNT, Task, load_task_path
+
+
+@pytest.fixture
+async def backend(tmp_path: Path):
+    be = BwrapBackend(tmp_path / "sandboxes")
+    reason = await be.probe()
+    if reason is not None:
+        pytest.skip(f"bubblewrap not usable here: {reason}")
+    async with be:
+        yield be
+
+
+def write(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(textwrap.dedent(text))
+    return root
+
+
+def make_task(root: Path, checker: str, *, toml: str = "", solve: str = "", **files: str) -> Task:
+    """A native task whose reward/test.py is ``checker`` (files: rel path with / as __)."""
+    head = 'id = "t"\ninstruction = "Do the thing."\n' + textwrap.dedent(toml)
+    extra = {k.replace("__", "/"): v for k, v in files.items()}
+    if solve:
+        extra["solution/solve.sh"] = solve
+    write(root, {"task.toml": head, "reward/test.py": checker, "workspace/in.txt": "x\n", **extra})
+    return load_task_path(root)
+
+
+async def verify_fresh(backend: BwrapBackend, task: Task, judge=None, setup=None):
+    spec = SandboxSpec(workspace_src=task.workspace_dir, workdir=task.mount)
+    async with await backend.create(spec) as sb:
+        if setup is not None:
+            await setup(sb)
+        return await verify(task, sb, judge)
+
+
+# ---------------------------------------------------------------------- code checkers
+
+
+async def test_weighted_mean_of_metrics(backend: BwrapBackend, tmp_path: Path):
+    """reward = weighted mean of the checker's metrics; bools count as 0/1."""
+    checker = 'import json; print("debug line"); print(json.dumps({"a": 1, "b": 0.0, "c": True}))'
+    task = make_task(tmp_path / "t", checker, toml="[score]\nweights = { b = 2.0 }\n")
+    res = await verify_fresh(backend, task)
+    assert res.status == "ok", res.error
+    assert res.metrics == {"a": 1.0, "b": 0.0, "c": 1.0}
+    assert res.reward == pytest.approx(0.5) and res.code_score == pytest.approx(0.5)
+    assert res.rubric_score is None and res.duration > 0
+
+
+@pytest.mark.parametrize(
+    ("checker", "needle"),
+    [
+        ("raise RuntimeError('checker bug')", "exited with status 1"),
+        ("print('all good!')", "not a JSON dict"),
+        ("print('')", "printed nothing"),
+        ("import json; print(json.dumps({'a': 1.5}))", "outside [0, 1]"),
+        ("import json; print(json.dumps({'a': -0.1}))", "outside [0, 1]"),
+        ("print('{\"a\": NaN}')", "outside [0, 1]"),
+        ("import json; print(json.dumps({'a': 'high'}))", "not a number"),
+        ("print('{}')", "empty dict"),
+        ("print('[1, 0]')", "not a JSON dict"),
+        ("import os; os._exit(3)", "exited with status 3"),
+    ],
+)
+async def test_bad_checkers_are_verifier_errors(
+    backend: BwrapBackend, tmp_path: Path, checker: str, needle: str
+):
+    """A crashing or garbage-printing checker is a verifier_error with a clear message."""
+    res = await verify_fresh(backend, make_task(tmp_path / "t", checker))
+    assert res.status == "verifier_error" and needle in res.error
+    assert res.reward == 0.0 and res.code_score is None
+
+
+async def test_checker_timeout(
+    backend: BwrapBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A checker that outlives its timeout is killed and reported, not scored."""
+    import actors.verifier
+
+    monkeypatch.setattr(actors.verifier, "STAGE_SLACK_S", 0.5)
+    task = make_task(
+        tmp_path / "t", "import time; time.sleep(30)", toml="[timeouts]\nverifier_s = 0.5\n"
+    )
+    res = await verify_fresh(backend, task)
+    assert res.status == "verifier_error" and "timed out after 0.5 s" in res.error
+
+
+async def test_valid_metrics_with_nonzero_exit_count(backend: BwrapBackend, tmp_path: Path):
+    """A checker may exit non-zero after printing valid metrics (some signal failure that way)."""
+    checker = 'import json, sys; print(json.dumps({"ok": 0})); sys.exit(1)'
+    res = await verify_fresh(backend, make_task(tmp_path / "t", checker))
+    assert res.status == "ok" and res.reward == 0.0
+
+
+async def test_reward_files_hidden_from_harness_and_workspace(
+    backend: BwrapBackend, tmp_path: Path
+):
+    """Before verify the reward files are nowhere in the sandbox; during verify they are outside
+    the workspace, and what the harness planted in $HOME cannot hijack the checker."""
+    checker = """\
+        import json, os, sys
+        ws = sys.argv[1]
+        here = os.path.dirname(os.path.abspath(__file__))
+        listing = [f for _, _, fs in os.walk(ws) for f in fs]
+        print(json.dumps({
+            "outside_ws": float(not here.startswith(ws)),
+            "ws_clean": float(sorted(listing) == ["in.txt", "planted.txt"]),
+            "cwd_is_ws": float(os.getcwd() == ws),
+        }))
+        """
+    task = make_task(tmp_path / "t", checker, reward__secret_marker_8f3a="hidden\n")
+
+    async def harness(sb):
+        prune = " ".join(f"-path {d} -prune -o" for d in ("/proc", "/sys", "/usr", "/etc"))
+        r = await sb.run(["sh", "-c", f"find / {prune} -name 'secret*' -print"], timeout=60)
+        assert r.stdout == b"" and not r.timed_out, r.stdout
+        site = "$HOME/.local/lib/python3.11/site-packages"
+        hack = "import builtins; builtins.print = lambda *a, **k: None"
+        await sb.run(["sh", "-c", f"mkdir -p {site} && echo '{hack}' > {site}/usercustomize.py"])
+        await sb.write_file("planted.txt", b"x")
+
+    res = await verify_fresh(backend, task, setup=harness)
+    assert res.status == "ok", res.error
+    assert res.metrics == {"outside_ws": 1.0, "ws_clean": 1.0, "cwd_is_ws": 1.0}
+
+
+async def test_clawgym_folder_end_to_end(backend: BwrapBackend, tmp_path: Path):
+    """ClawGym layout: workspace at input_mount_dir, reward files at <mount>/reward, reward.sh's
+    last line is the score, check.py's dict the metrics; a planted reward/ dir is replaced."""
+    root = write(
+        tmp_path / "task_0001",
+        {
+            "data_entry.json": json.dumps(
+                {
+                    "task_id": "task_0001",
+                    "user_query": "Write a summary.",
+                    "metadata": {"category": "Content", "grading_type": "automated"},
+                    "input_mount_dir": CLAWGYM_MOUNT,
+                }
+            ),
+            "input_files/notes.md": "notes\n",
+            "reward/check.py": f"""\
+                import json, os, sys
+                ws = sys.argv[1]
+                assert ws == "{CLAWGYM_MOUNT}", ws
+                ok = os.path.isfile(os.path.join(ws, "summary.md"))
+                print(json.dumps({{"exists": float(ok), "notes_kept": 1.0}}))
+                """,
+            "reward/reward.sh": f"""\
+                #!/usr/bin/env bash
+                set -euo pipefail
+                echo "checking {CLAWGYM_MOUNT}"
+                python3 {CLAWGYM_MOUNT}/reward/check.py {CLAWGYM_MOUNT} | python3 -c 'import json,sys; d=json.load(sys.stdin); print(sum(d.values())/len(d))'
+                """,
+        },
+    )
+    task = load_task_path(root)
+
+    async def harness(sb):
+        await sb.write_file("summary.md", b"done\n")
+        await sb.write_file("reward/reward.sh", b"echo 1.0\n")  # a cheat that must not survive
+
+    res = await verify_fresh(backend, task, setup=harness)
+    assert res.status == "ok", res.error
+    assert res.reward == 1.0 and res.metrics == {"exists": 1.0, "notes_kept": 1.0}
+    res = await verify_fresh(backend, task)
+    assert res.status == "ok" and res.reward == 0.5 and res.metrics["exists"] == 0.0
+
+
+async def test_clawgym_reward_sh_garbage(backend: BwrapBackend, tmp_path: Path):
+    """A reward.sh whose last line is not a number in [0, 1] is a verifier_error."""
+    root = write(
+        tmp_path / "c",
+        {
+            "data_entry.json": json.dumps({"task_id": "c", "user_query": "q"}),
+            "reward/reward.sh": "echo 3.5\n",
+        },
+    )
+    res = await verify_fresh(backend, load_task_path(root))
+    assert res.status == "verifier_error" and "outside [0, 1]" in res.error
+
+
+HARBOR_TOML = "[verifier]\ntimeout_sec = 30.0\n[agent]\ntimeout_sec = 60.0\n"
+
+
+@pytest.mark.parametrize(
+    ("test_sh", "reward", "metrics"),
+    [
+        (
+            "if grep -q hello /app/hello.txt; then echo 1 > /logs/verifier/reward.txt; "
+            "else echo 0 > /logs/verifier/reward.txt; fi\n",
+            1.0,
+            {"reward": 1.0},
+        ),
+        (
+            "cat > /logs/verifier/reward.json <<EOF\n"
+            '{"exists": $(test -f hello.txt && echo 1 || echo 0),'
+            ' "exact": $(grep -qx hello hello.txt && echo 1 || echo 0)}\nEOF\n',
+            1.0,
+            {"exists": 1.0, "exact": 1.0},
+        ),
+    ],
+)
+async def test_harbor_end_to_end(
+    backend: BwrapBackend, tmp_path: Path, test_sh: str, reward: float, metrics: dict
+):
+    """Harbor: the solution (with /solution paths) runs, test.sh writes /logs/verifier/reward.*."""
+    root = write(
+        tmp_path / "hello",
+        {
+            "task.toml": HARBOR_TOML,
+            "instruction.md": "Write hello to hello.txt\n",
+            "environment/Dockerfile": "FROM ubuntu\nWORKDIR /app\nCOPY seed.txt /app/\n",
+            "environment/seed.txt": "seed\n",
+            "tests/test.sh": "test -f /tests/test.sh || exit 7\n" + test_sh,
+            "solution/solve.sh": "cat /solution/word.txt > hello.txt\n",
+            "solution/word.txt": "hello\n",
+        },
+    )
+    task = load_task_path(root)
+    assert task.mount == "/app"
+    spec = SandboxSpec(workspace_src=task.workspace_dir, workdir=task.mount)
+    async with await backend.create(spec) as sb:
+        assert await sb.read_file("seed.txt") == b"seed\n"
+        res0 = await verify(task, sb)
+        await run_solution(task, sb)
+        res = await verify(task, sb)
+    assert res.status == "ok", res.error
+    assert res.reward == reward and res.metrics == metrics
+    assert res0.status == "ok" and res0.reward == 0.0
+
+
+async def test_harbor_without_reward_file(backend: BwrapBackend, tmp_path: Path):
+    """A test.sh that writes no reward file is a verifier_error saying so."""
+    root = write(
+        tmp_path / "h",
+        {"instruction.md": "x\n", "tests/test.sh": "echo oops >&2; exit 2\n"},
+    )
+    res = await verify_fresh(backend, load_task_path(root))
+    assert res.status == "verifier_error"
+    assert "neither reward.txt nor reward.json (exit 2)" in res.error and "oops" in res.error
+
+
+# ---------------------------------------------------------------------- rubric judge
+
+
+@pytest.fixture
+async def judge_server():
+    """An OpenAI-compatible chat endpoint replying from a script: list of (status, content)."""
+    state: dict = {"replies": [], "requests": []}
+
+    async def chat(request: web.Request) -> web.Response:
+        state["requests"].append(await request.json())
+        status, content = state["replies"].pop(0) if state["replies"] else (200, '{"scores": [1]}')
+        if status != 200:
+            return web.Response(status=status, text="judge trouble")
+        msg = {"role": "assistant", "content": content}
+        return web.json_response({"choices": [{"index": 0, "message": msg}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    judge = RubricJudge(
+        JudgeConfig(url=f"http://127.0.0.1:{port}/v1", model="j", retries=1, retry_backoff_s=0.01)
+    )
+    yield state, judge
+    await judge.close()
+    await runner.cleanup()
+
+
+RUBRIC_TOML = '[rubric]\nrules = ["Polite.", "Short."]\n'
+HALF = 'import json; print(json.dumps({"a": 1, "b": 0}))'
+
+
+async def test_hybrid_score(backend: BwrapBackend, tmp_path: Path, judge_server):
+    """0.7·code + 0.3·rubric; the judge sees instruction, rules and the workspace text."""
+    state, judge = judge_server
+    state["replies"] = [(200, 'Sure. {"scores": [1, 0.5], "reason": "fine"}')]
+    task = make_task(tmp_path / "t", HALF, toml=RUBRIC_TOML)
+    res = await verify_fresh(backend, task, judge)
+    assert res.status == "ok" and res.judge_error == ""
+    assert res.code_score == 0.5 and res.rubric_score == 0.75
+    assert res.reward == pytest.approx(0.7 * 0.5 + 0.3 * 0.75)
+    assert res.metrics["rubric"] == 0.75
+    (req,) = state["requests"]
+    user = req["messages"][-1]["content"]
+    assert "Do the thing." in user and "1. Polite." in user and "### in.txt" in user
+
+
+@pytest.mark.parametrize(
+    ("replies", "needle"),
+    [
+        ([(200, '{"scores": [0.8, 1]}')], "not one of"),
+        ([(200, '{"scores": [1]}')], "expected 2 score(s)"),
+        ([(200, "I think it is good.")], "no JSON scores"),
+        ([(500, ""), (503, "")], "judge HTTP 503"),
+        ([(400, "")], "judge HTTP 400"),
+    ],
+)
+async def test_judge_failure_falls_back_to_code(
+    backend: BwrapBackend, tmp_path: Path, judge_server, replies, needle
+):
+    """A judge that gives no valid score leaves the reward to the code side, and says why."""
+    state, judge = judge_server
+    state["replies"] = list(replies)
+    res = await verify_fresh(backend, make_task(tmp_path / "t", HALF, toml=RUBRIC_TOML), judge)
+    assert res.status == "ok" and res.reward == 0.5 and res.rubric_score is None
+    assert needle in res.judge_error
+
+
+async def test_judge_retries_5xx(backend: BwrapBackend, tmp_path: Path, judge_server):
+    """A 5xx is retried; the second answer counts."""
+    state, judge = judge_server
+    state["replies"] = [(502, ""), (200, '{"scores": [0, 0]}')]
+    res = await verify_fresh(backend, make_task(tmp_path / "t", HALF, toml=RUBRIC_TOML), judge)
+    assert res.rubric_score == 0.0 and res.reward == pytest.approx(0.35)
+    assert len(state["requests"]) == 2
+
+
+async def test_rubric_only_task(backend: BwrapBackend, tmp_path: Path, judge_server):
+    """With no code checker the rubric is the whole score; without a judge it is an error."""
+    state, judge = judge_server
+    state["replies"] = [(200, '{"scores": [0.25, 0.75]}')]
+    task = make_task(tmp_path / "t", HALF, toml='[checker]\nkind = "none"\n' + RUBRIC_TOML)
+    res = await verify_fresh(backend, task, judge)
+    assert res.status == "ok" and res.reward == 0.5 and res.code_score is None
+    res = await verify_fresh(backend, task)
+    assert res.status == "verifier_error" and "no rubric judge" in res.error
+
+
+def test_combine_renormalises():
+    """The hybrid renormalises to the sides that produced a number."""
+    assert combine(0.5, 1.0, 0.7, 0.3) == pytest.approx(0.65)
+    assert combine(0.5, None, 0.7, 0.3) == 0.5
+    assert combine(None, 0.25, 0.7, 0.3) == 0.25
+    assert combine(None, None, 0.7, 0.3) is None
+
+
+# ---------------------------------------------------------------------- lint
+
+ANNOUNCE_CHECKER = """\
+    import json, pathlib, sys
+    p = pathlib.Path(sys.argv[1]) / "announcement.txt"
+    text = p.read_text() if p.exists() else ""
+    print(json.dumps({{
+        "mentions_date": float("June 14" in text),
+        "under_120_words": float({limit}),
+    }}))
+    """
+FLAWED = ANNOUNCE_CHECKER.format(limit="len(text.split()) < 120")
+FIXED = ANNOUNCE_CHECKER.format(limit="0 < len(text.split()) < 120")
+SOLVE = "echo 'Launch party on June 14 in the main hall.' > announcement.txt\n"
+
+
+async def test_lint_catches_passes_when_missing(backend: BwrapBackend, tmp_path: Path):
+    """The ClawGym case: "under 120 words" passes when the file is missing -> lint names it."""
+    flawed = make_task(tmp_path / "flawed", FLAWED, solve=SOLVE)
+    rep = await lint_task(flawed, backend_factory(backend))
+    assert not rep.ok
+    (problem,) = rep.problems
+    assert "'under_120_words' never drops below 1" in problem and "announcement.txt" in problem
+    assert rep.flips["mentions_date"] and not rep.flips["under_120_words"]
+    fixed = make_task(tmp_path / "fixed", FIXED, solve=SOLVE)
+    rep = await lint_task(fixed, backend_factory(backend))
+    assert rep.ok, rep.problems
+    assert "delete announcement.txt" in rep.flips["under_120_words"]
+    assert rep.untouched_reward == 0.0 and rep.solution_metrics == {
+        "mentions_date": 1.0,
+        "under_120_words": 1.0,
+    }
+
+
+@pytest.mark.parametrize(
+    ("checker", "solve", "needle"),
+    [
+        (  # reads the output without guarding: crashes on the failing workspace
+            'import json; t = open("out.txt").read(); print(json.dumps({"ok": float(t == "a\\n")}))',
+            "echo a > out.txt\n",
+            "checker errors when it should score 0 (delete out.txt)",
+        ),
+        ('import json; print(json.dumps({"ok": 1}))', "echo a > out.txt\n", "already scores 1.0"),
+        (
+            'import json, os; print(json.dumps({"ok": float(os.path.exists("out.txt"))}))',
+            "echo a > wrong.txt\n",
+            "reference solution scores 0.000",
+        ),
+        (
+            'import json, os; print(json.dumps({"ok": float(os.path.exists("out.txt"))}))',
+            "exit 4\n",
+            "reference solution solve.sh exited with status 4",
+        ),
+    ],
+)
+async def test_lint_problems(backend: BwrapBackend, tmp_path: Path, checker, solve, needle):
+    """Lint reports crashing checkers, trivially passing tasks and broken reference solutions."""
+    task = make_task(tmp_path / "t", checker, solve=solve)
+    rep = await lint_task(task, backend_factory(backend))
+    assert not rep.ok and any(needle in p for p in rep.problems), rep.problems
+
+
+def test_cli_lint_exit_status(tmp_path: Path, monkeypatch, capsys):
+    """``tasks lint PATH`` exits 1 and names the metric that never flips; 0 when fixed."""
+    monkeypatch.setitem(cli.COMMANDS, "tasks", cli.Command("tasks", "actors.tasks_cmd", 5))
+    make_task(tmp_path / "flawed", FLAWED, solve=SOLVE)
+    make_task(tmp_path / "fixed", FIXED, solve=SOLVE)
+    rc = cli.main(["tasks", "lint", str(tmp_path / "flawed"), str(tmp_path / "fixed")])
+    out = capsys.readouterr()
+    if "bubblewrap is not usable" in out.err:
+        pytest.skip(out.err)
+    assert rc == 1 and "under_120_words" in out.out and "1/2 tasks pass lint" in out.err
+    assert cli.main(["tasks", "lint", "--json", str(tmp_path / "fixed")]) == 0
+    (rep,) = json.loads(capsys.readouterr().out)
+    assert rep["ok"] and rep["task"] == str(tmp_path / "fixed")
+
+
+def test_judge_config_is_documented():
+    """The judge's config follows the config rules (every field documented, strict)."""
+    from common.config import undocumented_fields
+
+    assert undocumented_fields(JudgeConfig) == []
+    assert JudgeConfig.model_config.get("extra") == "forbid"
