@@ -36,7 +36,7 @@ COMMANDS: dict[str, Command] = {
     "proxy": Command(
         "model-API gateway for one rollout (OpenAI/Anthropic APIs)", "proxy.proxy_cmd", 4
     ),
-    "actor": Command("run rollouts: sandboxes + harnesses + verifiers", None, 5),
+    "actor": Command("run rollouts: sandboxes + harnesses + verifiers", "actors.actor_cmd", 5),
     "assembler": Command(
         "rebuild rollouts' calls into prefix-tree samples", "learner.assembler_cmd", 6
     ),
@@ -45,7 +45,9 @@ COMMANDS: dict[str, Command] = {
     ),
     "run": Command("start a whole training run (all processes) from one config", None, 8),
     "demo": Command("the built-in end-to-end demo: SFT then RL on the toy suite", None, 8),
-    "rollout": Command("run a single rollout by hand and print its score and tree", None, 5),
+    "rollout": Command(
+        "run a single rollout by hand and print its score and tree", "actors.rollout_cmd", 5
+    ),
     "eval": Command("evaluate policies on a task suite across harnesses", None, 8),
     "tasks": Command("list, show, import and lint tasks", "actors.tasks_cmd", 5),
     "harness": Command("install and list harness adapters", "actors.harness_cmd", 5),

@@ -1,0 +1,86 @@
+"""``harnessrl actor``: run rollouts for a run until SIGTERM/SIGINT.
+
+    harnessrl actor --nats URL --run NAME --engine URL [--engine URL ...] --concurrency K
+                    [--sandbox bwrap|docker] [--model tiny|PATH] [--config actor.toml]
+
+Prints ``actor ready: NAME`` once it pulls tasks. On SIGTERM it stops fetching, lets in-flight
+rollouts finish for ``shutdown_grace_s``, kills the rest (their tasks go back to the queue) and
+exits 0. See ``actors/service.py`` for the loop and ``actors/rollout.py`` for one rollout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from actors.config import ActorConfig
+
+CONFIG = ActorConfig
+SECTION = "actor"
+
+log = logging.getLogger("harnessrl.actor")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--engine",
+        dest="cfg__engines",
+        action="append",
+        metavar="URL",
+        help="engine URL (SGLang native API); repeat for several (same as --engines)",
+    )
+
+
+async def serve(cfg: ActorConfig, stop: asyncio.Event | None = None) -> int:
+    from actors.rollout import RolloutDeps, default_actor_name
+    from actors.service import ActorService
+    from common import metrics
+    from common.bus import connect
+
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    name = cfg.name or default_actor_name()
+    bus = await connect(cfg.nats, cfg.run, name=f"actor-{name}")
+    served = await metrics.start_metrics_server(cfg.metrics_port)
+    try:
+        async with RolloutDeps.open(cfg, bus, actor=name) as deps:
+            service = ActorService(cfg, bus, deps)
+            port = f", metrics on :{served[1]}" if served else ""
+            print(f"actor ready: {name} (run {cfg.run}, {cfg.concurrency} slots{port})", flush=True)
+            await service.run(stop)
+            log.info("actor %s stopped after %d rollouts", name, service.done)
+    finally:
+        await bus.close()
+        if served:
+            await served[0].cleanup()
+    return 0
+
+
+def main(cfg: ActorConfig, args: argparse.Namespace | None = None) -> int:
+    from common.aio import run, setup_logging
+
+    setup_logging(cfg.log_level, "actor")
+    return int(run(serve(cfg)))
+
+
+if __name__ == "__main__":  # ``python -m actors.actor_cmd`` (same flags as ``harnessrl actor``)
+    from common.config import ConfigError, add_config_args, config_from_args, dump_toml
+
+    parser = argparse.ArgumentParser(prog="harnessrl actor", description=__doc__)
+    add_arguments(parser)
+    add_config_args(parser, ActorConfig)
+    ns = parser.parse_args()
+    try:
+        config = config_from_args(ActorConfig, ns, section=SECTION)
+    except ConfigError as e:
+        print(f"harnessrl actor: {e}", file=sys.stderr)
+        sys.exit(2)
+    if ns.print_config:
+        sys.stdout.write(dump_toml(config))
+        sys.exit(0)
+    sys.exit(main(config, ns))

@@ -1,0 +1,187 @@
+"""Config of the processes that run rollouts: ``harnessrl actor`` and ``harnessrl rollout``.
+
+Plain pydantic models (no heavy imports): ``--help`` builds its flags from them. The fields
+that shape one rollout (engines, sampling, sandbox, harness, scoring) live in `RolloutSettings`
+and are shared by both commands, so a rollout run by hand behaves exactly like one run by an
+actor with the same settings.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from actors.verifier import JudgeConfig
+from common.config import HrlModel, ServiceConfig
+from common.records import check_token
+
+HARNESS_NAME_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789-_"
+
+
+class RolloutSettings(HrlModel):
+    """How one rollout runs: engines and sampling, sandbox, harness, timeouts and scoring."""
+
+    engines: list[str] = ["http://127.0.0.1:30000"]
+    """Engine URLs speaking SGLang's native API (``--engine URL``, repeat for several); calls
+    of one rollout stick to one engine."""
+    model: str = "tiny"
+    """Folder (or tiny spec such as ``tiny-1m``) whose tokenizer and chat template build the
+    prompts; must match the engines' model."""
+    parser: Literal["hermes", "qwen"] = "hermes"
+    """Tool-call parser for the model's output."""
+    model_name: str = Field("harnessrl", min_length=1, max_length=200)
+    """Model name the harness is told to use (and ``/v1/models`` reports); some harnesses pick
+    prompts and tools by it."""
+    temperature: float = Field(1.0, ge=0.0, le=5.0)
+    """Sampling temperature of every call (the harness's own value is recorded, not used)."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass."""
+    top_k: int = Field(-1, ge=-1, le=1_000_000)
+    """Top-k sampling; -1 disables it."""
+    max_new_tokens: int = Field(4096, ge=1, le=1_000_000)
+    """Most tokens one call may generate (a harness's max_tokens can only lower it)."""
+    max_context: int = Field(0, ge=0, le=10_000_000)
+    """Context window in tokens; 0 asks the engine (``/get_model_info``), else unchecked."""
+    context_window: int = Field(0, ge=0, le=10_000_000)
+    """Context size told to harnesses that take one (their compaction threshold follows);
+    0 uses ``max_context`` when known."""
+    record_buffer: int = Field(1024, ge=1, le=1_000_000)
+    """CallRecords (all rollouts of the process) that may wait for the bus before new calls
+    are answered 503 (harnesses retry)."""
+    flush_timeout_s: float = Field(120.0, gt=0, le=3600)
+    """How long a finished rollout waits for the bus to store its CallRecords; past it the
+    rollout fails (the task is retried) instead of publishing a result with calls missing."""
+    engine_health_interval_s: float = Field(2.0, gt=0, le=3600)
+    """Seconds between engine health checks."""
+    sandbox: Literal["bwrap", "docker"] = "bwrap"
+    """Sandbox backend: bubblewrap (no daemon) or docker."""
+    sandbox_root: Path | None = None
+    """Host folder for sandbox state; empty uses the backend's default under the temp dir.
+    Leftovers of dead actors under it are swept at start."""
+    docker_image: str = ""
+    """Image of docker sandboxes; empty uses the backend's default (built offline)."""
+    sandbox_memory_mb: int = Field(8192, ge=64, le=4_194_304)
+    """Memory limit per sandbox process, MiB."""
+    sandbox_max_processes: int = Field(1024, ge=8, le=1_000_000)
+    """Processes + threads a sandbox may run."""
+    proxy_port: int = Field(18080, ge=1, le=65535)
+    """Loopback port inside the sandbox where the harness reaches its proxy."""
+    harness_cache_dir: Path | None = None
+    """Folder of installed harnesses; empty: ``$HRL_HARNESS_CACHE`` or
+    ``~/.cache/harnessrl/harnesses``."""
+    install_harnesses: bool = True
+    """Install a harness that is missing from the cache on first use (needs its registry);
+    off: such rollouts end as ``harness_error``."""
+    harness_timeout_s: float = Field(0.0, ge=0, le=86_400)
+    """Wall-clock limit of a harness run when the TaskRequest gives none; 0 uses the task's
+    own (``agent_timeout_s``)."""
+    timeout_scoring: Literal["discard", "score"] = "discard"
+    """A harness killed at its timeout: ``discard`` (status ``timeout``, a tombstone) or
+    ``score`` (verify the workspace it left, status from the verifier)."""
+    max_turns: int = Field(0, ge=0, le=100_000)
+    """Most model turns, for harnesses that take a limit; 0 keeps the harness default."""
+    harness_options: dict[str, dict[str, Any]] = {}
+    """Adapter options by harness name (JSON), e.g. ``{"reference": {"max_tokens": 512}}``;
+    each adapter's docstring lists the keys it reads."""
+    harness_env: dict[str, str] = {}
+    """Extra environment for every harness (applied last)."""
+    expose_solution: bool = False
+    """``command`` harness only: bind the task's reference solution read-only at
+    ``/opt/hrl/solution`` and name it in ``$HRL_SOLUTION``. For testing tasks; never train so."""
+    judge: dict[str, Any] = {}
+    """Rubric judge for tasks with rubric rules, as the fields of ``actors.verifier.JudgeConfig``
+    (JSON / a TOML table: ``url``, ``model``, ``api_key``, ...); empty scores code checkers
+    alone."""
+
+    @field_validator("engines")
+    @classmethod
+    def _engine_urls(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("at least one engine URL is needed")
+        for url in v:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"engine URL {url!r} must start with http:// or https://")
+        return v
+
+    @field_validator("judge")
+    @classmethod
+    def _judge(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if v:
+            JudgeConfig.model_validate(v)
+        return v
+
+    @property
+    def judge_config(self) -> JudgeConfig | None:
+        return JudgeConfig.model_validate(self.judge) if self.judge else None
+
+    @field_validator("harness_options")
+    @classmethod
+    def _option_tables(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for name in v:
+            if not name or any(c not in HARNESS_NAME_CHARS for c in name):
+                raise ValueError(f"harness name {name!r} is not a harness name")
+        return v
+
+
+class ActorConfig(RolloutSettings, ServiceConfig):
+    """``harnessrl actor``: pull TaskRequests, run each in a fresh sandbox, publish results."""
+
+    name: str = ""
+    """Actor instance name (in results, logs and sandbox owners); empty: ``<host>-<pid>``."""
+    concurrency: int = Field(4, ge=1, le=4096)
+    """Rollouts run at once."""
+    ack_wait_s: float = Field(60.0, ge=1, le=86_400)
+    """Seconds a task may go without a heartbeat before JetStream redelivers it to another
+    actor. The server keeps the value the durable consumer ``actors`` was first created with,
+    and heartbeats are paced from this one: keep it the same on every actor of a run."""
+    heartbeat_s: float = Field(0.0, ge=0, le=86_400)
+    """Seconds between ``in_progress`` heartbeats of a running task; 0: a third of
+    ``ack_wait_s``."""
+    max_attempts: int = Field(5, ge=1, le=1000)
+    """Deliveries of one task before it is given up: its member then ends as a failed result
+    (``harness_error``) and the task is dead-lettered."""
+    shutdown_grace_s: float = Field(30.0, ge=0, le=86_400)
+    """On SIGTERM, how long in-flight rollouts may finish; the rest are killed and their tasks
+    nak'ed (another actor retries them as a new attempt)."""
+    keep_workspace_dir: Path | None = None
+    """Copy each rollout's final workspace to ``<dir>/<rollout_id>`` (debugging; costs disk)."""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_token(v, "actor name") if v else v
+
+    @model_validator(mode="after")
+    def _heartbeat(self) -> ActorConfig:
+        if self.heartbeat_s and self.heartbeat_s >= self.ack_wait_s:
+            raise ValueError("heartbeat_s must be shorter than ack_wait_s")
+        return self
+
+    @property
+    def heartbeat_interval(self) -> float:
+        return self.heartbeat_s or self.ack_wait_s / 3
+
+
+class RolloutConfig(RolloutSettings):
+    """``harnessrl rollout``: one rollout by hand, with the actor's settings."""
+
+    nats: str = ""
+    """NATS server URL; empty starts an embedded nats-server in a temp dir for this command."""
+    run: str = "rollout"
+    """Run name the CallRecords are published under (the result itself is not published)."""
+    log_level: Literal["debug", "info", "warning", "error"] = "warning"
+    """Logging level (logs go to stderr; the report to stdout)."""
+
+    @field_validator("run")
+    @classmethod
+    def _run_token(cls, v: str) -> str:
+        return check_token(v, "run")
+
+    @field_validator("nats")
+    @classmethod
+    def _nats_url(cls, v: str) -> str:
+        if v and not v.startswith(("nats://", "tls://", "ws://", "wss://")):
+            raise ValueError("must be a nats:// URL (or empty for an embedded server)")
+        return v

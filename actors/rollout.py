@@ -1,0 +1,687 @@
+"""One rollout, start to finish: the single pipeline ``harnessrl actor`` and ``harnessrl rollout``
+share.
+
+``await run_rollout(req, attempt, deps) -> RolloutResult``::
+
+    load task -> adapter.prepare (token, proxy URL inside, model name) -> proxy on a unix socket
+    -> sandbox (workspace copied in at the task's mount, the socket, the harness binds)
+    -> harness under its wall-clock limit -> [keep workspace] -> proxy stopped, records flushed
+    -> verifier (hidden reward files copied in only now) -> sandbox destroyed -> result
+
+What must stay true:
+
+* **Every CallRecord of the rollout is stored before the result exists.** The proxy is stopped
+  (its in-flight engine calls aborted) once the harness is dead, and ``Recorder.flush`` must
+  succeed; if the bus cannot store the records in ``flush_timeout_s`` this raises instead of
+  returning a result, so the caller retries the task rather than publish a result whose calls
+  are missing. ``n_calls`` is the number of records of the rollout (with a record the server
+  refused as too large counted, so the assembler sees the gap and tombstones it).
+* **Nothing outlives the rollout**, whatever happens, cancellation included: the sandbox is
+  destroyed (every process in it killed), the proxy's socket closed and removed, the rollout's
+  TITO state dropped.
+* **One status per outcome** (``RolloutResult.status``):
+
+  - ``ok``: the verifier scored the final workspace;
+  - ``timeout``: the harness outlived its limit and was killed (with ``timeout_scoring =
+    "score"`` the workspace is verified anyway and the status is the verifier's);
+  - ``sandbox_error``: the sandbox failed (create, run, file copy, during verification too);
+  - ``harness_error``: the harness could not run — unknown or missing task, unknown harness,
+    task changed under the request (``task_hash``), install failure, launch files not
+    written, exit 126/127 (not executable / not found), or a non-zero exit before any model
+    call. A harness that exits non-zero *after* calling the model is the model's failure and
+    is scored like any other run. When the *request* itself can never run anywhere (unknown
+    task, suite or harness, changed task) `RolloutReport.bad_request` says why, so the actor
+    dead-letters the task after publishing the failed result;
+  - ``verifier_error``: the checker crashed, timed out or printed garbage.
+
+Shared state: one `RolloutDeps` per process (engine router, tokenizer/renderer, ModelCaller,
+Recorder, sandbox backend, judge); one `ProxyServer` per rollout, listening on its own unix
+socket, which the sandbox's forwarder exposes at ``127.0.0.1:<proxy_port>`` inside.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import secrets
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from actors.config import RolloutSettings
+from actors.harnesses import HarnessContext, HarnessNotInstalled, LaunchSpec, get_adapter
+from actors.harnesses.base import HarnessAdapter, default_cache_dir, write_launch_files
+from actors.sandbox import Limits, Sandbox, SandboxBackend, SandboxError, SandboxSpec
+from actors.sandbox.base import ExecResult, MiB
+from common import metrics
+from common.bus import Bus
+from common.procs import pid_alive
+from common.records import RolloutResult, TaskRequest, rollout_id
+from common.tasks import Task, TaskError, load_task
+
+log = logging.getLogger("harnessrl.actor.rollout")
+
+__all__ = ["RolloutDeps", "RolloutReport", "run_rollout", "sweep_socket_dirs"]
+
+SOLUTION_MOUNT = "/opt/hrl/solution"
+"""Where ``expose_solution`` binds a task's reference solution (``command`` harness only)."""
+SOCKET_ROOT = Path(tempfile.gettempdir()) / "harnessrl-proxy-sockets"
+"""Parent of each actor process's proxy socket folder (``<root>/<pid>-<random>``)."""
+VERIFY_SLACK_S = 30.0
+"""Added to a sandbox's default wall clock beyond the harness timeout (verifier, file copies)."""
+PROXY_STOP_TIMEOUT_S = 30.0
+"""Bound on stopping a rollout's proxy (in-flight calls are aborted first, so it is quick)."""
+NOT_RUNNABLE_EXITS = (126, 127)
+"""Shell exit statuses for "found but not executable" and "command not found"."""
+
+_DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+
+M_PHASE = metrics.histogram(
+    "hrl_actor_phase_seconds",
+    "Rollout phase durations (sandbox create, harness, verify, total)",
+    ("phase",),
+    buckets=_DURATION_BUCKETS,
+)
+M_SANDBOX_CREATE = metrics.histogram(
+    "hrl_actor_sandbox_create_seconds", "Sandbox creation latency", ("backend",)
+)
+M_SANDBOX_DESTROY = metrics.histogram(
+    "hrl_actor_sandbox_destroy_seconds", "Sandbox destruction latency", ("backend",)
+)
+M_REWARD = metrics.histogram(
+    "hrl_actor_reward",
+    "Rewards of scored rollouts",
+    buckets=(0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.999, 1.0),
+)
+M_ROLLOUTS = metrics.counter(
+    "hrl_actor_rollouts_total", "Rollouts finished, by status", ("status",)
+)
+M_FAILURES = metrics.counter(
+    "hrl_actor_failures_total", "Failed rollouts by reason (finer than the status)", ("reason",)
+)
+M_CALLS = metrics.histogram(
+    "hrl_actor_calls_per_rollout",
+    "Model calls per rollout",
+    buckets=(0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# shared per-process state
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RolloutDeps:
+    """What every rollout of one process shares. Build it with `RolloutDeps.open`."""
+
+    bus: Bus
+    caller: Any
+    """``proxy.calls.ModelCaller`` over the engine router, renderer, parser and recorder."""
+    backend: SandboxBackend
+    settings: RolloutSettings
+    socket_dir: Path
+    """This process's folder of per-rollout proxy sockets."""
+    judge: Any = None
+    """``actors.verifier.RubricJudge`` or None."""
+    actor: str = ""
+    """Name put in results and sandbox owners."""
+    max_context: int = 0
+    """The engines' context window (0: unknown)."""
+
+    @property
+    def recorder(self) -> Any:
+        return self.caller.recorder
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.settings.harness_cache_dir or default_cache_dir()
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(
+        cls,
+        settings: RolloutSettings,
+        bus: Bus,
+        *,
+        actor: str = "",
+        backend: SandboxBackend | None = None,
+    ) -> AsyncIterator[RolloutDeps]:
+        """Start the shared parts (engines checked, sandboxes swept); close them on exit."""
+        from common.records import SamplingParams
+        from proxy.calls import ModelCaller
+        from proxy.parsers import get_parser
+        from proxy.recorder import Recorder
+        from proxy.sglang import EngineRouter
+        from proxy.tito import ChatRenderer
+
+        async with contextlib.AsyncExitStack() as stack:
+            router = EngineRouter(
+                settings.engines, health_interval=settings.engine_health_interval_s
+            )
+            await router.start()
+            stack.push_async_callback(router.close)
+            max_context = settings.max_context or await _engine_context(router)
+            tokenizer = await asyncio.to_thread(_tokenizer, settings.model)
+            recorder = await Recorder(bus, capacity=settings.record_buffer).start()
+            stack.push_async_callback(recorder.close)
+            sampling = SamplingParams(
+                temperature=settings.temperature,
+                top_p=settings.top_p,
+                top_k=settings.top_k,
+                max_new_tokens=settings.max_new_tokens,
+            )
+            caller = ModelCaller(
+                router,
+                ChatRenderer(tokenizer),
+                get_parser(settings.parser),
+                recorder,
+                sampling=sampling,
+                max_context=max_context,
+                label_rules=_label_rules(),
+            )
+            if backend is None:
+                backend = make_sandbox_backend(settings)
+            await backend.start()  # type: ignore[attr-defined]  # both backends sweep here
+            stack.push_async_callback(backend.close)
+            judge = None
+            if settings.judge_config is not None:
+                from actors.verifier import RubricJudge
+
+                judge = RubricJudge(settings.judge_config)
+                stack.push_async_callback(judge.close)
+            socket_dir = await asyncio.to_thread(_new_socket_dir)
+            stack.callback(shutil.rmtree, socket_dir, True)
+            yield cls(
+                bus=bus,
+                caller=caller,
+                backend=backend,
+                settings=settings,
+                socket_dir=socket_dir,
+                judge=judge,
+                actor=actor or default_actor_name(),
+                max_context=max_context,
+            )
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer(spec: str) -> Any:
+    """The tokenizer of ``spec``, loaded once per process (read-only once loaded)."""
+    from common.models import load_tokenizer
+
+    return load_tokenizer(spec)
+
+
+def default_actor_name() -> str:
+    host = "".join(c if c.isalnum() or c in "-_" else "-" for c in socket.gethostname())
+    return f"{host[:60] or 'actor'}-{os.getpid()}"
+
+
+def make_sandbox_backend(settings: RolloutSettings) -> SandboxBackend:
+    """The configured sandbox backend (not started)."""
+    from actors.sandbox import make_backend
+
+    kw: dict[str, Any] = {}
+    if settings.sandbox_root is not None:
+        kw["root"] = settings.sandbox_root
+    if settings.sandbox == "docker" and settings.docker_image:
+        kw["image"] = settings.docker_image
+    return make_backend(settings.sandbox, **kw)
+
+
+async def _engine_context(router: Any) -> int:
+    try:
+        info = await router.model_info()
+    except Exception as e:  # an engine that does not say: context is not checked here
+        log.info("engine model info unavailable (%r): context length unchecked", e)
+        return 0
+    keys = ("context_length", "max_context_length", "max_position_embeddings")
+    return int(next((info[k] for k in keys if info.get(k)), 0))
+
+
+def _label_rules() -> Any:
+    """The proxy's default rules plus the reference agent's own ``x-hrl-call-label`` header."""
+    import dataclasses
+
+    from actors.harnesses.reference_agent import LABEL_HEADER
+    from proxy.labels import DEFAULT_RULES
+
+    header = LABEL_HEADER.lower()
+    if header in DEFAULT_RULES.subagent_headers:
+        return DEFAULT_RULES
+    return dataclasses.replace(
+        DEFAULT_RULES,
+        subagent_headers=(*DEFAULT_RULES.subagent_headers, header),
+        compaction_header_values={
+            **DEFAULT_RULES.compaction_header_values,
+            header: ("compaction",),
+        },
+        kept_headers=(*DEFAULT_RULES.kept_headers, header),
+    )
+
+
+def _new_socket_dir() -> Path:
+    SOCKET_ROOT.mkdir(parents=True, exist_ok=True, mode=0o700)
+    sweep_socket_dirs()
+    return Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=SOCKET_ROOT))
+
+
+def sweep_socket_dirs(root: Path = SOCKET_ROOT) -> int:
+    """Remove socket folders of dead actor processes (named ``<pid>-…``); returns how many."""
+    removed = 0
+    if not root.is_dir():
+        return 0
+    for d in root.iterdir():
+        pid = d.name.split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
+            removed += 1
+    return removed
+
+
+# ---------------------------------------------------------------------------------------------
+# one rollout
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RolloutReport:
+    """What a rollout did beyond its result: for logs and the ``rollout`` command."""
+
+    task: Task | None = None
+    harness_exit: int | None = None
+    """The harness's exit status (None: it never ran)."""
+    timed_out: bool = False
+    harness_stdout: str = ""
+    """Tail of the harness's stdout."""
+    harness_stderr: str = ""
+    """Tail of the harness's stderr."""
+    verifier_output: str = ""
+    """Tail of the checker's stderr."""
+    bad_request: str = ""
+    """Non-empty when the TaskRequest can never run anywhere (dead-letter it)."""
+    workspace: Path | None = None
+    """Where the final workspace was copied (``keep_workspace``)."""
+    launch: dict[str, Any] = field(default_factory=dict)
+    """The harness's LaunchSpec with the token redacted."""
+
+
+class _Fail(Exception):
+    """Ends a rollout with a failed status; ``reason`` labels the failure metric."""
+
+    def __init__(self, status: str, reason: str, error: str) -> None:
+        super().__init__(error)
+        self.status, self.reason, self.error = status, reason, error
+
+
+def _tail(data: bytes | str, n: int = 2000) -> str:
+    s = data.decode(errors="replace") if isinstance(data, bytes) else data
+    s = s.strip()
+    return s if len(s) <= n else "…" + s[-n:]
+
+
+async def run_rollout(
+    req: TaskRequest,
+    attempt: int,
+    deps: RolloutDeps,
+    *,
+    keep_workspace: Path | None = None,
+    report: RolloutReport | None = None,
+) -> RolloutResult:
+    """Run attempt ``attempt`` of ``req`` and return its result (see the module docstring).
+
+    Raises only for what a retry may fix: the bus could not store the rollout's records
+    (``TimeoutError``), or the caller cancelled (everything is cleaned up either way).
+    """
+    return await _Rollout(req, attempt, deps, keep_workspace, report or RolloutReport()).run()
+
+
+class _Rollout:
+    """The steps of one rollout; ``run`` is the whole story, each step a method."""
+
+    def __init__(
+        self,
+        req: TaskRequest,
+        attempt: int,
+        deps: RolloutDeps,
+        keep_workspace: Path | None,
+        report: RolloutReport,
+    ) -> None:
+        self.req, self.deps, self.report = req, deps, report
+        self.settings = deps.settings
+        self.keep_workspace = keep_workspace
+        self.rid = rollout_id(req.group_id, req.k, attempt)
+        self.token = "hrl-" + secrets.token_urlsafe(24)
+        self.server: Any = None
+        self.sock: Path | None = None
+        self.result = RolloutResult(
+            rollout_id=self.rid,
+            task_id=req.task_id,
+            suite=req.suite,
+            harness=req.harness,
+            group_id=req.group_id,
+            k=req.k,
+            attempt=attempt,
+            group_size=req.group_size,
+            issued_version=req.issued_version,
+            is_eval=req.is_eval,
+            actor=deps.actor,
+            meta=dict(req.meta),
+        )
+        self.durations: dict[str, float] = {}
+
+    async def run(self) -> RolloutResult:
+        res = self.result
+        res.started_at = time.time()
+        t0 = time.monotonic()
+        try:
+            try:
+                await self._body()
+            except _Fail as f:
+                res.status, res.error = f.status, f.error  # type: ignore[assignment]
+                M_FAILURES.labels(reason=f.reason).inc()
+            finally:
+                await self._close_proxy()
+            res.n_calls = await self._flush()
+        finally:
+            self.deps.caller.tito.drop(self.rid)
+            self.deps.recorder.forget(self.rid)
+        self.durations["total"] = time.monotonic() - t0
+        res.durations = {k: round(v, 4) for k, v in self.durations.items()}
+        res.ended_at = time.time()
+        self._observe()
+        return res
+
+    async def _body(self) -> None:
+        task = self._load_task()
+        adapter = self._adapter()
+        timeout = self._timeout(task)
+        spec = await self._prepare(adapter, task, timeout)
+        await self._start_proxy()
+        sandbox = await self._create_sandbox(task, spec, timeout)
+        try:
+            done = await self._launch(sandbox, spec)
+            if self.keep_workspace is not None:
+                await self._keep(sandbox)
+            await self._close_proxy()
+            n_calls = await self._flush()
+            if self._judge_exit(done, n_calls, timeout):
+                await self._verify(task, sandbox)
+        finally:
+            await self._destroy(sandbox)
+
+    # -- before the sandbox ---------------------------------------------------------------
+
+    def _load_task(self) -> Task:
+        req = self.req
+        try:
+            task = load_task(req.suite, req.task_id) if req.suite else _load_path(req.task_id)
+        except TaskError as e:
+            self.report.bad_request = f"task not found: {e}"
+            raise _Fail("harness_error", "task_not_found", self.report.bad_request) from None
+        if req.task_hash and task.task_hash and req.task_hash != task.task_hash:
+            self.report.bad_request = (
+                f"task {task.name} changed: request has hash {req.task_hash}, this actor "
+                f"{task.task_hash} (re-sync the task files)"
+            )
+            raise _Fail("harness_error", "task_changed", self.report.bad_request)
+        self.report.task = task
+        return task
+
+    def _adapter(self) -> HarnessAdapter:
+        try:
+            adapter = get_adapter(self.req.harness)
+        except KeyError as e:
+            self.report.bad_request = str(e.args[0])
+            raise _Fail("harness_error", "unknown_harness", self.report.bad_request) from None
+        if adapter.name == "command" and not self.req.harness_cmd.strip():
+            self.report.bad_request = "the command harness needs harness_cmd"
+            raise _Fail("harness_error", "no_command", self.report.bad_request)
+        return adapter
+
+    def _timeout(self, task: Task) -> float:
+        return self.req.timeout_s or self.settings.harness_timeout_s or task.agent_timeout_s
+
+    async def _prepare(self, adapter: HarnessAdapter, task: Task, timeout: float) -> LaunchSpec:
+        cache = self.deps.cache_dir
+        if not adapter.is_installed(cache):
+            if not self.settings.install_harnesses:
+                why = f"harness {adapter.name} is not installed (harnessrl harness install)"
+                raise _Fail("harness_error", "not_installed", why)
+            try:
+                log.info("installing harness %s into %s", adapter.name, cache)
+                await adapter.install(cache)
+            except Exception as e:
+                why = f"installing {adapter.name} failed: {_tail(str(e), 1000)}"
+                raise _Fail("harness_error", "install_failed", why) from None
+        try:
+            spec = adapter.prepare(self._context(adapter, task, timeout))
+        except (HarnessNotInstalled, ValueError, OSError) as e:
+            raise _Fail("harness_error", "prepare_failed", f"{adapter.name}: {e}") from None
+        self.report.launch = spec.redacted(self.token)
+        return spec
+
+    def _context(self, adapter: HarnessAdapter, task: Task, timeout: float) -> HarnessContext:
+        s = self.settings
+        options = dict(s.harness_options.get(adapter.name, {}))
+        env = dict(s.harness_env)
+        if adapter.name == "command":
+            options["command"] = self.req.harness_cmd
+            if s.expose_solution and task.solution is not None:
+                binds, env["HRL_SOLUTION"] = _solution_binds(task.solution)
+                options["ro_binds"] = [*options.get("ro_binds", []), *binds]
+        window = s.context_window or self.deps.max_context
+        return HarnessContext(
+            instruction=task.instruction,
+            token=self.token,
+            model=s.model_name,
+            proxy_url=f"http://127.0.0.1:{s.proxy_port}",
+            workspace=task.mount,
+            home=_home_for(task.mount),
+            max_turns=s.max_turns or None,
+            timeout_s=timeout,
+            context_window=window or None,
+            cache_dir=self.deps.cache_dir,
+            env=env,
+            options=options,
+        )
+
+    async def _start_proxy(self) -> None:
+        from proxy.server import ProxyServer
+
+        self.sock = self.deps.socket_dir / f"{secrets.token_hex(6)}.sock"
+        self.server = ProxyServer(
+            self.deps.caller,
+            {self.token: self.rid},
+            model_name=self.settings.model_name,
+            unix_path=str(self.sock),
+        )
+        await self.server.start()
+
+    # -- the sandbox ----------------------------------------------------------------------
+
+    async def _create_sandbox(self, task: Task, spec: LaunchSpec, timeout: float) -> Sandbox:
+        s = self.settings
+        sb_spec = SandboxSpec(
+            workspace_src=task.workspace_dir,
+            workdir=task.mount,
+            home=_home_for(task.mount),
+            proxy_socket=self.sock,
+            proxy_port=s.proxy_port,
+            ro_binds=list(spec.ro_binds),
+            limits=Limits(
+                memory_bytes=s.sandbox_memory_mb * MiB,
+                max_processes=s.sandbox_max_processes,
+                wall_clock_s=timeout + task.verifier_timeout_s + VERIFY_SLACK_S,
+            ),
+            owner=self.deps.actor,
+        )
+        t0 = time.monotonic()
+        try:
+            sandbox = await self.deps.backend.create(sb_spec)
+        except (SandboxError, OSError) as e:
+            raise _Fail(
+                "sandbox_error", "sandbox_create", f"sandbox creation failed: {e}"
+            ) from None
+        took = time.monotonic() - t0
+        self.durations["sandbox"] = took
+        M_SANDBOX_CREATE.labels(backend=self.deps.backend.name).observe(took)
+        return sandbox
+
+    async def _launch(self, sandbox: Sandbox, spec: LaunchSpec) -> ExecResult:
+        t0 = time.monotonic()
+        try:
+            try:
+                await write_launch_files(sandbox, spec)
+            except RuntimeError as e:
+                if isinstance(e, SandboxError):
+                    raise
+                raise _Fail("harness_error", "launch_files", str(e)) from None
+            done = await sandbox.run(
+                spec.argv, env=spec.env, cwd=spec.cwd, timeout=spec.timeout_s, stdin=spec.stdin
+            )
+        except SandboxError as e:
+            raise _Fail("sandbox_error", "sandbox_run", f"sandbox failed: {e}") from None
+        finally:
+            self.durations["harness"] = time.monotonic() - t0
+        rep = self.report
+        rep.harness_exit, rep.timed_out = done.returncode, done.timed_out
+        rep.harness_stdout, rep.harness_stderr = _tail(done.stdout), _tail(done.stderr)
+        return done
+
+    async def _keep(self, sandbox: Sandbox) -> None:
+        dest = Path(self.keep_workspace)  # type: ignore[arg-type]
+        try:
+            await sandbox.copy_out(dest)
+            self.report.workspace = dest
+        except (SandboxError, OSError) as e:
+            log.warning("rollout %s: keeping the workspace in %s failed: %s", self.rid, dest, e)
+
+    def _judge_exit(self, done: ExecResult, n_calls: int, timeout: float) -> bool:
+        """Whether the workspace is to be verified (raises `_Fail` for a failed run)."""
+        if done.timed_out:
+            msg = f"harness killed at its {timeout:g} s timeout"
+            if self.settings.timeout_scoring == "discard":
+                raise _Fail("timeout", "timeout", msg)
+            M_FAILURES.labels(reason="timeout_scored").inc()
+            self.result.error = msg + " (workspace scored anyway)"
+            return True
+        rc = done.returncode
+        if rc in NOT_RUNNABLE_EXITS or (rc != 0 and n_calls == 0):
+            why = "could not start" if rc in NOT_RUNNABLE_EXITS else "failed before any model call"
+            raise _Fail(
+                "harness_error",
+                "harness_exit",
+                f"harness {why} (exit {rc}): {_tail(done.stderr, 1500)}",
+            )
+        return True
+
+    async def _verify(self, task: Task, sandbox: Sandbox) -> None:
+        from actors.verifier import verify
+
+        t0 = time.monotonic()
+        try:
+            vr = await verify(task, sandbox, self.deps.judge)
+        except SandboxError as e:
+            raise _Fail("sandbox_error", "sandbox_verify", f"sandbox failed: {e}") from None
+        except Exception as e:  # a verifier bug must not end the actor's loop
+            log.exception("rollout %s: verifier failed", self.rid)
+            raise _Fail("verifier_error", "verifier_bug", f"verifier failed: {e!r}") from None
+        finally:
+            self.durations["verify"] = time.monotonic() - t0
+        self.report.verifier_output = vr.output
+        if vr.status != "ok":
+            raise _Fail("verifier_error", "verifier", vr.error)
+        self.result.reward, self.result.metrics = vr.reward, dict(vr.metrics)
+        if vr.judge_error:
+            note = f"rubric judge failed, code score only: {vr.judge_error}"
+            self.result.error = f"{self.result.error}; {note}" if self.result.error else note
+
+    async def _destroy(self, sandbox: Sandbox) -> None:
+        t0 = time.monotonic()
+        try:
+            await sandbox.destroy()
+        except Exception as e:  # the backend's sweep gets whatever is left
+            log.error("rollout %s: destroying its sandbox failed: %r", self.rid, e)
+        took = time.monotonic() - t0
+        self.durations["destroy"] = took
+        M_SANDBOX_DESTROY.labels(backend=self.deps.backend.name).observe(took)
+
+    # -- the proxy ------------------------------------------------------------------------
+
+    async def _close_proxy(self) -> None:
+        """Abort this rollout's in-flight engine calls, stop its server, remove its socket."""
+        server, self.server = self.server, None
+        if server is None:
+            return
+        router = self.deps.caller.engine
+        prefix = f"{self.rid}-"
+        for rid in [r for r in getattr(router, "_inflight", {}) if r.startswith(prefix)]:
+            with contextlib.suppress(Exception):
+                await router.abort(rid)
+        try:
+            await asyncio.wait_for(server.stop(), PROXY_STOP_TIMEOUT_S)
+        except Exception as e:
+            log.warning("rollout %s: stopping its proxy: %r", self.rid, e)
+        if self.sock is not None:
+            with contextlib.suppress(OSError):
+                self.sock.unlink()
+
+    async def _flush(self) -> int:
+        """Wait until the bus stored every record of the rollout; their number."""
+        from proxy.recorder import RecordLost
+
+        t0 = time.monotonic()
+        try:
+            n = await self.deps.recorder.flush(self.rid, timeout=self.settings.flush_timeout_s)
+        except RecordLost as e:
+            ro = self.deps.recorder.rollouts.get(self.rid)
+            n = ro.recorded if ro is not None else 0
+            log.error("rollout %s: %s", self.rid, e)
+        except TimeoutError:
+            raise TimeoutError(
+                f"rollout {self.rid}: the bus did not store its call records within "
+                f"{self.settings.flush_timeout_s:g} s"
+            ) from None
+        self.durations["flush"] = self.durations.get("flush", 0.0) + time.monotonic() - t0
+        return n
+
+    # -- accounting -------------------------------------------------------------------------
+
+    def _observe(self) -> None:
+        res = self.result
+        M_ROLLOUTS.labels(status=res.status).inc()
+        M_CALLS.observe(res.n_calls)
+        for phase in ("sandbox", "harness", "verify", "total"):
+            if phase in self.durations:
+                M_PHASE.labels(phase=phase).observe(self.durations[phase])
+        if res.status == "ok":
+            M_REWARD.observe(res.reward)
+
+
+def _load_path(task_id: str) -> Task:
+    from common.tasks import load_task_path
+
+    return load_task_path(task_id)
+
+
+def _home_for(mount: str) -> str:
+    """``$HOME`` inside: ``/root`` for workspaces under it (ClawGym's ``~/.openclaw/…``)."""
+    return "/root" if mount.startswith("/root/") else "/home/hrl"
+
+
+def _solution_binds(solution: Path) -> tuple[list[list[str]], str]:
+    """Read-only binds exposing a reference solution, and the script's path inside."""
+    solution = solution.resolve()
+    if solution.parent.name == "solution":  # a solution folder (Harbor: solve.sh + files)
+        return [[str(solution.parent), SOLUTION_MOUNT]], f"{SOLUTION_MOUNT}/{solution.name}"
+    inside = f"{SOLUTION_MOUNT}/{solution.name}"
+    return [[str(solution), inside]], inside

@@ -1,0 +1,209 @@
+"""``harnessrl rollout``: run one rollout by hand and print its score and its tree.
+
+    harnessrl rollout --suite S --task ID (--harness NAME | --harness-cmd '…') --engine URL
+                      [--nats URL] [--sandbox bwrap|docker] [--keep-workspace DIR] [--json]
+
+``--task`` may be a task folder path (then ``--suite`` is not needed). The rollout runs exactly
+as an actor runs it (``actors.rollout.run_rollout``, same settings); without ``--nats`` an
+embedded nats-server is started in a temp dir for the CallRecords. The calls are then read back
+from the bus and assembled with ``common.tree.assemble``, as the assembler would.
+
+The RolloutResult is printed, not published: a rollout run by hand never becomes a training
+sample, even when ``--nats`` points at a live run. Exit status: 0 when the rollout's status is
+``ok``, 1 for any other status, 2 for bad arguments.
+
+``--json`` prints one object: ``rollout_id``, ``task``, ``harness``, ``status``, ``reward``,
+``metrics``, ``n_calls``, ``durations``, ``error``, ``harness_exit``, ``timed_out``,
+``workspace``, ``tree`` {``n_calls``, ``n_leaves``, ``dropped``, ``unique_tokens``,
+``expanded_tokens``, ``model_tokens``, ``tito_misses``, ``n_nodes``, ``dropped_reason``}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import secrets
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from actors.config import RolloutConfig
+
+CONFIG = RolloutConfig
+SECTION = "rollout"
+
+log = logging.getLogger("harnessrl.rollout")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("the rollout")
+    g.add_argument("--suite", default="", help="suite name or folder (omit with a task folder)")
+    g.add_argument("--task", default="", help="task id within the suite, or a task folder")
+    g.add_argument("--harness", default="", help="harness adapter (default: reference)")
+    g.add_argument(
+        "--harness-cmd",
+        default="",
+        metavar="CMD",
+        help="command line run by the 'command' harness (implies --harness command)",
+    )
+    g.add_argument(
+        "--engine",
+        dest="cfg__engines",
+        action="append",
+        metavar="URL",
+        help="engine URL (SGLang native API); repeat for several (same as --engines)",
+    )
+    g.add_argument(
+        "--timeout", type=float, default=0.0, metavar="S", help="harness wall-clock limit, s"
+    )
+    g.add_argument(
+        "--keep-workspace", type=Path, metavar="DIR", help="copy the final workspace to DIR"
+    )
+    g.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _request(args: argparse.Namespace) -> Any:
+    from common.records import TaskRequest
+
+    harness = args.harness or ("command" if args.harness_cmd else "reference")
+    return TaskRequest(
+        group_id="manual" + secrets.token_hex(4),
+        k=0,
+        group_size=1,
+        issued_version=0,
+        task_id=args.task,
+        suite=args.suite,
+        harness=harness,
+        harness_cmd=args.harness_cmd,
+        timeout_s=args.timeout,
+    )
+
+
+async def rollout(cfg: RolloutConfig, args: argparse.Namespace) -> dict[str, Any]:
+    """Run the rollout and assemble its tree; the report as a JSON-able dict."""
+    from actors.rollout import RolloutDeps, RolloutReport, run_rollout
+    from common.bus import connect
+    from common.natsd import NatsServer
+    from common.records import CallRecord
+    from common.tree import assemble
+
+    req = _request(args)
+    with contextlib.ExitStack() as stack:
+        url = cfg.nats
+        if not url:
+            store = stack.enter_context(tempfile.TemporaryDirectory(prefix="hrl-rollout-nats-"))
+            url = stack.enter_context(NatsServer(store)).url
+        bus = await connect(url, cfg.run, name="harnessrl-rollout")
+        try:
+            async with RolloutDeps.open(cfg, bus, actor="rollout") as deps:
+                report = RolloutReport()
+                res = await run_rollout(
+                    req, 1, deps, keep_workspace=args.keep_workspace, report=report
+                )
+            calls = await bus.read_subject(bus.subjects.calls(res.rollout_id), CallRecord)
+        finally:
+            await bus.close()
+    sample = assemble(calls, res)
+    c = sample.counters
+    return {
+        "rollout_id": res.rollout_id,
+        "task": report.task.name if report.task is not None else req.task_id,
+        "harness": res.harness,
+        "status": res.status,
+        "reward": res.reward,
+        "metrics": res.metrics,
+        "n_calls": res.n_calls,
+        "durations": res.durations,
+        "error": res.error,
+        "harness_exit": report.harness_exit,
+        "timed_out": report.timed_out,
+        "workspace": str(report.workspace) if report.workspace is not None else None,
+        "harness_stderr": report.harness_stderr,
+        "verifier_output": report.verifier_output,
+        "tree": {
+            "n_calls": c.n_calls,
+            "n_leaves": c.n_leaves,
+            "dropped": dict(c.dropped),
+            "unique_tokens": c.unique_tokens,
+            "expanded_tokens": c.expanded_tokens,
+            "model_tokens": c.model_tokens,
+            "tito_misses": c.tito_misses,
+            "n_nodes": len(sample.nodes),
+            "dropped_reason": sample.dropped_reason,
+        },
+    }
+
+
+def format_report(r: dict[str, Any]) -> str:
+    """The human-readable report."""
+    lines = [f"rollout {r['rollout_id']}: {r['task']} with {r['harness']}"]
+    status = r["status"] + (f" — {r['error']}" if r["error"] else "")
+    lines.append(f"  status   {status}")
+    if r["status"] == "ok":
+        lines.append(f"  reward   {r['reward']:.4f}")
+    for name, v in sorted(r["metrics"].items()):
+        lines.append(f"    {name:<24} {v:.4f}")
+    exit_ = r["harness_exit"]
+    exited = "never ran" if exit_ is None else f"exit {exit_}" + (" (timeout)" * r["timed_out"])
+    lines.append(f"  harness  {exited}, {r['n_calls']} model calls")
+    lines.append("  seconds  " + ", ".join(f"{k} {v:.2f}" for k, v in r["durations"].items()))
+    t = r["tree"]
+    lines.append(
+        f"  tree     {t['n_calls']} calls, {t['n_leaves']} leaves, {t['n_nodes']} nodes, "
+        f"{t['unique_tokens']} unique / {t['expanded_tokens']} expanded tokens, "
+        f"{t['model_tokens']} model tokens, {t['tito_misses']} TITO misses"
+    )
+    if t["dropped"]:
+        dropped = ", ".join(f"{k} {v}" for k, v in sorted(t["dropped"].items()))
+        lines.append(f"           dropped: {dropped}")
+    if t["dropped_reason"]:
+        lines.append(f"           no sample: {t['dropped_reason']}")
+    if r["workspace"]:
+        lines.append(f"  workspace kept in {r['workspace']}")
+    if r["status"] != "ok" and r["harness_stderr"]:
+        lines.append("  harness stderr (tail):")
+        lines.extend("    " + ln for ln in r["harness_stderr"].splitlines()[-20:])
+    return "\n".join(lines)
+
+
+def main(cfg: RolloutConfig, args: argparse.Namespace) -> int:
+    from common.aio import run, setup_logging
+
+    if not args.task:
+        print("harnessrl rollout: --task ID (or a task folder) is required", file=sys.stderr)
+        return 2
+    if args.harness and args.harness != "command" and args.harness_cmd:
+        print("harnessrl rollout: --harness-cmd goes with --harness command", file=sys.stderr)
+        return 2
+    keep = args.keep_workspace
+    if keep is not None and keep.exists() and (not keep.is_dir() or any(keep.iterdir())):
+        print(f"harnessrl rollout: {keep} exists and is not an empty folder", file=sys.stderr)
+        return 2
+    setup_logging(cfg.log_level, "rollout")
+    report = run(rollout(cfg, args))
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+    else:
+        print(format_report(report))
+    return 0 if report["status"] == "ok" else 1
+
+
+if __name__ == "__main__":  # ``python -m actors.rollout_cmd`` (same flags as ``harnessrl rollout``)
+    from common.config import ConfigError, add_config_args, config_from_args, dump_toml
+
+    parser = argparse.ArgumentParser(prog="harnessrl rollout", description=__doc__)
+    add_arguments(parser)
+    add_config_args(parser, RolloutConfig)
+    ns = parser.parse_args()
+    try:
+        config = config_from_args(RolloutConfig, ns, section=SECTION)
+    except ConfigError as e:
+        print(f"harnessrl rollout: {e}", file=sys.stderr)
+        sys.exit(2)
+    if ns.print_config:
+        sys.stdout.write(dump_toml(config))
+        sys.exit(0)
+    sys.exit(main(config, ns))

@@ -1,0 +1,239 @@
+"""The actor service: TaskRequests in, scored RolloutResults out, up to ``concurrency`` at once.
+
+Loop (durable pull consumer ``actors`` on the TASKS work queue, shared by every actor of the
+run): fetch as many tasks as there are free slots; run each through
+``actors.rollout.run_rollout`` while a heartbeat (``in_progress``) keeps its message from being
+redelivered; publish the RolloutResult (msg id ``rollout:<id>``), and only then ack the task.
+
+What must stay true:
+
+* **Every issued member ends as exactly one result per attempt, and some attempt ends.** The
+  rollout is named ``<group_id>-<k>-<attempt>`` with attempt = the message's delivery count, so
+  a task redelivered after a crash or a nak is a new attempt of the same member, never an extra
+  member. Nothing is acked before its result is stored; a result that could not be produced
+  (the bus could not store the calls) naks the task for a retry.
+* **Failures are results, not silence.** Every rollout outcome is published, failed statuses
+  included (the assembler turns them into tombstones, so the learner's group never waits).
+  A request that can never run anywhere — unknown task, suite or harness, a task that changed
+  under it (``task_hash``), a ``command`` task without a command — is published as a
+  ``harness_error`` result *and then* dead-lettered (kept with the reason, never retried). A
+  task delivered more than ``max_attempts`` times (actors keep dying on it) ends the same
+  way. Only a request whose identity is unusable (a ``group_id`` that is not a subject token)
+  cannot have a result: it is dead-lettered alone. An undecodable message is dead-lettered by
+  the bus itself.
+* **Graceful shutdown** (``stop`` set, e.g. SIGTERM): no new tasks are fetched (any fetched
+  meanwhile are nak'ed at once); in-flight rollouts get ``shutdown_grace_s`` to finish; the
+  rest are cancelled, which kills their sandboxes, and their tasks are nak'ed so another actor
+  retries them. Whatever a killed actor leaves behind (sandboxes, sockets) is swept by the next
+  actor that starts on the same machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from actors.config import ActorConfig
+from actors.rollout import RolloutDeps, RolloutReport, run_rollout
+from common import metrics
+from common.bus import Bus, Consumer, Delivery
+from common.records import RolloutResult, TaskRequest, rollout_id
+
+log = logging.getLogger("harnessrl.actor")
+
+DURABLE = "actors"
+"""Durable consumer name on the TASKS stream, shared by all actors of a run."""
+RETRY_DELAY_S = 5.0
+"""Delay of the redelivery of a task whose rollout failed for a retryable reason."""
+FETCH_TIMEOUT_S = 1.0
+
+M_INFLIGHT = metrics.gauge("hrl_actor_rollouts_inflight", "Rollouts running now")
+M_TASKS = metrics.counter(
+    "hrl_actor_tasks_total",
+    "Task messages by outcome: acked, nacked (retry), dead_lettered",
+    ("outcome",),
+)
+
+
+class ActorService:
+    """Consumes TASKS, publishes ROLLOUTS; ``run(stop)`` until ``stop`` is set."""
+
+    def __init__(self, cfg: ActorConfig, bus: Bus, deps: RolloutDeps) -> None:
+        self.cfg = cfg
+        self.bus = bus
+        self.deps = deps
+        self.inflight: dict[str, asyncio.Task[None]] = {}
+        """Running rollouts by rollout id."""
+        self.done = 0
+        """Results published by this service."""
+
+    async def consumer(self) -> Consumer[TaskRequest]:
+        return await self.bus.consumer("TASKS", DURABLE, TaskRequest, ack_wait=self.cfg.ack_wait_s)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Fetch and run tasks until ``stop`` is set, then shut down gracefully."""
+        consumer = await self.consumer()
+        tasks: set[asyncio.Task[None]] = set()
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set():
+                tasks = {t for t in tasks if not t.done()}
+                room = self.cfg.concurrency - len(tasks)
+                if room <= 0:
+                    await asyncio.wait({*tasks, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                try:
+                    got = await consumer.fetch(room, timeout=FETCH_TIMEOUT_S)
+                except Exception as e:  # the bus reconnects by itself; keep the loop alive
+                    log.warning("fetching tasks failed: %r", e)
+                    await asyncio.wait({stopping}, timeout=1.0)
+                    continue
+                for d in got:
+                    if stop.is_set():
+                        await self._nak(d, delay=None)
+                    else:
+                        tasks.add(asyncio.create_task(self.handle(d)))
+        finally:
+            stopping.cancel()
+            await self._drain(tasks)
+
+    async def _drain(self, tasks: set[asyncio.Task[None]]) -> None:
+        """Let in-flight rollouts finish for the grace period, then cancel (and nak) the rest."""
+        pending = {t for t in tasks if not t.done()}
+        if pending:
+            log.info(
+                "stopping: %d rollouts in flight, %g s grace",
+                len(pending),
+                self.cfg.shutdown_grace_s,
+            )
+            _, pending = await asyncio.wait(pending, timeout=self.cfg.shutdown_grace_s or None)
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- one task ----------------------------------------------------------------------------
+
+    async def handle(self, d: Delivery[TaskRequest]) -> None:
+        """Run one delivered task to a published result, then ack (or nak / dead-letter) it."""
+        req, attempt = d.record, d.num_delivered
+        try:
+            rid = rollout_id(req.group_id, req.k, attempt)
+        except ValueError as e:
+            await self._dead_letter(d, f"unusable TaskRequest identity: {e}")
+            return
+        if attempt > self.cfg.max_attempts:
+            await self._give_up(d, rid)
+            return
+        M_INFLIGHT.inc()
+        self.inflight[rid] = asyncio.current_task()  # type: ignore[assignment]
+        report = RolloutReport()
+        try:
+            async with d.keepalive(self.cfg.heartbeat_interval):
+                res = await run_rollout(
+                    req, attempt, self.deps, keep_workspace=self._keep(rid), report=report
+                )
+                await self.bus.publish(self.bus.subjects.rollouts, res)
+        except asyncio.CancelledError:
+            log.info("rollout %s abandoned (shutdown); its task goes back to the queue", rid)
+            await self._nak(d, delay=None)
+            raise
+        except Exception as e:
+            log.warning("rollout %s failed before its result (%r); retrying the task", rid, e)
+            await self._nak(d, delay=RETRY_DELAY_S)
+            return
+        finally:
+            M_INFLIGHT.dec()
+            self.inflight.pop(rid, None)
+        self.done += 1
+        self._log(res, report)
+        # the result is stored: settle the task even if we are cancelled meanwhile
+        if report.bad_request:
+            await asyncio.shield(self._dead_letter(d, report.bad_request))
+        else:
+            await asyncio.shield(self._ack(d))
+
+    def _keep(self, rid: str):
+        root = self.cfg.keep_workspace_dir
+        return None if root is None else root / rid
+
+    async def _give_up(self, d: Delivery[TaskRequest], rid: str) -> None:
+        """Too many deliveries: publish a failed result for the member and dead-letter it."""
+        req = d.record
+        why = f"given up after {d.num_delivered - 1} deliveries without a result"
+        now = time.time()
+        res = RolloutResult(
+            rollout_id=rid,
+            task_id=req.task_id,
+            suite=req.suite,
+            harness=req.harness,
+            group_id=req.group_id,
+            k=req.k,
+            attempt=d.num_delivered,
+            group_size=req.group_size,
+            issued_version=req.issued_version,
+            is_eval=req.is_eval,
+            status="harness_error",
+            error=why,
+            actor=self.deps.actor,
+            started_at=now,
+            ended_at=now,
+            meta=dict(req.meta),
+        )
+        try:
+            await self.bus.publish(self.bus.subjects.rollouts, res)
+        except Exception as e:
+            log.warning("rollout %s: publishing its give-up result failed: %r", rid, e)
+            await self._nak(d, delay=RETRY_DELAY_S)
+            return
+        await self._dead_letter(d, why)
+
+    # -- acknowledgements (best effort: a lost ack means a redelivery, i.e. another attempt) --
+
+    async def _ack(self, d: Delivery[TaskRequest]) -> None:
+        try:
+            await d.ack()
+            M_TASKS.labels(outcome="acked").inc()
+        except Exception as e:
+            log.warning("ack of task seq %d failed: %r", d.seq, e)
+
+    async def _nak(self, d: Delivery[TaskRequest], delay: float | None) -> None:
+        with contextlib.suppress(Exception):
+            await d.nak(delay=delay)
+            M_TASKS.labels(outcome="nacked").inc()
+
+    async def _dead_letter(self, d: Delivery[TaskRequest], why: str) -> None:
+        try:
+            await d.dead_letter(why)
+            M_TASKS.labels(outcome="dead_lettered").inc()
+        except Exception as e:
+            log.warning("dead-lettering task seq %d failed: %r", d.seq, e)
+
+    @staticmethod
+    def _log(res: RolloutResult, report: RolloutReport) -> None:
+        total = res.durations.get("total", 0.0)
+        if res.status == "ok":
+            log.info(
+                "rollout %s %s/%s [%s]: reward %.3f, %d calls, %.1f s",
+                res.rollout_id,
+                res.suite,
+                res.task_id,
+                res.harness,
+                res.reward,
+                res.n_calls,
+                total,
+            )
+            return
+        log.warning(
+            "rollout %s %s/%s [%s]: %s (%s), %d calls, %.1f s%s",
+            res.rollout_id,
+            res.suite,
+            res.task_id,
+            res.harness,
+            res.status,
+            res.error[:500],
+            res.n_calls,
+            total,
+            f"; harness stderr: {report.harness_stderr[-800:]}" if report.harness_stderr else "",
+        )

@@ -1,0 +1,253 @@
+"""The actor service: TaskRequests on a real nats-server in, one RolloutResult per task out.
+
+In-process for the main path; as a subprocess (``python -m actors.actor_cmd``, or ``harnessrl
+actor`` once registered) for what needs a real process: SIGKILL mid-rollout (the task comes
+back as attempt 2 of the same member) and SIGTERM (graceful shutdown leaves no sandbox).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from actors.config import ActorConfig
+from actors.rollout import SOCKET_ROOT, RolloutDeps
+from actors.sandbox.bwrap import BwrapBackend
+from actors.service import DURABLE, ActorService
+from common import cli, metrics
+from common.bus import Bus, connect
+from common.config import undocumented_fields
+from common.records import DeadLetter, RolloutResult, TaskRequest
+from proxy.scripted import ScriptedEngine
+from tests.test_rollout import SOLVE, TOK, request, toy_solver
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+async def sandbox_root(tmp_path: Path) -> Path:
+    be = BwrapBackend(tmp_path / "sandboxes")
+    reason = await be.probe()
+    if reason is not None:
+        pytest.skip(f"bubblewrap not usable here: {reason}")
+    return be.root
+
+
+@pytest.fixture
+async def bus(nats_url: str, run_name: str):
+    b = await connect(nats_url, run_name)
+    yield b
+    await b.close()
+
+
+def actor_config(nats_url: str, run: str, engine: str, root: Path, **kw) -> ActorConfig:
+    base = dict(
+        nats=nats_url,
+        run=run,
+        engines=[engine],
+        model="tiny-1m",
+        sandbox_root=root,
+        install_harnesses=False,
+        metrics_port=-1,
+    )
+    return ActorConfig(**(base | kw))
+
+
+async def results(bus: Bus, n: int, timeout: float = 60.0) -> list[RolloutResult]:
+    """Wait until ``n`` RolloutResults are stored; return them (failing after ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = await bus.read_subject(bus.subjects.rollouts, RolloutResult)
+        if len(got) >= n or time.monotonic() > deadline:
+            assert len(got) >= n, f"{len(got)} of {n} results after {timeout} s"
+            return got
+        await asyncio.sleep(0.2)
+
+
+@contextlib.asynccontextmanager
+async def in_process_actor(cfg: ActorConfig, bus: Bus, name: str = "inproc"):
+    """An ActorService running in this event loop; stopped (gracefully) on exit."""
+    async with RolloutDeps.open(cfg, bus, actor=name) as deps:
+        service = ActorService(cfg, bus, deps)
+        stop = asyncio.Event()
+        task = asyncio.create_task(service.run(stop))
+        try:
+            yield service
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 60)
+
+
+def sandboxes(root: Path) -> list[str]:
+    return [p.name for p in root.iterdir() if not p.name.startswith(".")] if root.exists() else []
+
+
+async def test_service_end_to_end(bus: Bus, nats_url, run_name, sandbox_root: Path):
+    """Four tasks, two slots: one result per task, good tasks acked, the unknown task
+    published as a failed result and dead-lettered; nothing left in the queue."""
+    acked = metrics.sample_value("hrl_actor_tasks_total", {"outcome": "acked"})
+    reqs = [
+        request(cmd=SOLVE, group_id="ga", k=0, group_size=2, meta={"tag": "x"}),
+        request(cmd="true", group_id="ga", k=1, group_size=2),
+        request("reference", group_id="gb"),
+        request(cmd="true", group_id="gc", task_id="no_such_task"),
+    ]
+    for r in reqs:
+        await bus.publish(bus.subjects.tasks, r)
+    async with ScriptedEngine(TOK, toy_solver()) as eng:
+        cfg = actor_config(
+            nats_url, run_name, eng.url, sandbox_root, concurrency=2, expose_solution=True
+        )
+        async with in_process_actor(cfg, bus) as service:
+            got = {r.rollout_id: r for r in await results(bus, 4)}
+            await asyncio.sleep(0.3)  # let the last ack land
+        assert service.done == 4
+    assert set(got) == {"ga-0-1", "ga-1-1", "gb-0-1", "gc-0-1"}
+    assert (got["ga-0-1"].status, got["ga-0-1"].reward, got["ga-0-1"].meta) == (
+        "ok",
+        1.0,
+        {"tag": "x"},
+    )
+    assert got["ga-1-1"].status == "ok" and got["ga-1-1"].reward < 1.0
+    assert (got["gb-0-1"].status, got["gb-0-1"].reward, got["gb-0-1"].n_calls) == ("ok", 1.0, 2)
+    assert got["gc-0-1"].status == "harness_error" and "no_such_task" in got["gc-0-1"].error
+    assert all(r.actor == "inproc" and r.group_size in (1, 2) for r in got.values())
+    assert await bus.stream_count("TASKS") == 0
+    dead = await bus.read_subject(bus.subjects.dead("TASKS"), DeadLetter)
+    assert len(dead) == 1 and "no_such_task" in dead[0].reason
+    assert metrics.sample_value("hrl_actor_tasks_total", {"outcome": "acked"}) - acked == 3
+    assert sandboxes(sandbox_root) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# as a process
+
+
+def actor_argv(nats_url: str, run: str, engine: str, root: Path, *extra: str) -> list[str]:
+    entry = (
+        ["-m", "common.cli", "actor"]
+        if cli.COMMANDS["actor"].module
+        else ["-m", "actors.actor_cmd"]
+    )
+    return [
+        sys.executable,
+        *entry,
+        "--nats",
+        nats_url,
+        "--run",
+        run,
+        "--engine",
+        engine,
+        "--model",
+        "tiny-1m",
+        "--sandbox-root",
+        str(root),
+        "--no-install-harnesses",
+        "--metrics-port",
+        "-1",
+        "--concurrency",
+        "1",
+        "--ack-wait-s",
+        "3",
+        *extra,
+    ]
+
+
+@contextlib.asynccontextmanager
+async def actor_process(argv: list[str], log: Path):
+    """The actor as a child process; yields it once it printed ``actor ready``."""
+    with open(log, "wb") as err:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=err
+        )
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), 60)
+        assert b"actor ready" in line, log.read_text()[-3000:]
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def wait_for(predicate, timeout: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.1)
+
+
+async def test_killed_actor_task_becomes_attempt_two(
+    bus: Bus, nats_url, run_name, sandbox_root: Path, tmp_path: Path
+):
+    """SIGKILL mid-rollout: the task is redelivered and rolled out again as attempt 2 of the
+    same member; the next actor sweeps the dead one's sandbox and socket folder."""
+    async with ScriptedEngine(TOK, toy_solver(hang_attempt=1)) as eng:
+        argv = actor_argv(nats_url, run_name, eng.url, sandbox_root)
+        async with actor_process(argv, tmp_path / "actor.log") as proc:
+            await bus.publish(bus.subjects.tasks, request("reference", group_id="gk"))
+            await wait_for(lambda: len(eng.requests) == 1, what="the first model call")
+            assert len(sandboxes(sandbox_root)) == 1
+            proc.kill()
+            await proc.wait()
+        cfg = actor_config(nats_url, run_name, eng.url, sandbox_root, ack_wait_s=3)
+        async with in_process_actor(cfg, bus):
+            assert sandboxes(sandbox_root) == []  # swept at start
+            assert not list(SOCKET_ROOT.glob(f"{proc.pid}-*"))
+            (res,) = await results(bus, 1)
+            await asyncio.sleep(0.3)
+    assert (res.rollout_id, res.attempt, res.k, res.status, res.reward) == (
+        "gk-0-2",
+        2,
+        0,
+        "ok",
+        1.0,
+    )
+    assert await bus.stream_count("TASKS") == 0
+    assert len(await bus.read_subject(bus.subjects.rollouts, RolloutResult)) == 1
+
+
+async def test_sigterm_shutdown_cleans_up_and_requeues(
+    bus: Bus, nats_url, run_name, sandbox_root: Path, tmp_path: Path
+):
+    """SIGTERM with a rollout in flight: after the grace period it is killed, its sandbox
+    destroyed, its task nak'ed (it comes back as the next delivery), and the actor exits 0."""
+    async with ScriptedEngine(TOK, toy_solver(hang_attempt=1)) as eng:
+        argv = actor_argv(nats_url, run_name, eng.url, sandbox_root, "--shutdown-grace-s", "0.5")
+        async with actor_process(argv, tmp_path / "actor.log") as proc:
+            await bus.publish(bus.subjects.tasks, request("reference", group_id="gt"))
+            await wait_for(lambda: len(eng.requests) == 1, what="the first model call")
+            proc.send_signal(signal.SIGTERM)
+            rc = await asyncio.wait_for(proc.wait(), 30)
+        assert rc == 0, (tmp_path / "actor.log").read_text()[-3000:]
+    assert sandboxes(sandbox_root) == []
+    assert not list(SOCKET_ROOT.glob(f"{proc.pid}-*"))
+    assert await bus.read_subject(bus.subjects.rollouts, RolloutResult) == []
+    consumer = await bus.consumer("TASKS", DURABLE, TaskRequest, ack_wait=3)
+    (d,) = await consumer.fetch(1, timeout=5)
+    assert (d.record.group_id, d.num_delivered) == ("gt", 2)
+    await d.term()
+
+
+def test_config_fields_documented_and_engine_flag():
+    """Every actor config field is documented; ``--engine`` repeats into ``engines``."""
+    import argparse
+
+    from actors import actor_cmd
+    from common.config import add_config_args, config_from_args
+
+    assert undocumented_fields(ActorConfig) == []
+    parser = argparse.ArgumentParser()
+    actor_cmd.add_arguments(parser)
+    add_config_args(parser, ActorConfig)
+    args = parser.parse_args(["--engine", "http://a:1", "--engine", "http://b:2", "--run", "r"])
+    cfg = config_from_args(ActorConfig, args)
+    assert cfg.engines == ["http://a:1", "http://b:2"] and cfg.heartbeat_interval == 20.0
+    with pytest.raises(Exception, match="heartbeat_s"):
+        ActorConfig(ack_wait_s=5, heartbeat_s=10)

@@ -1,0 +1,204 @@
+"""One rollout through ``actors.rollout.run_rollout``: real bubblewrap sandboxes, a real
+nats-server, the real proxy on a unix socket, real harness processes; only the engine is faked
+(``proxy.scripted.ScriptedEngine`` answering with the tool calls that solve a toy task)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from actors.config import RolloutSettings
+from actors.rollout import RolloutDeps, RolloutReport, run_rollout
+from actors.sandbox import SandboxError
+from actors.sandbox.bwrap import BwrapBackend
+from common.bus import connect
+from common.models import load_tokenizer
+from common.records import CallRecord, TaskRequest, parse_rollout_id, unpack_ids
+from common.tasks import load_task
+from common.tree import assemble
+from proxy.scripted import Reply, ScriptedEngine
+
+TOK = load_tokenizer("tiny-1m")
+TASK = load_task("toy", "copy_01")
+SOLVE = 'python3 "$HRL_SOLUTION"'
+
+
+def tool_call(name: str, **arguments: str) -> str:
+    """Model text of one Hermes tool call (what the tiny model would have to generate)."""
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+def toy_solver(task=TASK, hang_attempt: int | None = None):
+    """A scripted engine function solving a copy task through the reference harness: first
+    write the answer, then (once a tool result is in the prompt) finish. Calls of attempt
+    ``hang_attempt`` hang instead (until the engine is stopped)."""
+    src = (task.workspace_dir / task.metadata["toy"]["input"]).read_text()
+    out = task.metadata["toy"]["output"]
+
+    def reply(input_ids: list[int], body: dict) -> Reply:
+        rid = str(body.get("rid", "")).rsplit("-", 2)[0]  # "<rollout id>-<seq>-<random>"
+        if hang_attempt is not None and parse_rollout_id(rid)[2] == hang_attempt:
+            return Reply(text="never", delay=120)
+        if "<tool_response>" not in TOK.decode(input_ids):
+            return Reply(text=tool_call("write_file", path=out, content=src))
+        return Reply(text=tool_call("finish", summary="copied"))
+
+    return reply
+
+
+def request(harness: str = "command", cmd: str = "", **kw) -> TaskRequest:
+    fields = dict(group_id="g1", k=0, group_size=1, issued_version=0, task_id="copy_01")
+    fields |= {"suite": "toy", "harness": harness, "harness_cmd": cmd} | kw
+    return TaskRequest(**fields)
+
+
+@pytest.fixture
+async def bwrap(tmp_path: Path) -> BwrapBackend:
+    be = BwrapBackend(tmp_path / "sandboxes")
+    reason = await be.probe()
+    if reason is not None:
+        pytest.skip(f"bubblewrap not usable here: {reason}")
+    return be
+
+
+@contextlib.asynccontextmanager
+async def rollout_env(nats_url: str, run: str, backend, script=(), **settings):
+    """(deps, engine, bus) for rollouts against a scripted engine."""
+    async with ScriptedEngine(TOK, script) as eng:
+        bus = await connect(nats_url, run)
+        cfg = RolloutSettings(
+            engines=[eng.url], model="tiny-1m", install_harnesses=False, **settings
+        )
+        try:
+            async with RolloutDeps.open(cfg, bus, actor="test", backend=backend) as deps:
+                yield deps, eng, bus
+        finally:
+            await bus.close()
+
+
+def sandbox_dirs(backend: BwrapBackend) -> list[str]:
+    return [p.name for p in backend.root.iterdir() if not p.name.startswith(".")]
+
+
+def processes_with(needle: str) -> list[int]:
+    """PIDs whose command line contains ``needle`` (to find leftovers; nothing is killed)."""
+    found = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            with contextlib.suppress(OSError):
+                if needle.encode() in Path(f"/proc/{d}/cmdline").read_bytes():
+                    found.append(int(d))
+    return found
+
+
+async def test_command_reference_solution_scores_one(nats_url, run_name, bwrap, tmp_path):
+    """The task's reference solution through the command harness scores 1.0; the kept
+    workspace is the harness's final one, without reward files."""
+    async with rollout_env(nats_url, run_name, bwrap, expose_solution=True) as (deps, _, _):
+        report = RolloutReport()
+        res = await run_rollout(
+            request(cmd=SOLVE), 1, deps, keep_workspace=tmp_path / "kept", report=report
+        )
+    assert (res.status, res.reward, res.error) == ("ok", 1.0, "")
+    assert res.metrics == {"written": 1.0, "correct": 1.0}
+    assert (res.rollout_id, res.attempt, res.n_calls, res.actor) == ("g1-0-1", 1, 0, "test")
+    assert {"sandbox", "harness", "verify", "total"} <= set(res.durations)
+    assert report.harness_exit == 0 and report.task.id == "copy_01"
+    kept = {p.name for p in (tmp_path / "kept").iterdir()}
+    assert kept == {"notes.txt", "output.txt"}
+    assert sandbox_dirs(bwrap) == []
+
+
+async def test_doing_nothing_scores_below_one(nats_url, run_name, bwrap):
+    """A harness that does nothing is scored, and scores below 1."""
+    async with rollout_env(nats_url, run_name, bwrap) as (deps, _, _):
+        res = await run_rollout(request(cmd="true"), 1, deps)
+    assert res.status == "ok" and res.reward < 1.0
+
+
+async def test_reference_harness_with_scripted_engine(nats_url, run_name, bwrap):
+    """The reference agent writes the answer through the proxy; both calls are on the bus and
+    the second call's input extends the first call's input + output exactly (TITO)."""
+    async with rollout_env(nats_url, run_name, bwrap, script=toy_solver()) as (deps, eng, bus):
+        res = await run_rollout(request("reference", group_id="gref", k=3), 2, deps)
+        calls = await bus.read_subject(bus.subjects.calls(res.rollout_id), CallRecord)
+    assert (res.status, res.reward, res.rollout_id) == ("ok", 1.0, "gref-3-2")
+    assert res.n_calls == 2 and len(calls) == 2 and len(eng.requests) == 2
+    first, second = sorted(calls, key=lambda c: c.seq)
+    assert [c.label for c in (first, second)] == ["main", "main"]
+    assert second.parent_seq == 0 and second.tito_hit
+    assert second.prefix_len == first.input_len + len(unpack_ids(first.output_ids))
+    full_first = list(unpack_ids(first.suffix_ids)) + list(unpack_ids(first.output_ids))
+    assert eng.requests[1]["input_ids"][: len(full_first)] == full_first
+    sample = assemble(calls, res)
+    assert not sample.is_tombstone and sample.counters.n_leaves == 1
+
+
+async def test_timeout_kills_and_cleans_up(nats_url, run_name, bwrap):
+    """Past its timeout the harness is killed: status timeout, no process or sandbox left."""
+    async with rollout_env(nats_url, run_name, bwrap) as (deps, _, _):
+        res = await run_rollout(request(cmd="sleep 4242 & sleep 4242", timeout_s=1.0), 1, deps)
+        assert sandbox_dirs(bwrap) == []
+    assert res.status == "timeout" and "timeout" in res.error
+    assert "verify" not in res.durations
+    assert processes_with("sleep\x004242") == []
+
+
+async def test_timeout_scored_when_configured(nats_url, run_name, bwrap):
+    """With timeout_scoring=score the killed harness's workspace is verified anyway."""
+    cmd = "cp notes.txt output.txt; sleep 4243"
+    async with rollout_env(nats_url, run_name, bwrap, timeout_scoring="score") as (deps, _, _):
+        res = await run_rollout(request(cmd=cmd, timeout_s=1.0), 1, deps)
+    assert (res.status, res.reward) == ("ok", 1.0)
+    assert "scored anyway" in res.error
+
+
+class FailingBackend:
+    """A sandbox backend whose sandboxes cannot be created."""
+
+    name = "failing"
+
+    async def start(self) -> None:
+        pass
+
+    async def create(self, spec):
+        raise SandboxError("no sandbox for you")
+
+    async def sweep(self) -> int:
+        return 0
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_sandbox_failure_is_sandbox_error(nats_url, run_name):
+    """A sandbox that cannot be made ends the rollout as sandbox_error (and nothing leaks)."""
+    async with rollout_env(nats_url, run_name, FailingBackend()) as (deps, _, _):
+        res = await run_rollout(request(cmd="true"), 1, deps)
+        assert list(deps.socket_dir.iterdir()) == []
+    assert res.status == "sandbox_error" and "no sandbox for you" in res.error
+
+
+async def test_harness_that_cannot_start_is_harness_error(nats_url, run_name, bwrap):
+    """Exit 127 (command not found) is a harness_error with the harness's stderr."""
+    async with rollout_env(nats_url, run_name, bwrap) as (deps, _, _):
+        report = RolloutReport()
+        res = await run_rollout(request(cmd="no-such-harness-xyz"), 1, deps, report=report)
+    assert res.status == "harness_error" and "exit 127" in res.error
+    assert "no-such-harness-xyz" in res.error and not report.bad_request
+
+
+async def test_unknown_task_is_a_bad_request(nats_url, run_name, bwrap):
+    """A task the actor cannot load is a failed result and flagged as a bad request."""
+    async with rollout_env(nats_url, run_name, bwrap) as (deps, _, _):
+        report = RolloutReport()
+        res = await run_rollout(request(cmd="true", task_id="nope"), 1, deps, report=report)
+        changed = RolloutReport()
+        res2 = await run_rollout(request(cmd="true", task_hash="0" * 32), 1, deps, report=changed)
+    assert res.status == "harness_error" and "nope" in report.bad_request
+    assert res2.status == "harness_error" and "changed" in changed.bad_request
+    assert sandbox_dirs(bwrap) == []

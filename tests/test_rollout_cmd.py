@@ -1,0 +1,123 @@
+"""``harnessrl rollout``: one rollout by hand, its score and its tree, as text or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from actors import rollout_cmd
+from actors.config import RolloutConfig
+from actors.sandbox.bwrap import BwrapBackend
+from common import cli
+from common.config import add_config_args, config_from_args, undocumented_fields
+from proxy.scripted import ScriptedEngine
+from tests.test_rollout import TASK, TOK, toy_solver
+
+REPO = Path(__file__).resolve().parents[1]
+TREE_KEYS = {"n_calls", "n_leaves", "dropped", "unique_tokens", "expanded_tokens", "model_tokens"}
+
+
+@pytest.fixture
+async def sandbox_root(tmp_path: Path) -> Path:
+    be = BwrapBackend(tmp_path / "sandboxes")
+    reason = await be.probe()
+    if reason is not None:
+        pytest.skip(f"bubblewrap not usable here: {reason}")
+    return be.root
+
+
+def parse(argv: list[str]) -> tuple[RolloutConfig, argparse.Namespace]:
+    parser = argparse.ArgumentParser()
+    rollout_cmd.add_arguments(parser)
+    add_config_args(parser, RolloutConfig)
+    args = parser.parse_args(argv)
+    return config_from_args(RolloutConfig, args), args
+
+
+async def test_json_output_of_a_reference_rollout(sandbox_root: Path, tmp_path: Path):
+    """As a process with an embedded nats-server: one JSON object with the score, the calls
+    and the assembled tree's counters; the kept workspace holds the answer."""
+    entry = (
+        ["-m", "common.cli", "rollout"]
+        if cli.COMMANDS["rollout"].module
+        else ["-m", "actors.rollout_cmd"]
+    )
+    async with ScriptedEngine(TOK, toy_solver()) as eng:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            *entry,
+            "--suite",
+            "toy",
+            "--task",
+            "copy_01",
+            "--harness",
+            "reference",
+            "--engine",
+            eng.url,
+            "--model",
+            "tiny-1m",
+            "--sandbox-root",
+            str(sandbox_root),
+            "--no-install-harnesses",
+            "--keep-workspace",
+            str(tmp_path / "ws"),
+            "--json",
+            cwd=REPO,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    report = json.loads(out.decode().strip().splitlines()[-1])
+    assert (report["status"], report["reward"], report["n_calls"]) == ("ok", 1.0, 2)
+    assert report["metrics"] == {"written": 1.0, "correct": 1.0}
+    assert set(report["tree"]) >= TREE_KEYS
+    tree = report["tree"]
+    assert (tree["n_calls"], tree["n_leaves"], tree["dropped_reason"]) == (2, 1, "")
+    assert 0 < tree["model_tokens"] < tree["unique_tokens"] == tree["expanded_tokens"]
+    assert (tmp_path / "ws" / "output.txt").read_text() == (
+        TASK.workspace_dir / "notes.txt"
+    ).read_text()
+    assert not any(sandbox_root.iterdir())
+
+
+async def test_task_folder_and_text_report(nats_url: str, sandbox_root: Path):
+    """A task given as a folder path, run by --harness-cmd on an existing nats-server: scored
+    below 1 when it does nothing, and the text report says there is no sample (no calls)."""
+    async with ScriptedEngine(TOK, []) as eng:
+        cfg, args = parse(
+            [
+                "--task",
+                str(TASK.path),
+                "--harness-cmd",
+                "true",
+                "--engine",
+                eng.url,
+                "--nats",
+                nats_url,
+                "--model",
+                "tiny-1m",
+                "--sandbox-root",
+                str(sandbox_root),
+            ]
+        )
+        report = await rollout_cmd.rollout(cfg, args)
+    assert report["status"] == "ok" and report["reward"] < 1.0 and report["n_calls"] == 0
+    assert report["harness"] == "command" and report["task"] == str(TASK.path)
+    assert report["tree"]["dropped_reason"] == "no_calls"
+    text = rollout_cmd.format_report(report)
+    assert "status   ok" in text and "no sample: no_calls" in text and "written" in text
+
+
+def test_config_documented_and_bad_arguments():
+    """Every field is documented; contradicting flags are refused with exit 2."""
+    assert undocumented_fields(RolloutConfig) == []
+    cfg, args = parse(["--task", "x", "--harness", "reference", "--harness-cmd", "true"])
+    assert rollout_cmd.main(cfg, args) == 2
+    cfg, args = parse([])
+    assert rollout_cmd.main(cfg, args) == 2
