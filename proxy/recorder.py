@@ -105,6 +105,19 @@ def longest_prefix(
     return (best_seq, best) if best > 0 else (-1, 0)
 
 
+def _encodable(value: Any) -> Any:
+    """The harness's values as msgpack can carry them: integers outside int64/uint64 (a
+    harness may send ``"seed": 1000000000000000000000``) become their decimal text. Without
+    this one such request would make an unpublishable record that blocks the buffer."""
+    if isinstance(value, dict):
+        return {k: _encodable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_encodable(v) for v in value]
+    if isinstance(value, int) and not -(2**63) <= value < 2**64:
+        return str(value)
+    return value
+
+
 class Recorder:
     """Builds CallRecords and publishes them through a bounded buffer (see module docstring)."""
 
@@ -223,7 +236,7 @@ class Recorder:
             weight_version_start=result.weight_version_start if result else -1,
             weight_version_end=result.weight_version_end if result else -1,
             sampling=sampling or SamplingParams(),
-            requested=dict(requested or {}),
+            requested=_encodable(dict(requested or {})),
             status=status,  # type: ignore[arg-type]
             error=error[:4000],
             tito_hit=tito_hit,

@@ -287,12 +287,12 @@ class ProxyServer:
             return _unauthorized()
         try:
             body = await request.json()
-        except ValueError:
+        except (ValueError, LookupError):  # not JSON, or in an unknown charset
             return openai_error(BadRequest("request body is not valid JSON"))
         model = str(body.get("model") or self.model_name) if isinstance(body, dict) else ""
         cid = f"chatcmpl-{uuid.uuid4().hex}"
         try:
-            pending = self.caller.admit(chat_request(body, rollout, request.headers))
+            pending = self.caller.admit(_convert(chat_request, body, rollout, request.headers))
         except CallError as e:
             return openai_error(e)
         if not body.get("stream"):
@@ -301,7 +301,8 @@ class ProxyServer:
             except CallError as e:
                 return openai_error(e)
             return web.json_response(chat_response(reply, model, cid))
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        options = body.get("stream_options")
+        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
         return await self._pseudo_stream(
             request,
             pending,
@@ -368,12 +369,12 @@ class ProxyServer:
             return web.json_response(body, status=401)
         try:
             body = await request.json()
-        except ValueError:
+        except (ValueError, LookupError):  # not JSON, or in an unknown charset
             return messages_error(BadRequest("request body is not valid JSON"))
         model = str(body.get("model") or self.model_name) if isinstance(body, dict) else ""
         mid = new_message_id()
         try:
-            pending = self.caller.admit(messages_request(body, rollout, request.headers))
+            pending = self.caller.admit(_convert(messages_request, body, rollout, request.headers))
         except CallError as e:
             return messages_error(e)
         if not body.get("stream"):
@@ -401,12 +402,12 @@ class ProxyServer:
             return _unauthorized()
         try:
             body = await request.json()
-        except ValueError:
+        except (ValueError, LookupError):  # not JSON, or in an unknown charset
             return openai_error(BadRequest("request body is not valid JSON"))
         model = str(body.get("model") or self.model_name) if isinstance(body, dict) else ""
         rid = new_response_id()
         try:
-            pending = self.caller.admit(responses_request(body, rollout, request.headers))
+            pending = self.caller.admit(_convert(responses_request, body, rollout, request.headers))
         except CallError as e:
             return openai_error(e)
         if not body.get("stream"):
@@ -425,6 +426,22 @@ class ProxyServer:
             done=b"",
             failed=lambda e: failed_event(e.message, model, rid),
         )
+
+
+def _convert(
+    convert: Callable[[Any, str, Mapping[str, str]], CallRequest],
+    body: Any,
+    rollout: str,
+    headers: Mapping[str, str],
+) -> CallRequest:
+    """``convert(body, ...)``, with any failure on a malformed body (a field of the wrong type
+    deep inside) answered as ``BadRequest``: it can never succeed, so never a 500."""
+    try:
+        return convert(body, rollout, headers)
+    except CallError:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError) as e:
+        raise BadRequest(f"malformed request: {type(e).__name__}: {e}") from None
 
 
 def _sse(obj: Any) -> bytes:
