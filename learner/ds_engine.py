@@ -1,0 +1,384 @@
+"""The optimiser: a ``Policy`` and a torch AdamW wrapped in a DeepSpeed engine.
+
+One ``train_step(rows)`` is one optimiser step over every packed row it is given: rows go
+through forward/backward in micro-batches of ``micro_batch_rows`` and their gradients
+accumulate (DeepSpeed's accumulation boundary is set by hand on the last micro-batch, so a step
+may hold any number of micro-batches). Loss normalisation weights are computed for the whole step
+first, so the accumulated gradient is the gradient of the step's loss however rows were split.
+With several data-parallel ranks each rank normalises over its own rows and DeepSpeed averages
+the ranks' gradients (a mean of per-rank means).
+
+Processes: single process on CPU uses gloo (``DS_ACCELERATOR=cpu``; the first
+``init_distributed`` on a machine compiles DeepSpeed's shared-memory op, ~35-70 s, cached in
+``~/.cache/torch_extensions``); on GPU NCCL, one process per GPU under a launcher that sets
+``RANK``/``WORLD_SIZE``/``LOCAL_RANK``. Missing rendezvous variables are filled for a single
+process (free port on loopback). deepspeed is imported lazily: importing this module is cheap.
+
+Checkpoints are atomic: DeepSpeed state and ``client_state.json`` are written under
+``<root>/.tmp-<tag>``, renamed to ``<root>/<tag>``, and only then is ``<root>/latest`` replaced
+(temp file + ``os.replace``). A crash at any point leaves the previous ``latest`` loadable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from common.config import HrlModel
+from learner.losses import (
+    LossConfig,
+    LossStats,
+    norm_weights,
+    policy_loss,
+    sequence_log_weights,
+    sft_loss,
+    summarize,
+)
+from learner.packing import PackedRow, collate
+from learner.policy import Policy, load_policy
+
+
+class EngineConfig(HrlModel):
+    """DeepSpeed engine and optimiser options."""
+
+    zero_stage: int = Field(0, ge=0, le=3)
+    """ZeRO stage: 0 plain data parallel, 1 optimiser states, 2 + gradients, 3 + parameters
+    sharded across ranks."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Training precision; ``bfloat16`` keeps fp32 master weights in DeepSpeed's optimiser."""
+    lr: float = Field(1e-6, gt=0.0)
+    """AdamW learning rate (constant)."""
+    weight_decay: float = Field(0.0, ge=0.0)
+    """AdamW decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    adam_eps: float = Field(1e-8, gt=0.0)
+    """AdamW epsilon."""
+    grad_clip: float = Field(1.0, ge=0.0)
+    """Clip the global gradient norm to this (0 disables clipping)."""
+    micro_batch_rows: int = Field(1, ge=1)
+    """Packed rows per forward/backward; a step accumulates gradients over all its rows."""
+    attn_implementation: Literal["auto", "tree_sdpa", "sdpa", "eager", "flex_attention"] = "auto"
+    """Attention kernel: ``auto`` = FlexAttention tree block masks on CUDA, ``tree_sdpa``
+    (block-sparse sdpa over the dense float mask) on CPU."""
+    temperature: float = Field(1.0, gt=0.0)
+    """Sampling temperature of the engines; log-probs are of ``softmax(logits / T)``."""
+    seed: int = 0
+    """Seed for value-head init and anything random in the learner."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed() -> None:
+    """Initialise torch.distributed for DeepSpeed once (gloo on CPU, NCCL on CUDA)."""
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed picks an accelerator
+    if torch.distributed.is_initialized():
+        return
+    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    if cuda:  # pragma: no cover - GPU only
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    import deepspeed
+
+    deepspeed.utils.logger.setLevel("WARNING")
+    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", verbose=False)
+
+
+def ds_config(cfg: EngineConfig) -> dict[str, Any]:
+    """The DeepSpeed JSON config for ``cfg`` (accumulation is driven by ``train_step``)."""
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": cfg.grad_clip,
+        "bf16": {"enabled": cfg.dtype == "bfloat16"},
+        "zero_optimization": {"stage": cfg.zero_stage},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+
+
+class LearnerEngine:
+    """A Policy under DeepSpeed: ``train_step``, ``logprobs``, broadcast state, checkpoints."""
+
+    def __init__(
+        self,
+        model: str | Policy,
+        config: EngineConfig | None = None,
+        loss: LossConfig | None = None,
+    ):
+        self.cfg = config or EngineConfig()
+        self.loss_cfg = loss or LossConfig()
+        init_distributed()
+        import deepspeed
+
+        cuda = torch.cuda.is_available()
+        self.device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if cuda else "cpu")
+        attn = self.cfg.attn_implementation
+        if attn == "auto":
+            attn = "flex_attention" if cuda else "tree_sdpa"
+        self.flex = attn == "flex_attention"
+        torch.manual_seed(self.cfg.seed)
+        if isinstance(model, Policy):
+            policy = model
+        else:
+            policy = load_policy(
+                model,
+                device=self.device,
+                attn_implementation=attn,
+                temperature=self.cfg.temperature,
+                value_head=self.loss_cfg.algo == "ppo",
+            )
+        policy.entropy_grad = self.loss_cfg.entropy_coef > 0
+        self.reference: Policy | None = None
+        if self.loss_cfg.kl_coef > 0:
+            self.reference = _frozen_copy(policy)
+        opt = torch.optim.AdamW(
+            policy.parameters(),
+            lr=self.cfg.lr,
+            betas=self.cfg.betas,
+            eps=self.cfg.adam_eps,
+            weight_decay=self.cfg.weight_decay,
+        )
+        self.engine, *_ = deepspeed.initialize(
+            model=policy, optimizer=opt, config=ds_config(self.cfg)
+        )
+        self.dtype = torch.bfloat16 if self.cfg.dtype == "bfloat16" else torch.float32
+        if self.reference is not None:
+            self.reference.to(self.device, self.dtype)
+
+    @property
+    def policy(self) -> Policy:
+        return self.engine.module
+
+    @property
+    def global_steps(self) -> int:
+        """Optimiser steps taken (restored by ``load_checkpoint``)."""
+        return int(self.engine.global_steps)
+
+    # ------------------------------------------------------------------ training
+
+    def _batches(self, rows: Sequence[PackedRow]) -> list[list[int]]:
+        n = self.cfg.micro_batch_rows
+        return [list(range(i, min(i + n, len(rows)))) for i in range(0, len(rows), n)]
+
+    def _collate(self, rows: Sequence[PackedRow]) -> Any:
+        return collate(rows, device=self.device, dtype=self.dtype, flex=self.flex)
+
+    @torch.no_grad()
+    def logprobs(self, rows: Sequence[PackedRow]) -> list[np.ndarray]:
+        """Per-row target log-probs of the current weights (no grad): pi_old, or a check."""
+        out = []
+        for idx in self._batches(rows):
+            chunk = [rows[i] for i in idx]
+            lp = self.engine(**self._collate(chunk).model_inputs()).logprobs.float().cpu().numpy()
+            out.extend(np.split(lp, np.cumsum([len(r.target_ids) for r in chunk])[:-1]))
+        return out
+
+    def train_step(
+        self, rows: Sequence[PackedRow], old_logp: Sequence[np.ndarray] | None = None
+    ) -> dict[str, float]:
+        """One optimiser step over ``rows``; returns loss terms, mismatch and IS metrics.
+
+        ``old_logp`` (per row, from ``logprobs`` before earlier updates on the same data) is
+        pi_old; by default it is the current policy (one step per batch), except that
+        sequence-level IS weights need it for the whole step first, so a no-grad pass runs.
+        """
+        t0 = time.perf_counter()
+        rows = list(rows)
+        if not rows:
+            raise ValueError("train_step needs at least one row")
+        cfg = self.loss_cfg
+        mask = np.concatenate([r.loss_mask for r in rows])
+        index = np.concatenate([r.sample_index for r in rows])
+        splits = np.cumsum([len(r.target_ids) for r in rows])[:-1]
+        nw_rows = np.split(norm_weights(index, mask, cfg.norm), splits)
+        seq_is = cfg.algo != "sft" and cfg.is_level == "sequence" and cfg.is_mode != "none"
+        if seq_is and old_logp is None:
+            old_logp = self.logprobs(rows)
+        is_rows: list[Any] = [None] * len(rows)
+        if seq_is:
+            log_w = torch.from_numpy(
+                np.concatenate(old_logp) - np.concatenate([r.rollout_logp for r in rows])
+            )
+            seq = sequence_log_weights(log_w, torch.from_numpy(mask), torch.from_numpy(index))
+            is_rows = np.split(seq.numpy(), splits)
+        policy_weight = 0.0 if self.global_steps < cfg.critic_warmup_steps else 1.0
+
+        stats: list[LossStats] = []
+        micro = self._batches(rows)
+        for k, idx in enumerate(micro):
+            chunk = [rows[i] for i in idx]
+            batch = self._collate(chunk)
+
+            def cat(parts: Sequence[Any], idx: list[int] = idx) -> torch.Tensor | None:
+                if parts[idx[0]] is None:
+                    return None
+                return torch.from_numpy(np.concatenate([parts[i] for i in idx])).to(self.device)
+
+            self.engine.set_gradient_accumulation_boundary(k == len(micro) - 1)
+            out = self.engine(**batch.model_inputs())
+            nw = cat(nw_rows)
+            if cfg.algo == "sft":
+                loss, st = sft_loss(out.logprobs, batch.loss_mask, nw)
+            else:
+                ref = None
+                if self.reference is not None:
+                    with torch.no_grad():
+                        ref = self.reference(**batch.model_inputs()).logprobs
+                loss, st = policy_loss(
+                    cfg,
+                    logp=out.logprobs,
+                    old_logp=cat(old_logp) if old_logp is not None else None,
+                    rollout_logp=batch.rollout_logp,
+                    loss_mask=batch.loss_mask,
+                    norm_weight=nw,
+                    advantage=None if cfg.algo == "ppo" else batch.advantage,
+                    entropy=out.entropy,
+                    values=out.values,
+                    returns=batch.returns,
+                    ref_logp=ref,
+                    is_log_w=cat(is_rows),
+                    sample_index=batch.sample_index,
+                    policy_weight=policy_weight,
+                )
+            self.engine.backward(loss, scale_wrt_gas=False)
+            stats.append(st)
+        before = self._grad_norm_before_step()
+        self.engine.step()
+        gn = self.engine.get_global_grad_norm()  # None where DeepSpeed keeps no norm (ZeRO-0)
+        grad_norm = float(gn) if gn is not None else before
+        dt = time.perf_counter() - t0
+        tokens = sum(r.n_tokens for r in rows)
+        metrics = summarize(stats)
+        metrics.update(
+            {
+                "grad_norm": grad_norm,
+                "step": float(self.global_steps),
+                "step_time_s": dt,
+                "tokens_computed": float(tokens),
+                "tokens_per_s": tokens / dt,
+                "micro_batches": float(len(micro)),
+                "policy_weight": policy_weight,
+            }
+        )
+        return metrics
+
+    def _grad_norm_before_step(self) -> float:
+        """Pre-clip norm of the whole grads ZeRO-0 keeps on the params (NaN for other stages)."""
+        if self.cfg.zero_stage > 0:
+            return float("nan")
+        grads = [p.grad.float() for p in self.policy.parameters() if p.grad is not None]
+        return (
+            float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
+            if grads
+            else 0.0
+        )
+
+    # ------------------------------------------------------------------ weights
+
+    def state_dict_for_broadcast(
+        self, dtype: torch.dtype | None = None, *, dedupe_tied: bool = True
+    ) -> dict[str, torch.Tensor]:
+        """Full LM weights on CPU under Hugging Face names (no value head), gathered from
+        ZeRO-3 shards when needed. ``dedupe_tied`` drops names that share storage with an
+        earlier one (tied embeddings: the receiver ties them again)."""
+        import deepspeed
+
+        lm = self.policy.lm
+        params = list(lm.parameters())
+        with deepspeed.zero.GatheredParameters(
+            params, modifier_rank=None, enabled=self.cfg.zero_stage == 3
+        ):
+            out: dict[str, torch.Tensor] = {}
+            seen: set[int] = set()
+            for name, t in lm.state_dict(keep_vars=True).items():
+                ptr = t.data_ptr()
+                if dedupe_tied and ptr in seen:
+                    continue
+                seen.add(ptr)
+                out[name] = t.detach().to("cpu", dtype or t.dtype, copy=True)
+        return out
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(
+        self, root: str | Path, client_state: dict[str, Any], *, keep: int = 2
+    ) -> Path:
+        """Atomically write DeepSpeed state + ``client_state`` (JSON-able) as a new checkpoint
+        under ``root`` and point ``root/latest`` at it; keep the newest ``keep`` checkpoints."""
+        root = Path(root)
+        root.mkdir(parents=True, exist_ok=True)
+        tag = f"step-{self.global_steps:09d}"
+        final, tmp = root / tag, root / f".tmp-{tag}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.engine.save_checkpoint(str(tmp), tag="ds", save_latest=False)
+        meta = {"tag": tag, "global_steps": self.global_steps, "client_state": client_state}
+        (tmp / "client_state.json").write_text(json.dumps(meta))
+        _fsync_tree(tmp)
+        if final.exists():  # re-saving the same step: the newer write wins
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _write_atomic(root / "latest", tag)
+        tags = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name.startswith("step-"))
+        for old in tags[:-keep] if keep > 0 else []:
+            if old != tag:
+                shutil.rmtree(root / old, ignore_errors=True)
+        return final
+
+    def load_checkpoint(self, root: str | Path) -> dict[str, Any] | None:
+        """Restore the checkpoint ``root/latest`` names (weights, optimiser, step counter) and
+        return its client state; None when there is none."""
+        root = Path(root)
+        latest = root / "latest"
+        if not latest.exists():
+            return None
+        path = root / latest.read_text().strip()
+        load_path, _ = self.engine.load_checkpoint(str(path), tag="ds")
+        if load_path is None:
+            raise RuntimeError(f"DeepSpeed could not load the checkpoint in {path}")
+        return json.loads((path / "client_state.json").read_text())["client_state"]
+
+
+def _frozen_copy(policy: Policy) -> Policy:
+    import copy
+
+    ref = copy.deepcopy(policy)
+    ref.value_head = None
+    ref.requires_grad_(False)
+    ref.eval()
+    return ref
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_tree(folder: Path) -> None:
+    for p in folder.rglob("*"):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())

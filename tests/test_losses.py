@@ -1,0 +1,260 @@
+"""Losses: advantages, importance weights, normalisation and metrics on known inputs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from common.records import TreeNode, TreeSample, pack_f32, pack_ids, pack_u8
+from learner.losses import (
+    LossConfig,
+    gae,
+    group_advantages,
+    grpo_advantages,
+    is_weights,
+    norm_weights,
+    policy_loss,
+    sequence_log_weights,
+    sft_loss,
+    summarize,
+)
+from learner.packing import PackConfig, branches, collate, pack
+from learner.policy import load_policy
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models gain nothing from intra-op threads; on a shared CPU they spin at barriers
+    (10x slower under load)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_grpo_advantages_known_group() -> None:
+    """(R - mean) / (std + eps), unbiased std, shared by the whole rollout."""
+    adv, flat = grpo_advantages([1.0, 0.0, 0.0, 1.0], eps=0.0)
+    std = math.sqrt(1 / 3)  # unbiased std of [1, 0, 0, 1]
+    assert not flat
+    np.testing.assert_allclose(adv, [0.5 / std, -0.5 / std, -0.5 / std, 0.5 / std], rtol=1e-6)
+    adv, _ = grpo_advantages([0.2, 0.4, 0.9], scale_by_std=False)
+    np.testing.assert_allclose(adv, [-0.3, -0.1, 0.4], atol=1e-6)
+
+
+def test_grpo_zero_variance_groups_are_flagged() -> None:
+    adv, flat = grpo_advantages([0.7, 0.7, 0.7])
+    assert flat and not adv.any()
+    adv, flat = group_advantages(["a", "b", "a", "b", "c"], [1.0, 0.5, 0.0, 0.5, 1.0])
+    assert flat == {"b", "c"}  # a group of one has no variance either
+    assert adv[0] > 0 > adv[2] and adv[1] == adv[3] == adv[4] == 0
+
+
+def test_gae_gamma_lambda_one_is_return_minus_value() -> None:
+    """GAE(1, 1) with only a final reward R equals R - V(t) at every token of a branch."""
+    v = torch.tensor([0.3, -0.2, 0.9, 0.1, 0.5])
+    r = torch.zeros(5)
+    r[-1] = 0.8
+    adv, ret = gae(r, v)
+    torch.testing.assert_close(adv, 0.8 - v)
+    torch.testing.assert_close(ret, torch.full((5,), 0.8))
+    adv_discounted, _ = gae(r, v, gamma=0.9, lam=0.5)
+    assert not torch.allclose(adv_discounted, 0.8 - v)  # the recursion is real
+
+
+def test_ppo_tree_advantage_is_mean_over_branches() -> None:
+    """Packed PPO advantage (R - V) = per-branch GAE averaged over the branches through a token."""
+    rng = np.random.default_rng(0)
+    nodes = [TreeNode(parent=-1, token_ids=pack_ids([5, 6, 7]))]
+    for parent, n in [(0, 3), (1, 2), (1, 4), (0, 2)]:
+        nodes.append(
+            TreeNode(
+                parent=parent,
+                token_ids=pack_ids(rng.integers(3, 100, n)),
+                logprobs=pack_f32(np.zeros(n)),
+                loss_mask=pack_u8(np.ones(n)),
+            )
+        )
+    sample = TreeSample(rollout_id="p-0-1", group_id="p", k=0, reward=0.75, nodes=nodes)
+    value = {}  # V depends only on the token (its state), not on the branch
+    per_token: dict[tuple[int, int], list[float]] = {}
+    for br in branches(sample):
+        keys = list(zip(br.node_of.tolist(), br.offset_of.tolist(), strict=True))[1:]
+        v = torch.tensor([value.setdefault(k, float(rng.normal())) for k in keys])
+        r = torch.zeros(len(keys))
+        r[-1] = sample.reward
+        adv, _ = gae(r, v)
+        for k, a in zip(keys, adv.tolist(), strict=True):
+            per_token.setdefault(k, []).append(a)
+    row = pack([sample]).rows[0]
+    for j in range(len(row.target_ids)):
+        k = (int(row.target_node[j]), int(row.target_offset[j]))
+        assert row.returns[j] - value[k] == pytest.approx(np.mean(per_token[k]), abs=1e-6)
+
+
+def test_tis_weights_truncated_at_cap() -> None:
+    log_w = torch.log(torch.tensor([0.1, 0.5, 1.0, 1.9, 2.0, 3.0, 50.0]))
+    w, kept = is_weights(log_w, LossConfig(is_mode="tis", is_cap=2.0))
+    torch.testing.assert_close(w, torch.tensor([0.1, 0.5, 1.0, 1.9, 2.0, 2.0, 2.0]))
+    assert kept.all()
+    w, _ = is_weights(log_w, LossConfig(is_mode="tis", is_cap=3.0))
+    assert float(w.max()) == pytest.approx(3.0)
+
+
+def test_mis_masks_outside_band() -> None:
+    """MIS keeps raw weights in [1/C, C] and zeroes the rest; mis_low overrides the low edge."""
+    ratio = torch.tensor([0.3, 0.5, 0.8, 1.0, 2.0, 2.5])
+    w, kept = is_weights(torch.log(ratio), LossConfig(is_mode="mis", is_cap=2.0))
+    torch.testing.assert_close(kept, torch.tensor([0.0, 1, 1, 1, 1, 0]))
+    torch.testing.assert_close(w, torch.tensor([0.0, 0.5, 0.8, 1.0, 2.0, 0.0]))
+    _, kept = is_weights(torch.log(ratio), LossConfig(is_mode="mis", is_cap=2.0, mis_low=0.9))
+    torch.testing.assert_close(kept, torch.tensor([0.0, 0, 0, 1, 1, 0]))
+
+
+def test_sequence_level_weights_are_geometric_means() -> None:
+    log_w = torch.tensor([0.2, 0.4, -1.0, 5.0, 0.0])
+    mask = torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0])
+    idx = torch.tensor([0, 0, 1, 1, 1])
+    seq = sequence_log_weights(log_w, mask, idx)
+    torch.testing.assert_close(seq, torch.tensor([0.3, 0.3, -0.5, -0.5, -0.5]))
+    cfg = LossConfig(is_level="sequence", is_mode="mis", is_cap=1.5)
+    loss_inputs = dict(
+        logp=torch.zeros(5, requires_grad=True),
+        old_logp=log_w,
+        rollout_logp=torch.zeros(5),
+        loss_mask=mask,
+        norm_weight=torch.full((5,), 0.25),
+        advantage=torch.ones(5),
+        sample_index=idx,
+    )
+    _, stats = policy_loss(cfg, **loss_inputs)
+    # rollout 0: exp(0.3) inside [2/3, 1.5] -> kept; rollout 1: exp(-0.5) < 2/3 -> masked
+    torch.testing.assert_close(
+        stats.tokens["is_w"], torch.tensor([math.exp(0.3), math.exp(0.3), 0.0, 0.0])
+    )
+
+
+def test_is_weight_is_exactly_one_when_rollout_matches_learner() -> None:
+    """Rollout log-probs taken from the learner's own forward give w == 1 exactly, no clipping."""
+    policy = load_policy("tiny-1m", attn_implementation="sdpa", temperature=0.8)
+    rng = np.random.default_rng(0)
+    nodes = [TreeNode(parent=-1, token_ids=pack_ids(rng.integers(3, 8000, 6)))]
+    for n in (5, 7):
+        nodes.append(
+            TreeNode(
+                parent=0,
+                token_ids=pack_ids(rng.integers(3, 8000, n)),
+                logprobs=pack_f32(np.zeros(n)),
+                loss_mask=pack_u8(np.ones(n)),
+            )
+        )
+    sample = TreeSample(rollout_id="e-0-1", group_id="e", k=0, nodes=nodes)
+    batch = collate(pack([sample], advantages=[1.0]).rows)
+    with torch.no_grad():
+        learner_logp = policy(**batch.model_inputs()).logprobs
+    out = policy(**batch.model_inputs())
+    for mode in ("tis", "mis"):
+        for level in ("token", "sequence"):
+            cfg = LossConfig(is_mode=mode, is_level=level)
+            _, stats = policy_loss(
+                cfg,
+                logp=out.logprobs,
+                rollout_logp=learner_logp.clone(),
+                loss_mask=batch.loss_mask,
+                norm_weight=torch.full((batch.n_targets,), 1.0 / batch.n_targets),
+                advantage=batch.advantage,
+                sample_index=batch.sample_index,
+            )
+            assert torch.equal(stats.tokens["is_w"], torch.ones(batch.n_targets))
+            m = summarize([stats])
+            assert m["mismatch/abs_dlogp"] == 0.0 and m["is/tis_clip_frac"] == 0.0
+            assert m["ppo/clip_frac"] == 0.0 and m["is/mis_masked_frac"] == 0.0
+
+
+def test_ppo_clip_and_metrics() -> None:
+    """Ratios beyond the clip stop the gradient and count in clip_frac; quantiles are reported."""
+    logp = torch.log(torch.tensor([1.5, 1.0, 0.5, 1.1])).requires_grad_()
+    adv = torch.tensor([1.0, 1.0, -1.0, -1.0])
+    cfg = LossConfig(clip_low=0.2, clip_high=0.2, is_mode="none")
+    loss, stats = policy_loss(
+        cfg,
+        logp=logp,
+        old_logp=torch.zeros(4),
+        rollout_logp=torch.log(torch.tensor([1.0, 3.0, 1.0, 1.0])),
+        loss_mask=torch.ones(4),
+        norm_weight=torch.full((4,), 0.25),
+        advantage=adv,
+    )
+    loss.backward()
+    # token 0: ratio 1.5 > 1.2 with A>0 -> clipped; token 2: 0.5 < 0.8 with A<0 -> clipped
+    torch.testing.assert_close(stats.tokens["ppo_clipped"], torch.tensor([1.0, 0, 1, 0]))
+    assert logp.grad[0] == 0 and logp.grad[2] == 0 and logp.grad[1] != 0
+    m = summarize([stats, stats])
+    assert m["ppo/clip_frac"] == 0.5
+    assert m["mismatch/abs_dlogp"] == pytest.approx(math.log(3.0) / 4)
+    assert m["loss/pg"] == pytest.approx(2 * stats.terms["loss/pg"])  # terms add up
+
+
+def test_norm_weights_token_and_sequence() -> None:
+    idx = np.array([0, 0, 0, 1, 2, 2])
+    mask = np.array([1, 1, 0, 1, 1, 1], np.float32)
+    np.testing.assert_allclose(norm_weights(idx, mask, "token"), np.full(6, 0.2))
+    w = norm_weights(idx, mask, "sequence")
+    np.testing.assert_allclose(w, [1 / 6, 1 / 6, 1 / 6, 1 / 3, 1 / 6, 1 / 6], rtol=1e-6)
+    assert float((w * mask).sum()) == pytest.approx(1.0)
+
+
+def test_sft_loss_is_masked_nll() -> None:
+    logp = torch.log(torch.tensor([0.5, 0.25, 0.1]))
+    loss, _ = sft_loss(logp, torch.tensor([1.0, 1.0, 0.0]), torch.full((3,), 0.5))
+    assert float(loss) == pytest.approx(-(math.log(0.5) + math.log(0.25)) / 2)
+
+
+def test_grpo_step_moves_toward_rewarded_tokens() -> None:
+    """GRPO steps raise sum(A * logp): rewarded tokens up relative to unrewarded (no DS)."""
+    policy = load_policy("tiny-1m", attn_implementation="sdpa")
+    rng = np.random.default_rng(1)
+    prompt = rng.integers(3, 8000, 6)
+    samples = []
+    for k, reward in enumerate([1.0, 0.0]):
+        out_ids = rng.integers(3, 8000, 5)
+        nodes = [
+            TreeNode(parent=-1, token_ids=pack_ids(prompt)),
+            TreeNode(
+                parent=0,
+                token_ids=pack_ids(out_ids),
+                logprobs=pack_f32(np.full(5, -9.0)),
+                loss_mask=pack_u8(np.ones(5)),
+            ),
+        ]
+        samples.append(
+            TreeSample(rollout_id=f"r-{k}-1", group_id="r", k=k, reward=reward, nodes=nodes)
+        )
+    adv, _ = group_advantages(["r", "r"], [s.reward for s in samples])
+    batch = collate(pack(samples, PackConfig(), advantages=adv).rows)
+    opt = torch.optim.SGD(policy.parameters(), lr=1.0)
+    nw = torch.from_numpy(norm_weights(batch.sample_index.numpy(), batch.loss_mask.numpy()))
+    first = None
+    for _ in range(3):
+        out = policy(**batch.model_inputs())
+        loss, _ = policy_loss(
+            LossConfig(),
+            logp=out.logprobs,
+            rollout_logp=batch.rollout_logp,
+            loss_mask=batch.loss_mask,
+            norm_weight=nw,
+            advantage=batch.advantage,
+        )
+        first = out.logprobs.detach() if first is None else first
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    last = policy(**batch.model_inputs()).logprobs.detach()
+    gain = float((batch.advantage * (last - first)).sum())
+    assert gain > 0
+    assert (last - first)[batch.sample_index == 0].mean() > (last - first)[
+        batch.sample_index == 1
+    ].mean()
