@@ -571,6 +571,7 @@ class _MemConsumer(Consumer[R]):
         while True:
             got = self._take(batch)
             if got:
+                await asyncio.sleep(0)  # always yield, like a network round trip would
                 return got
             remaining = deadline - time.monotonic()
             if remaining <= 0:

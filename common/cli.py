@@ -41,7 +41,9 @@ COMMANDS: dict[str, Command] = {
         "rebuild rollouts' calls into prefix-tree samples", "learner.assembler_cmd", 6
     ),
     "learner": Command(
-        "train on tree samples (GRPO/PPO, DeepSpeed) and broadcast weights", None, 7
+        "train on tree samples (GRPO/PPO, DeepSpeed) and broadcast weights",
+        "learner.learner_cmd",
+        7,
     ),
     "run": Command("start a whole training run (all processes) from one config", None, 8),
     "demo": Command("the built-in end-to-end demo: SFT then RL on the toy suite", None, 8),
@@ -51,7 +53,9 @@ COMMANDS: dict[str, Command] = {
     "eval": Command("evaluate policies on a task suite across harnesses", None, 8),
     "tasks": Command("list, show, import and lint tasks", "actors.tasks_cmd", 5),
     "harness": Command("install and list harness adapters", "actors.harness_cmd", 5),
-    "weights-sync": Command("apply broadcast weight versions to an SGLang engine", None, 7),
+    "weights-sync": Command(
+        "apply broadcast weight versions to an SGLang engine", "learner.weights_sync_cmd", 7
+    ),
 }
 
 EXIT_NOT_LANDED = 3

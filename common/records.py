@@ -529,7 +529,10 @@ def encode_many(records: list[Record]) -> list[bytes]:
     zc = zstandard.ZstdCompressor(level=ZSTD_LEVEL)  # not thread-safe: one per call
     out = []
     for rec in records:
-        raw = _encoder.encode(rec) if not isinstance(rec, bytes) else rec
+        if isinstance(rec, bytes | bytearray | memoryview):
+            out.append(bytes(rec))  # pre-encoded (e.g. weight chunks): passed through as is
+            continue
+        raw = _encoder.encode(rec)
         out.append(zc.compress(raw) if len(raw) > COMPRESS_THRESHOLD else raw)
     return out
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pathlib import Path
+from typing import Literal
 
-from common.config import ServiceConfig
+from pydantic import Field, model_validator
+
+from common.config import HrlModel, ServiceConfig
 
 
 class AssemblerConfig(ServiceConfig):
@@ -31,3 +34,201 @@ class AssemblerConfig(ServiceConfig):
     remember: int = Field(100_000, ge=0, le=10_000_000)
     """Recently finished rollout ids kept in memory so a duplicate result is acked at once
     (after a restart, JetStream's msg-id de-duplication still prevents duplicate samples)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# learner (``harnessrl learner``) and updater (``harnessrl weights-sync``)
+# ---------------------------------------------------------------------------------------------
+
+
+class FeederConfig(HrlModel):
+    """Which tasks the learner's feeder issues, and how."""
+
+    enabled: bool = True
+    """Issue TaskRequests. Off: someone else publishes the work (an external feeder, a test
+    publishing samples); groups are then formed from the samples' own ``group_size``."""
+    suites: list[str] = ["toy"]
+    """Training suites (names or directories); their ``split == "train"`` tasks are issued."""
+    harnesses: list[str] = ["reference"]
+    """Harness adapters; with several, every task gets one group per harness (mix-harness)."""
+    harness_cmd: str = ""
+    """Command line for the ``command`` harness (empty otherwise)."""
+    task_timeout_s: float = Field(0.0, ge=0, le=86_400)
+    """Wall-clock limit of a rollout's harness; 0 keeps each task's own limit."""
+    shuffle: bool = True
+    """Visit (task, harness) pairs in a seeded random order per pass (else sorted order)."""
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    """Seed of the visiting order and of each TaskRequest's ``seed``."""
+    eval_suite: str = ""
+    """Held-out suite issued every ``eval_every`` versions (``is_eval``: scored, never trained)."""
+    eval_every: int = Field(0, ge=0, le=1_000_000)
+    """Issue an eval round every this many versions (0: never)."""
+    eval_group_size: int = Field(1, ge=1, le=1024)
+    """Rollouts per (eval task, harness)."""
+
+
+class BroadcastConfig(HrlModel):
+    """How new weights reach the inference engines (DESIGN §7)."""
+
+    transport: Literal["stream", "disk", "distributed", "none"] = "stream"
+    """``stream``: <= 1 MiB WeightChunk records on the WEIGHTS stream (updaters apply them);
+    ``disk``: an HF folder under ``disk_dir`` (shared path); ``distributed``: SGLang's
+    ``init_weights_update_group`` + bucketed ``update_weights_from_distributed`` to ``engines``;
+    ``none``: no broadcast."""
+    every: int = Field(1, ge=1, le=1_000_000)
+    """Broadcast after every this many optimiser steps."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Dtype of the transferred tensors; ``auto`` = the training dtype."""
+    chunk_bytes: int = Field(1024 * 1024 - 4096, ge=4096, le=64 * 1024 * 1024)
+    """``stream``: data bytes per WeightChunk (the record stays under nats' default 1 MiB)."""
+    keep_versions: int = Field(2, ge=1, le=1000)
+    """``stream``/``disk``: versions kept; older data subjects are purged, older folders removed."""
+    disk_dir: str = ""
+    """``disk``: folder for version folders (must be readable by the engines); empty:
+    ``<run_dir>/weights``."""
+    engines: list[str] = []
+    """``distributed``: engine URLs (``http://host:port``) that join the update group."""
+    backend: Literal["gloo", "nccl"] = "gloo"
+    """``distributed``: collective backend (gloo against the embedded engine, nccl on GPUs)."""
+    master_address: str = "127.0.0.1"
+    """``distributed``: address of this learner as the engines reach it (rank 0)."""
+    bucket_mb: int = Field(256, ge=1, le=65_536)
+    """``distributed``: tensors are announced and broadcast in buckets of about this size."""
+    pause: bool = True
+    """``distributed``: pause generation (``in_place``) around a multi-bucket update, so no step
+    mixes old and new buckets."""
+    timeout_s: float = Field(300.0, gt=0, le=86_400)
+    """``distributed``: timeout of joining the group and of each broadcast."""
+
+
+def _learner_config() -> type:
+    """Build ``LearnerConfig``. Its loss/engine/packing sections are the numerical core's own
+    models, whose modules import torch; building it on first use keeps ``learner.config`` (and
+    so ``harnessrl assembler``) free of torch."""
+    from learner.ds_engine import EngineConfig
+    from learner.losses import LossConfig
+    from learner.packing import PackConfig
+
+    class LearnerConfig(ServiceConfig):
+        """``harnessrl learner``: TreeSamples -> GRPO/PPO/SFT steps on DeepSpeed -> new weights."""
+
+        model: str = "tiny"
+        """Model folder (any Hugging Face causal LM) or a tiny spec (``tiny``, ``tiny-1m``...)."""
+        algo: Literal["grpo", "ppo"] = "grpo"
+        """``grpo``: groups of ``group_size`` rollouts per (task, harness), group-normalised
+        advantage; ``ppo``: value head + per-branch GAE, any samples."""
+        sft: bool = False
+        """Supervised mode: NLL of model tokens (loss mask 1), same packing and engine; rewards only
+        filter (``sft_min_reward``)."""
+        sft_min_reward: float = Field(0.0, ge=0.0, le=1.0)
+        """SFT: samples with a lower reward are dropped (reason ``low_reward``)."""
+        group_size: int = Field(4, ge=1, le=1024)
+        """GRPO's n: rollouts issued per (task, harness) group."""
+        min_group_size: int = Field(2, ge=1, le=1024)
+        """GRPO: a group left with fewer samples (tombstones, stale members) is skipped and counted."""
+        batch_groups: int = Field(4, ge=1, le=100_000)
+        """Groups per optimiser step (PPO/SFT: ``batch_groups * group_size`` samples per step)."""
+        max_staleness: int = Field(4, ge=0, le=1000)
+        """Samples more than this many versions behind are dropped; the feeder keeps at most
+        ``(max_staleness + 1) * batch`` rollouts in flight (AReaL-style admission control)."""
+        group_timeout_s: float = Field(0.0, ge=0, le=7 * 86_400)
+        """GRPO: close a group still incomplete this long after its first sample (missing members
+        count as lost); 0 waits forever (every rollout ends as a sample or a tombstone)."""
+        max_steps: int = Field(0, ge=0, le=100_000_000)
+        """Stop after this many optimiser steps in this process (0: run until stopped)."""
+        run_dir: str = ""
+        """Run folder (``metrics.jsonl``, default checkpoints and disk weights); empty:
+        ``./runs/<run>``."""
+        checkpoint_dir: str = ""
+        """Checkpoint folder; empty: ``<run_dir>/checkpoints``."""
+        checkpoint_every: int = Field(1, ge=0, le=1_000_000)
+        """Checkpoint every this many steps. Samples are acknowledged only once a checkpoint holds
+        their outcome, so a crash retrains nothing and loses nothing; 0 never checkpoints and acks
+        samples right after their step (no resume)."""
+        keep_checkpoints: int = Field(2, ge=1, le=1000)
+        """Checkpoints kept on disk."""
+        resume: bool = False
+        """Continue from the latest checkpoint (version counter, optimiser, trained ids, feeder)."""
+        ack_wait: float = Field(60.0, ge=1, le=3600)
+        """Seconds before JetStream redelivers an unacknowledged sample (held samples are kept alive
+        with heartbeats)."""
+        fetch_batch: int = Field(64, ge=1, le=10_000)
+        """Samples fetched from the bus per request."""
+        max_ack_pending: int = Field(20_000, ge=16, le=1_000_000)
+        """Samples the learner may hold unacknowledged (grouping + awaiting a checkpoint)."""
+        threads: int = Field(0, ge=0, le=1024)
+        """torch intra-op threads; 0 keeps torch's default (one per core). On shared cores
+        fewer threads can be much faster (OpenMP workers spin-wait for each other)."""
+        remember: int = Field(1_000_000, ge=1000, le=100_000_000)
+        """Trained / dropped rollout ids kept (in memory and checkpoints) to recognise redeliveries."""
+        pack: PackConfig = Field(default_factory=PackConfig)
+        """Tree packing (``pack.max_tokens`` = token budget per row)."""
+        loss: LossConfig = Field(default_factory=LossConfig)
+        """Loss options; ``loss.algo`` follows ``algo``/``sft``."""
+        ds: EngineConfig = Field(default_factory=EngineConfig)
+        """DeepSpeed engine and optimiser (ZeRO stage, dtype, lr, micro-batch rows; a step
+        accumulates gradients over all its rows)."""
+        feeder: FeederConfig = Field(default_factory=FeederConfig)
+        """Task feeder."""
+        broadcast: BroadcastConfig = Field(default_factory=BroadcastConfig)
+        """Weight broadcast."""
+
+        @model_validator(mode="after")
+        def _derive(self) -> LearnerConfig:
+            algo = "sft" if self.sft else self.algo
+            if "algo" in self.loss.model_fields_set and self.loss.algo != algo:
+                raise ValueError(f"loss.algo={self.loss.algo!r} contradicts algo/sft ({algo!r})")
+            self.loss.algo = algo
+            if self.min_group_size > self.group_size:
+                raise ValueError("min_group_size must not exceed group_size")
+            return self
+
+        @property
+        def batch_rollouts(self) -> int:
+            """Rollouts per optimiser step."""
+            return self.batch_groups * self.group_size
+
+        def run_path(self) -> Path:
+            return Path(self.run_dir) if self.run_dir else Path("runs") / self.run
+
+        def checkpoint_path(self) -> Path:
+            return (
+                Path(self.checkpoint_dir)
+                if self.checkpoint_dir
+                else self.run_path() / "checkpoints"
+            )
+
+    return LearnerConfig
+
+
+_LAZY: dict[str, type] = {}
+
+
+def __getattr__(name: str) -> type:
+    if name == "LearnerConfig":
+        if name not in _LAZY:
+            _LAZY[name] = _learner_config()
+        return _LAZY[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class WeightSyncConfig(ServiceConfig):
+    """``harnessrl weights-sync``: apply broadcast weight versions to one SGLang engine."""
+
+    engine: str = "http://127.0.0.1:30000"
+    """URL of the engine to update (SGLang native API)."""
+    name: str = ""
+    """Name of this updater's durable consumer (one per engine); empty: derived from ``engine``."""
+    work_dir: str = "./weights-sync"
+    """Local folder where received versions are written as HF folders (the engine must read it)."""
+    keep_local: int = Field(2, ge=1, le=100)
+    """Version folders kept in ``work_dir``."""
+    base_model: str = ""
+    """Model folder whose non-weight files (tokenizer, generation config) are copied into each
+    version folder; empty copies none (the config travels with the weights)."""
+    read_retries: int = Field(3, ge=0, le=100)
+    """Re-reads of a version whose chunks are incomplete before it is skipped as never-applied."""
+    ack_wait: float = Field(120.0, ge=1, le=3600)
+    """Seconds before an unacknowledged WeightsReady is redelivered."""
+    engine_wait_s: float = Field(300.0, ge=0, le=86_400)
+    """How long to wait for the engine to become healthy at start."""

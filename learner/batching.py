@@ -1,0 +1,541 @@
+"""Batching: delivered TreeSamples -> training batches, with every outcome on the ledger.
+
+Each rollout id reaches exactly one *outcome*: ``trained`` (at some version) or dropped with a
+reason (``tombstone:<why>``, ``stale``, ``zero_variance``, ``group_too_small``,
+``duplicate_attempt``, ``group_closed``, ``eval``, ``low_reward``, ``bad_parts``, ``empty``,
+``malformed``).
+The ``Ledger`` records outcomes and holds the deliveries behind them; deliveries are acked only
+after a checkpoint holding their outcome is durable (``Ledger.commit``), so a crash redelivers
+exactly the rollouts whose outcome was lost, and a redelivered rollout whose outcome *was*
+committed is acked without being trained again.
+
+Rules (GRPO):
+
+* a group is keyed by ``group_id`` and sized by the samples' ``group_size``; it is *complete*
+  when every member ``k`` has ended (a sample, a tombstone, or a sample dropped on arrival);
+* tombstoned or dropped members shrink it; fewer than ``min_group_size`` samples left ->
+  the group is skipped (``group_too_small``); all rewards equal -> ``zero_variance``;
+* staleness ``version - sample.weight_version > max_staleness`` drops a sample (``stale``) on
+  arrival and again when its group is about to be trained;
+* duplicates: the same rollout id again (a redelivery, a re-published part) rides along with
+  the first; another attempt of a member that already ended is ``duplicate_attempt``; a
+  member of a group already decided is ``group_closed``;
+* split samples (``n_parts > 1``) are joined (``common.tree.join_parts``) once every part is in.
+
+PPO and SFT take any fresh samples in arrival order, ``batch_rollouts`` per step (membership is
+still tracked per group, so a second attempt is ignored here too). Eval samples are never
+trained: they are reported (``eval_results``) and recorded as ``eval``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from common import metrics
+from common.bus import Delivery
+from common.records import TreeSample, unpack_ids
+from common.tree import join_parts
+
+M_DROPPED = metrics.counter(
+    "hrl_learner_dropped_total", "Rollouts not trained, by reason", ("reason",)
+)
+M_DUPLICATES = metrics.counter(
+    "hrl_learner_duplicate_deliveries_total",
+    "Deliveries of a rollout already pending or decided (redeliveries, re-published samples)",
+)
+M_PENDING = metrics.gauge("hrl_learner_pending_rollouts", "Rollouts waiting for their group/batch")
+
+Mode = Literal["grpo", "ppo", "sft"]
+
+
+# ---------------------------------------------------------------------------------------------
+# ledger
+# ---------------------------------------------------------------------------------------------
+
+
+class Ledger:
+    """Outcome of every rollout id, the deliveries awaiting a commit, and closed groups.
+
+    Bounded: the newest ``remember`` ids of each kind are kept (and checkpointed).
+    """
+
+    def __init__(self, remember: int = 1_000_000) -> None:
+        self.remember = remember
+        self.trained: OrderedDict[str, int] = OrderedDict()
+        self.dropped: OrderedDict[str, str] = OrderedDict()
+        self.closed: OrderedDict[str, None] = OrderedDict()
+        self.counts: Counter[str] = Counter()
+        self.n_trained = 0
+        self.uncommitted: set[str] = set()
+        self.committing: set[str] = set()
+        self.held: list[Delivery[Any]] = []
+        self._committing_held: list[Delivery[Any]] = []
+
+    def outcome(self, rid: str) -> str | None:
+        """``"trained"``, the drop reason, or None."""
+        if rid in self.trained:
+            return "trained"
+        return self.dropped.get(rid)
+
+    def committed(self, rid: str) -> bool:
+        """Whether a durable checkpoint holds ``rid``'s outcome."""
+        return (
+            self.outcome(rid) is not None
+            and rid not in self.uncommitted
+            and rid not in self.committing
+        )
+
+    def drop(self, rid: str, reason: str, deliveries: Iterable[Delivery[Any]] = ()) -> None:
+        if self.outcome(rid) is None:
+            self.dropped[rid] = reason
+            self.counts[reason] += 1
+            self.uncommitted.add(rid)
+            M_DROPPED.labels(reason=reason).inc()
+            _trim(self.dropped, self.remember)
+        self.held.extend(deliveries)
+
+    def train(self, rids: Iterable[str], version: int, deliveries: Iterable[Delivery[Any]]) -> None:
+        for rid in rids:
+            self.trained[rid] = version
+            self.uncommitted.add(rid)
+            self.n_trained += 1
+        _trim(self.trained, self.remember)
+        self.held.extend(deliveries)
+
+    def close_group(self, group_id: str) -> None:
+        self.closed[group_id] = None
+        _trim(self.closed, self.remember)
+
+    def hold(self, deliveries: Iterable[Delivery[Any]]) -> None:
+        self.held.extend(deliveries)
+
+    @property
+    def dirty(self) -> bool:
+        """Whether outcomes exist that no checkpoint holds yet."""
+        return bool(self.uncommitted)
+
+    def begin_commit(self) -> dict[str, Any]:
+        """Snapshot the state for a checkpoint; outcomes recorded from now on belong to the
+        next commit. Follow with ``end_commit`` once the checkpoint is durable (or
+        ``abort_commit`` if writing it failed)."""
+        self.committing |= self.uncommitted
+        self.uncommitted = set()
+        self._committing_held += self.held
+        self.held = []
+        return self.state()
+
+    def end_commit(self) -> list[Delivery[Any]]:
+        """The snapshot is durable: return the deliveries that may now be acked."""
+        self.committing.clear()
+        held, self._committing_held = self._committing_held, []
+        return held
+
+    def abort_commit(self) -> None:
+        self.uncommitted |= self.committing
+        self.committing.clear()
+        self.held = self._committing_held + self.held
+        self._committing_held = []
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "trained": dict(self.trained),
+            "dropped": dict(self.dropped),
+            "closed": list(self.closed),
+            "counts": dict(self.counts),
+            "n_trained": self.n_trained,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any] | None, remember: int = 1_000_000) -> Ledger:
+        led = cls(remember)
+        if state:
+            led.trained = OrderedDict(state.get("trained", {}))
+            led.dropped = OrderedDict(state.get("dropped", {}))
+            led.closed = OrderedDict.fromkeys(state.get("closed", ()))
+            led.counts = Counter(state.get("counts", {}))
+            led.n_trained = int(state.get("n_trained", len(led.trained)))
+        return led
+
+
+def _trim(d: OrderedDict[str, Any], n: int) -> None:
+    while len(d) > n:
+        d.popitem(last=False)
+
+
+def well_formed(s: TreeSample, vocab_size: int = 0) -> bool:
+    """Parents precede children; per-token arrays agree in length; ids are in the vocabulary."""
+    for i, n in enumerate(s.nodes):
+        if n.parent >= i or n.parent < -1 or len(n.token_ids) % 4:
+            return False
+        t = len(n.token_ids) // 4
+        if (n.logprobs and len(n.logprobs) != 4 * t) or (n.loss_mask and len(n.loss_mask) != t):
+            return False
+        if t and vocab_size:
+            ids = unpack_ids(n.token_ids)
+            if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+                return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# pending rollouts and groups
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Item:
+    """One rollout's (joined) sample waiting to be trained, with every delivery behind it."""
+
+    sample: TreeSample
+    deliveries: list[Delivery[Any]]
+    done: bool = False
+
+    @property
+    def rid(self) -> str:
+        return self.sample.rollout_id
+
+
+@dataclass
+class Group:
+    """Members of one group seen so far: ``k -> Item`` or None (ended without a sample)."""
+
+    group_id: str
+    size: int
+    first_seen: float
+    members: dict[int, Item | None] = field(default_factory=dict)
+    ready: bool = False
+    """In the ready queue."""
+
+    @property
+    def complete(self) -> bool:
+        return len(self.members) >= self.size
+
+    def items(self) -> list[Item]:
+        return [it for it in self.members.values() if it is not None and not it.done]
+
+
+@dataclass
+class Batch:
+    """What one optimiser step trains on."""
+
+    samples: list[TreeSample]
+    advantages: np.ndarray | None
+    """GRPO: one advantage per sample; None for PPO/SFT."""
+    groups: int
+    items: list[Item] = field(repr=False, default_factory=list)
+
+    @property
+    def deliveries(self) -> list[Delivery[Any]]:
+        """Every delivery behind the batch (redeliveries during the step included)."""
+        return [d for it in self.items for d in it.deliveries]
+
+    @property
+    def rollout_ids(self) -> list[str]:
+        return [s.rollout_id for s in self.samples]
+
+    def staleness(self, version: int) -> list[int]:
+        return [version - s.weight_version for s in self.samples if s.weight_version >= 0]
+
+
+@dataclass
+class BatchRules:
+    """The batcher's knobs (from ``LearnerConfig``)."""
+
+    mode: Mode = "grpo"
+    batch_groups: int = 4
+    batch_rollouts: int = 16
+    min_group_size: int = 2
+    max_staleness: int = 4
+    group_timeout_s: float = 0.0
+    sft_min_reward: float = 0.0
+    adv_eps: float = 1e-6
+    adv_scale_by_std: bool = True
+    vocab_size: int = 0
+    """Token ids must be below this (0: unchecked); a sample that is not a well-formed tree
+    would fail every step it is in, so it is dropped on arrival (``malformed``)."""
+
+
+class Batcher:
+    """Collects deliveries into GRPO groups (or a PPO/SFT queue) and hands out batches.
+
+    ``on_end(group_id, k)`` is called once per member when its outcome is decided (dropped on
+    arrival, dropped later, or trained): the feeder frees its capacity then, so rollouts
+    waiting here count as in flight. Single-threaded: call everything from the event loop.
+    """
+
+    def __init__(
+        self,
+        rules: BatchRules,
+        ledger: Ledger,
+        on_end: Callable[[str, int], None] | None = None,
+    ) -> None:
+        self.rules = rules
+        self.ledger = ledger
+        self.on_end = on_end or (lambda gid, k: None)
+        self.parts: dict[str, tuple[dict[int, TreeSample], list[Delivery[Any]]]] = {}
+        self.items: dict[str, Item] = {}
+        self.groups: dict[str, Group] = {}
+        self.ready_groups: deque[Group] = deque()
+        self.queue: deque[Item] = deque()
+        self.eval_results: list[TreeSample] = []
+        self.lost_members = 0
+        self.version = 0
+        """The learner version the last call was made at (staleness reference)."""
+
+    @property
+    def grpo(self) -> bool:
+        return self.rules.mode == "grpo"
+
+    # -- arrival ----------------------------------------------------------------------------
+
+    def add(self, d: Delivery[TreeSample], version: int) -> list[Delivery[TreeSample]]:
+        """Take one delivery; return deliveries to ack right away (committed outcomes)."""
+        s = d.record
+        rid = s.rollout_id
+        self.version = version
+        if self.ledger.outcome(rid) is not None:
+            M_DUPLICATES.inc()
+            if self.ledger.committed(rid):
+                return [d]
+            self.ledger.hold([d])
+            return []
+        if rid in self.items:
+            M_DUPLICATES.inc()
+            self.items[rid].deliveries.append(d)
+            return []
+        if s.n_parts > 1:
+            parts, deliveries = self.parts.setdefault(rid, ({}, []))
+            parts[s.part] = s
+            deliveries.append(d)
+            if len(parts) < s.n_parts:
+                return []
+            del self.parts[rid]
+            try:
+                s = join_parts(parts.values())
+            except ValueError:
+                self._end_member(s, deliveries, "bad_parts")
+                return []
+            self._admit(s, deliveries, version)
+        else:
+            self._admit(s, [d], version)
+        M_PENDING.set(len(self.items))
+        return []
+
+    def _admit(self, s: TreeSample, deliveries: list[Delivery[Any]], version: int) -> None:
+        gid, k = s.group_id, s.k
+        if gid in self.ledger.closed:
+            self.ledger.drop(s.rollout_id, "group_closed", deliveries)
+            return
+        g = self.groups.get(gid)
+        if g is not None and k in g.members:
+            self.ledger.drop(s.rollout_id, "duplicate_attempt", deliveries)
+            return
+        reason = self._arrival_reason(s, version)
+        if reason == "eval":
+            self.eval_results.append(s)
+        if reason is None:
+            item = Item(s, deliveries)
+            self.items[s.rollout_id] = item
+            self._group(s).members[k] = item
+            if not self.grpo:
+                self.queue.append(item)
+        else:
+            self._end_member(s, deliveries, reason)
+        self._check(self.groups.get(gid), version)
+
+    def _arrival_reason(self, s: TreeSample, version: int) -> str | None:
+        if s.is_tombstone:
+            return f"tombstone:{s.dropped_reason}"
+        if s.is_eval:
+            return "eval"
+        if not s.nodes:
+            return "empty"
+        if not well_formed(s, self.rules.vocab_size):
+            return "malformed"
+        if self._stale(s, version):
+            return "stale"
+        if self.rules.mode == "sft" and s.reward < self.rules.sft_min_reward:
+            return "low_reward"
+        return None
+
+    def _stale(self, s: TreeSample, version: int) -> bool:
+        return (
+            self.rules.mode != "sft"
+            and s.weight_version >= 0
+            and version - s.weight_version > self.rules.max_staleness
+        )
+
+    def _group(self, s: TreeSample) -> Group:
+        g = self.groups.get(s.group_id)
+        if g is None:
+            g = Group(s.group_id, max(1, s.group_size), time.monotonic())
+            self.groups[s.group_id] = g
+        return g
+
+    def _end_member(self, s: TreeSample, deliveries: list[Delivery[Any]], reason: str) -> None:
+        """Member ``s.k`` ended without a trainable sample."""
+        self.ledger.drop(s.rollout_id, reason, deliveries)
+        self._group(s).members[s.k] = None
+        self.on_end(s.group_id, s.k)
+
+    # -- groups -----------------------------------------------------------------------------
+
+    def _check(self, g: Group | None, version: int) -> None:
+        """Move a complete GRPO group to the ready queue (or drop it); close decided groups."""
+        if g is None or not g.complete:
+            return
+        if self.grpo and not g.ready and g.items() and self._validate(g, version):
+            g.ready = True
+            self.ready_groups.append(g)
+            return
+        self._maybe_close(g)
+
+    def _validate(self, g: Group, version: int) -> bool:
+        """Drop stale members, then the whole group if too small or without variance."""
+        for it in g.items():
+            if self._stale(it.sample, version):
+                self._drop_item(it, "stale")
+        items = g.items()
+        if len(items) < self.rules.min_group_size:
+            reason = "group_too_small"
+        elif len({it.sample.reward for it in items}) < 2:
+            reason = "zero_variance"
+        else:
+            return True
+        for it in items:
+            self._drop_item(it, reason)
+        return False
+
+    def _drop_item(self, it: Item, reason: str) -> None:
+        it.done = True
+        self.items.pop(it.rid, None)
+        self.ledger.drop(it.rid, reason, it.deliveries)
+        self.on_end(it.sample.group_id, it.sample.k)
+
+    def _maybe_close(self, g: Group) -> None:
+        if g.complete and not g.items():
+            self.groups.pop(g.group_id, None)
+            self.ledger.close_group(g.group_id)
+
+    def expire(self, now: float | None = None) -> int:
+        """Close GRPO groups incomplete for longer than ``group_timeout_s``; return how many."""
+        if self.rules.group_timeout_s <= 0:
+            return 0
+        now = time.monotonic() if now is None else now
+        n = 0
+        for g in list(self.groups.values()):
+            if not g.complete and now - g.first_seen > self.rules.group_timeout_s:
+                missing = [k for k in range(g.size) if k not in g.members]
+                self.lost_members += len(missing)
+                for k in missing:
+                    g.members[k] = None
+                    self.on_end(g.group_id, k)
+                self._check(g, self.version)
+                n += 1
+        return n
+
+    # -- batches ----------------------------------------------------------------------------
+
+    def take(self, version: int) -> Batch | None:
+        """The next batch if one is complete at ``version`` (stale members are dropped first)."""
+        self.version = version
+        self.expire()
+        if self.grpo:
+            return self._take_groups(version)
+        return self._take_rollouts(version)
+
+    def _take_groups(self, version: int) -> Batch | None:
+        kept: deque[Group] = deque()
+        while self.ready_groups:
+            g = self.ready_groups.popleft()
+            if self._validate(g, version):
+                kept.append(g)
+            else:
+                g.ready = False
+                self._maybe_close(g)
+        self.ready_groups = kept
+        if len(kept) < self.rules.batch_groups:
+            return None
+        groups = [self.ready_groups.popleft() for _ in range(self.rules.batch_groups)]
+        for g in groups:
+            g.ready = False
+        items: list[Item] = []
+        advantages: list[np.ndarray] = []
+        for g in groups:
+            its = g.items()
+            items += its
+            advantages.append(self._advantages([it.sample.reward for it in its]))
+        return self._batch(items, np.concatenate(advantages), len(groups))
+
+    def _advantages(self, rewards: list[float]) -> np.ndarray:
+        from learner.losses import grpo_advantages
+
+        adv, _ = grpo_advantages(
+            rewards, eps=self.rules.adv_eps, scale_by_std=self.rules.adv_scale_by_std
+        )
+        return adv
+
+    def _take_rollouts(self, version: int) -> Batch | None:
+        fresh: deque[Item] = deque()
+        for it in self.queue:
+            if it.done:
+                continue
+            if self._stale(it.sample, version):
+                self._drop_item(it, "stale")
+                g = self.groups.get(it.sample.group_id)
+                if g is not None:
+                    self._maybe_close(g)
+            else:
+                fresh.append(it)
+        self.queue = fresh
+        if len(fresh) < self.rules.batch_rollouts:
+            return None
+        items = [self.queue.popleft() for _ in range(self.rules.batch_rollouts)]
+        return self._batch(items, None, len({it.sample.group_id for it in items}))
+
+    def _batch(self, items: list[Item], adv: np.ndarray | None, n_groups: int) -> Batch:
+        for it in items:
+            it.done = True  # stays in ``items`` until trained: redeliveries join it
+        return Batch(
+            samples=[it.sample for it in items], advantages=adv, groups=n_groups, items=items
+        )
+
+    def trained(self, batch: Batch, version: int) -> None:
+        """Record a batch as trained (producing ``version``) and close finished groups."""
+        self.ledger.train(batch.rollout_ids, version, batch.deliveries)
+        for it in batch.items:
+            self.items.pop(it.rid, None)
+            self.on_end(it.sample.group_id, it.sample.k)
+        M_PENDING.set(len(self.items))
+        for gid in {s.group_id for s in batch.samples}:
+            g = self.groups.get(gid)
+            if g is not None:
+                self._maybe_close(g)
+
+    # -- introspection ----------------------------------------------------------------------
+
+    def held(self) -> list[Delivery[Any]]:
+        """Every delivery not yet acked (pending or awaiting a commit): keep them alive."""
+        out = [d for _, ds in self.parts.values() for d in ds]
+        out += [d for it in self.items.values() for d in it.deliveries]
+        return out + self.ledger.held + self.ledger._committing_held
+
+    def take_eval_results(self) -> list[TreeSample]:
+        out, self.eval_results = self.eval_results, []
+        return out
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "pending_rollouts": len(self.items),
+            "open_groups": len(self.groups),
+            "ready_groups": len(self.ready_groups),
+            "queued": len(self.queue),
+            "partial_samples": len(self.parts),
+            "lost_members": self.lost_members,
+        }

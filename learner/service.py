@@ -1,0 +1,543 @@
+"""The learner service: feeder -> samples -> batches -> DeepSpeed steps -> broadcast -> checkpoint.
+
+The loop (``Learner.run``), one optimiser step per turn::
+
+    feeder.top_up(version)                 # TaskRequests under admission control
+    batch = next_batch()                   # samples pumped from the bus by a background task
+    metrics = train(batch)                 # pack trees, engine.train_step (worker thread)
+    version += 1; batcher.trained(batch)   # outcomes on the ledger
+    broadcast(version)                     # every ``broadcast.every`` steps
+    checkpoint()                           # every ``checkpoint_every`` steps; then acks
+    log_step(metrics)                      # Prometheus + one line of <run_dir>/metrics.jsonl
+
+**Exactly once.** A sample's delivery is acked only after a checkpoint holding its outcome
+(trained at version v, or dropped with a reason) is durable. A crash before that redelivers it,
+and the restarted learner, loaded from the checkpoint that does not hold it, decides it again;
+a crash after it (before the ack) redelivers a rollout the restored ledger already holds, which
+is acked without training. While held, deliveries are kept alive with ``in_progress``
+heartbeats. ``metrics.jsonl`` gets a ``start`` line on every (re)start; step lines written
+before a restart whose version is above the resumed version describe steps that were rolled
+back (their samples were trained again after the restart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from common import metrics
+from common.bus import Bus, Consumer
+from common.records import TreeSample
+from learner.batching import Batch, Batcher, BatchRules, Ledger
+from learner.checkpoint import Checkpointer, LearnerState
+from learner.feeder import Feeder
+
+log = logging.getLogger("harnessrl.learner")
+
+DURABLE = "learner"
+IDLE_COMMIT_S = 1.0
+"""Waiting this long for data with uncommitted drops (and no unsaved step) commits them."""
+
+M_VERSION = metrics.gauge("hrl_learner_version", "Current policy version")
+M_STEP_S = metrics.histogram("hrl_learner_step_seconds", "Optimiser step (pack + fwd/bwd + step)")
+M_TOKENS_S = metrics.gauge(
+    "hrl_learner_tokens_per_second", "Tokens computed per second (last step)"
+)
+M_IDLE = metrics.gauge("hrl_learner_idle_fraction", "Fraction of wall time spent waiting for data")
+M_STALENESS = metrics.histogram(
+    "hrl_learner_staleness_versions",
+    "Versions between a trained sample's oldest tokens and the step",
+    buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16, 32),
+)
+M_TRAINED = metrics.counter("hrl_learner_trained_rollouts_total", "Rollouts trained on")
+M_LOSS = metrics.gauge(
+    "hrl_learner_step_metric", "Loss terms and mismatch stats of the last step", ("name",)
+)
+M_EVAL = metrics.gauge(
+    "hrl_learner_eval_reward", "Mean eval reward (last round)", ("suite", "harness")
+)
+M_CHECKPOINT_S = metrics.histogram("hrl_learner_checkpoint_seconds", "Commit duration", ("kind",))
+
+
+class Learner:
+    """One learner process; ``run`` until ``stop()`` or ``max_steps``."""
+
+    def __init__(self, cfg: Any, bus: Bus, engine: Any = None) -> None:
+        self.cfg = cfg
+        self.bus = bus
+        self.engine = engine
+        self.run_dir = cfg.run_path()
+        self.ckpt = Checkpointer(cfg.checkpoint_path(), cfg.keep_checkpoints)
+        self.state = LearnerState()
+        self.version = 0
+        self.unsaved_steps = 0
+        self.stopping = asyncio.Event()
+        self._closing = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._arrived = asyncio.Event()
+        self._t_start = time.monotonic()
+        self._idle_s = 0.0
+        self._totals: Counter[str] = Counter()
+        self.feeder: Feeder
+        self.batcher: Batcher
+        self.publisher: Any = None
+        self.consumer: Consumer[TreeSample]
+
+    # -- setup ------------------------------------------------------------------------------
+
+    def build_engine(self) -> Any:
+        import os
+
+        import torch
+        import torch.distributed as dist
+
+        from learner.ds_engine import LearnerEngine
+
+        if self.cfg.threads > 0:
+            torch.set_num_threads(self.cfg.threads)
+
+        for attempt in range(3):
+            try:
+                return LearnerEngine(self.cfg.model, self.cfg.ds, self.cfg.loss)
+            except RuntimeError as e:
+                # the rendezvous port was picked free and taken by someone else before use
+                if "EADDRINUSE" not in str(e) or dist.is_initialized() or attempt == 2:
+                    raise
+                log.warning("rendezvous port taken (%s); retrying with another", e)
+                if os.environ.get("WORLD_SIZE", "1") == "1":
+                    os.environ.pop("MASTER_PORT", None)
+        raise AssertionError("unreachable")
+
+    async def setup(self) -> None:
+        cfg = self.cfg
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.ckpt.exists() and not cfg.resume and cfg.checkpoint_every > 0:
+            raise RuntimeError(
+                f"{self.ckpt.root} already holds a checkpoint: pass --resume to continue it, or "
+                "choose another --checkpoint-dir"
+            )
+        if self.engine is None:
+            self.engine = self.build_engine()
+        restored = self.ckpt.load(self.engine) if cfg.resume else None
+        if restored is not None:
+            self.state = restored
+            self.version = restored.version
+            self._totals.update(restored.totals)
+        ledger = Ledger.from_state(self.state.ledger, cfg.remember)
+        self.feeder = Feeder(
+            self.bus,
+            cfg.feeder,
+            group_size=cfg.group_size,
+            batch_rollouts=cfg.batch_rollouts,
+            max_staleness=cfg.max_staleness,
+            state=self.state.feeder or None,
+        )
+        self.batcher = Batcher(self._rules(), ledger, on_end=self.feeder.on_ended)
+        self.publisher = self._publisher()
+        if self.publisher is not None and hasattr(self.publisher, "restore"):
+            self.publisher.restore(self.state.broadcast)
+        self.consumer = await self.bus.consumer(
+            "SAMPLES",
+            DURABLE,
+            TreeSample,
+            ack_wait=cfg.ack_wait,
+            max_ack_pending=cfg.max_ack_pending,
+        )
+        M_VERSION.set(self.version)
+        self._log_line(
+            {
+                "event": "start",
+                "resumed": restored is not None,
+                "version": self.version,
+                "algo": cfg.loss.algo,
+                "epoch": self.feeder.epoch,
+            }
+        )
+        log.info(
+            "learner %s at version %d (%s, model %s)",
+            "resumed" if restored else "started",
+            self.version,
+            cfg.loss.algo,
+            cfg.model,
+        )
+        if restored is not None and self.version > 0:
+            if hasattr(self.publisher, "purge"):  # chunks of steps lost in the crash
+                lost = range(self.version, self.version + cfg.checkpoint_every + 2)
+                await self.publisher.purge(list(lost))
+            await self.broadcast()  # engines restarted meanwhile may lag behind
+
+    def _rules(self) -> BatchRules:
+        c = self.cfg
+        return BatchRules(
+            mode=c.loss.algo,
+            batch_groups=c.batch_groups,
+            batch_rollouts=c.batch_rollouts,
+            min_group_size=c.min_group_size,
+            max_staleness=c.max_staleness,
+            group_timeout_s=c.group_timeout_s,
+            sft_min_reward=c.sft_min_reward,
+            adv_eps=c.loss.adv_eps,
+            adv_scale_by_std=c.loss.adv_scale_by_std,
+            vocab_size=int(self.engine.policy.lm.config.get_text_config().vocab_size),
+        )
+
+    def _publisher(self) -> Any:
+        from common.models import resolve_model
+        from learner.weights import make_publisher
+
+        lm = self.engine.policy.lm
+        return make_publisher(
+            self.cfg.broadcast,
+            self.bus,
+            model_dir=resolve_model(self.cfg.model),
+            config_json=lm.config.to_json_string(),
+            dtype=self._broadcast_dtype(),
+            default_disk_dir=self.run_dir / "weights",
+        )
+
+    def _broadcast_dtype(self) -> str:
+        d = self.cfg.broadcast.dtype
+        return self.cfg.ds.dtype if d == "auto" else d
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Finish the current step, commit, and return from ``run``."""
+        self.stopping.set()
+        self._arrived.set()
+
+    async def run(self) -> int:
+        await self.setup()
+        self._tasks = [asyncio.create_task(self._pump()), asyncio.create_task(self._heartbeat())]
+        clean = False
+        try:
+            await self._loop()
+            clean = True
+        finally:
+            self._closing = True  # a cancellation lost inside a fetch still ends the loops
+            for t in self._tasks:
+                t.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            if clean:  # after a failure, the uncommitted work is simply redone on restart
+                await self._final_commit()
+            if self.publisher is not None:
+                await self.publisher.close()
+        return 0
+
+    async def _loop(self) -> None:
+        steps = 0
+        while not self.stopping.is_set():
+            if self.cfg.max_steps and steps >= self.cfg.max_steps:
+                break
+            await self.feeder.top_up(self.version)
+            t_wait = time.monotonic()
+            batch = await self._next_batch()
+            if batch is None:
+                break
+            wait_s = time.monotonic() - t_wait
+            self._idle_s += wait_s
+            t0 = time.monotonic()
+            m = await asyncio.to_thread(self._train, batch)
+            self.version += 1
+            steps += 1
+            self.unsaved_steps += 1
+            staleness = batch.staleness(self.version - 1)
+            self.batcher.trained(batch, self.version)
+            bcast_s = 0.0
+            if self.version % self.cfg.broadcast.every == 0:
+                bcast_s = await self.broadcast()
+            ckpt_s = await self._maybe_commit()
+            self._after_step(batch, m, staleness, wait_s, time.monotonic() - t0, bcast_s, ckpt_s)
+
+    async def _next_batch(self) -> Batch | None:
+        """Wait for a complete batch (None when stopping); commit drops while idle."""
+        idle_since = time.monotonic()
+        while True:
+            batch = self.batcher.take(self.version)
+            if batch is not None:
+                return batch
+            if self.stopping.is_set():
+                return None
+            for t in self._tasks:  # a background loop that died is a bug: surface it
+                if t.done() and not t.cancelled() and t.exception() is not None:
+                    raise t.exception()  # type: ignore[misc]
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), 0.5)
+            if time.monotonic() - idle_since > IDLE_COMMIT_S and self._can_commit_state():
+                await self._commit_state()
+            await self.feeder.top_up(self.version)
+
+    async def _pump(self) -> None:
+        """Fetch samples into the batcher; ack redeliveries whose outcome is committed."""
+        while not self._closing:
+            try:
+                got = await self.consumer.fetch(self.cfg.fetch_batch, timeout=1.0)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the bus reconnects by itself
+                log.warning("fetching samples failed: %r", e)
+                await asyncio.sleep(1.0)
+                continue
+            if not got:
+                continue
+            await asyncio.sleep(0)  # an in-memory bus answers without yielding
+            ack_now = []
+            for d in got:
+                ack_now += self.batcher.add(d, self.version)
+            await self._ack(ack_now)
+            self._arrived.set()
+            await self.feeder.top_up(self.version)
+
+    async def _heartbeat(self) -> None:
+        """Keep every held delivery from being redelivered while it waits."""
+        every = max(0.5, self.cfg.ack_wait / 3)
+        while not self._closing:
+            await asyncio.sleep(every)
+            for d in self.batcher.held():
+                try:
+                    await d.in_progress()
+                except Exception as e:  # best effort; a redelivery is handled anyway
+                    log.debug("in_progress failed: %r", e)
+
+    async def _ack(self, deliveries: list[Any]) -> None:
+        for d in deliveries:
+            try:
+                await d.ack()
+            except Exception as e:  # unacked: redelivered later and acked as committed
+                log.warning("ack failed: %r", e)
+
+    # -- training ---------------------------------------------------------------------------
+
+    def _train(self, batch: Batch) -> dict[str, float]:
+        """Pack and step (worker thread: touches only the engine and the batch)."""
+        from learner.packing import pack
+
+        packing = pack(batch.samples, self.cfg.pack, advantages=batch.advantages)
+        m = self.engine.train_step(packing.rows)
+        m.update({f"pack/{k}": float(v) for k, v in packing.stats.as_dict().items()})
+        return m
+
+    async def broadcast(self) -> float:
+        """Publish the current weights as ``self.version``; returns seconds (0 if disabled)."""
+        if self.publisher is None:
+            return 0.0
+        import torch
+
+        t0 = time.monotonic()
+        dtype = getattr(torch, self._broadcast_dtype())
+        state = await asyncio.to_thread(self.engine.state_dict_for_broadcast, dtype)
+        try:
+            await self.publisher.publish(self.version, self.engine.global_steps, state)
+        except Exception as e:  # engines catch up with the next version
+            log.error("broadcast of version %d failed: %r", self.version, e)
+            self._totals["broadcast_failures"] += 1
+        return time.monotonic() - t0
+
+    # -- commits ----------------------------------------------------------------------------
+
+    def _snapshot(self) -> LearnerState:
+        st = self.state
+        st.version = self.version
+        st.ledger = self.batcher.ledger.begin_commit()
+        st.feeder = self.feeder.state()
+        st.broadcast = self.publisher.state() if self.publisher is not None else {}
+        self._totals["wall_s"] += time.monotonic() - self._t_start
+        self._t_start = time.monotonic()
+        st.totals = dict(self._totals)
+        return st
+
+    async def _maybe_commit(self) -> float:
+        every = self.cfg.checkpoint_every
+        if every == 0:  # no checkpoints: outcomes are final once recorded
+            self.batcher.ledger.begin_commit()
+            await self._ack(self.batcher.ledger.end_commit())
+            return 0.0
+        if self.unsaved_steps < every:
+            return 0.0
+        return await self._commit_full()
+
+    async def _commit_full(self) -> float:
+        t0 = time.monotonic()
+        st = self._snapshot()
+        try:
+            self.state = await asyncio.to_thread(self.ckpt.save, self.engine, st)
+        except Exception:
+            self.batcher.ledger.abort_commit()
+            raise
+        self.unsaved_steps = 0
+        await self._ack(self.batcher.ledger.end_commit())
+        dt = time.monotonic() - t0
+        M_CHECKPOINT_S.labels(kind="full").observe(dt)
+        return dt
+
+    def _can_commit_state(self) -> bool:
+        return (
+            self.cfg.checkpoint_every > 0
+            and self.unsaved_steps == 0
+            and self.batcher.ledger.dirty
+            and self.ckpt.exists()
+        )
+
+    async def _commit_state(self) -> None:
+        """State-only commit (no step since the last full one): drops become durable."""
+        t0 = time.monotonic()
+        st = self._snapshot()
+        try:
+            self.state = await asyncio.to_thread(self.ckpt.save_state, st)
+        except Exception:
+            self.batcher.ledger.abort_commit()
+            raise
+        await self._ack(self.batcher.ledger.end_commit())
+        self._log_line({"event": "commit", "version": self.version, "dropped": self._dropped()})
+        M_CHECKPOINT_S.labels(kind="state").observe(time.monotonic() - t0)
+
+    async def _final_commit(self) -> None:
+        if self.cfg.checkpoint_every == 0 or not hasattr(self, "batcher"):
+            return
+        try:
+            if self.unsaved_steps > 0:
+                await self._commit_full()
+            elif self.batcher.ledger.dirty and self.ckpt.exists():
+                await self._commit_state()
+            elif self.batcher.ledger.dirty:
+                await self._commit_full()  # nothing saved yet: write the first checkpoint
+        except Exception:
+            log.exception("final checkpoint failed")
+
+    # -- reporting --------------------------------------------------------------------------
+
+    def _dropped(self) -> dict[str, int]:
+        return dict(self.batcher.ledger.counts)
+
+    def _after_step(
+        self,
+        batch: Batch,
+        m: dict[str, float],
+        staleness: list[int],
+        wait_s: float,
+        busy_s: float,
+        bcast_s: float,
+        ckpt_s: float,
+    ) -> None:
+        wall = self._totals["wall_s"] + time.monotonic() - self._t_start
+        self._totals["idle_s"] += wait_s
+        self._totals["samples"] += len(batch.samples)
+        self._totals["tokens"] += m.get("tokens_computed", 0.0)
+        idle_frac = self._totals["idle_s"] / wall if wall > 0 else 0.0
+        M_VERSION.set(self.version)
+        M_STEP_S.observe(m.get("step_time_s", busy_s))
+        M_TOKENS_S.set(m.get("tokens_per_s", 0.0))
+        M_IDLE.set(idle_frac)
+        M_TRAINED.inc(len(batch.samples))
+        for s in staleness:
+            M_STALENESS.observe(s)
+        for k, v in m.items():
+            M_LOSS.labels(name=k).set(v)
+        evals = self._eval_summary()
+        rewards = [s.reward for s in batch.samples]
+        line = {
+            "event": "step",
+            "version": self.version,
+            "step": int(m.get("step", self.version)),
+            "samples": len(batch.samples),
+            "groups": batch.groups,
+            "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
+            "wait_s": wait_s,
+            "busy_s": busy_s,
+            "step_time_s": m.get("step_time_s", 0.0),
+            "tokens_per_s": m.get("tokens_per_s", 0.0),
+            "idle_frac": idle_frac,
+            "broadcast_s": bcast_s,
+            "checkpoint_s": ckpt_s,
+            "committed": self.unsaved_steps == 0,
+            "staleness": {str(k): v for k, v in sorted(Counter(staleness).items())},
+            "dropped": self._dropped(),
+            "in_flight": self.feeder.in_flight,
+            "batcher": self.batcher.stats(),
+            "metrics": m,
+            "rollouts": batch.rollout_ids,
+        }
+        if evals:
+            line["eval"] = evals
+        self._log_line(line)
+        log.info(
+            "version %d: %d samples, loss %.4g, %.0f tok/s, wait %.2fs, idle %.0f%%",
+            self.version,
+            len(batch.samples),
+            m.get("loss/total", m.get("loss/sft", float("nan"))),
+            m.get("tokens_per_s", 0.0),
+            wait_s,
+            100 * idle_frac,
+        )
+
+    def _eval_summary(self) -> dict[str, dict[str, float]]:
+        by: dict[tuple[str, str], list[float]] = {}
+        for s in self.batcher.take_eval_results():
+            by.setdefault((s.suite, s.harness), []).append(s.reward)
+        out = {}
+        for (suite, harness), rs in by.items():
+            mean = sum(rs) / len(rs)
+            M_EVAL.labels(suite=suite, harness=harness).set(mean)
+            out[f"{suite}/{harness}"] = {"mean": mean, "n": len(rs)}
+        return out
+
+    def _log_line(self, obj: dict[str, Any]) -> None:
+        obj = {"time": time.time(), **obj}
+        with open(self.run_dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(obj) + "\n")
+
+
+async def serve(cfg: Any, bus: Bus | None = None) -> int:
+    """Connect, serve ``/metrics``, run the learner until a signal or ``max_steps``."""
+    import signal
+
+    from common.bus import connect
+
+    own_bus = bus is None
+    bus = bus or await connect(cfg.nats, cfg.run)
+    served = await metrics.start_metrics_server(cfg.metrics_port)
+    learner = Learner(cfg, bus)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, learner.stop)
+    try:
+        if served:
+            log.info("metrics on :%d/metrics", served[1])
+        return await learner.run()
+    finally:
+        if served:
+            await served[0].cleanup()
+        if own_bus:
+            await bus.close()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The lines of a ``metrics.jsonl`` (tools and tests)."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    out = []
+    for line in p.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):  # a line cut short by a crash
+            out.append(json.loads(line))
+    return out
+
+
+def effective_steps(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Step lines that survived restarts: a ``start`` line at version v supersedes the earlier
+    step lines with a version above v (those steps were rolled back)."""
+    out: list[dict[str, Any]] = []
+    for line in lines:
+        if line.get("event") == "start":
+            out = [s for s in out if s["version"] <= line["version"]]
+        elif line.get("event") == "step":
+            out.append(line)
+    return out

@@ -1,0 +1,290 @@
+"""Batching: groups, tombstones, minimum size, zero variance, staleness, de-duplication, parts,
+and the ledger's commit protocol (deliveries acked only after a commit).
+
+Deliveries are real: samples go through the in-memory bus (JetStream's semantics) and back.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+
+from common.bus import Bus, Delivery, connect
+from common.records import TreeNode, TreeSample, pack_f32, pack_ids, pack_u8
+from common.tree import expand, split_sample
+from learner.batching import Batcher, BatchRules, Ledger
+from learner.losses import grpo_advantages
+
+VOCAB = 8192
+
+
+def synthetic_sample(
+    group_id: str,
+    k: int,
+    *,
+    reward: float = 0.0,
+    group_size: int = 4,
+    attempt: int = 1,
+    weight_version: int = 0,
+    tombstone: str = "",
+    seed: int | None = None,
+    tokens: int = 12,
+    is_eval: bool = False,
+) -> TreeSample:
+    """A small random tree over the tiny vocabulary: a prompt, then 1-3 model/env branches."""
+    rng = np.random.default_rng(seed if seed is not None else hash((group_id, k, attempt)) % 2**32)
+    rid = f"{group_id}-{k}-{attempt}"
+    common = {
+        "rollout_id": rid,
+        "group_id": group_id,
+        "k": k,
+        "attempt": attempt,
+        "group_size": group_size,
+        "reward": reward,
+        "task_id": "synthetic",
+        "harness": "reference",
+        "is_eval": is_eval,
+    }
+    if tombstone:
+        return TreeSample(**common, dropped_reason=tombstone)
+    nodes = [TreeNode(parent=-1, token_ids=pack_ids(rng.integers(3, VOCAB, tokens)))]
+    for _ in range(int(rng.integers(1, 4))):
+        parent = int(rng.integers(0, len(nodes)))
+        for is_model in (True, False):
+            m = int(rng.integers(2, 6))
+            nodes.append(
+                TreeNode(
+                    parent=parent,
+                    token_ids=pack_ids(rng.integers(3, VOCAB, m)),
+                    logprobs=pack_f32(rng.uniform(-9.5, -8.5, m) if is_model else np.zeros(m)),
+                    loss_mask=pack_u8(np.full(m, int(is_model))),
+                    weight_version=weight_version if is_model else -1,
+                )
+            )
+            parent = len(nodes) - 1
+    return TreeSample(**common, weight_version=weight_version, nodes=nodes)
+
+
+@pytest.fixture
+async def bus() -> Bus:
+    b = await connect(f"memory://{uuid.uuid4().hex}", "t")
+    yield b
+    await b.close()
+
+
+class Harness:
+    """A batcher wired to a bus: publish samples, deliver them, record ends."""
+
+    def __init__(self, bus: Bus, **rules) -> None:
+        self.bus = bus
+        self.ledger = Ledger()
+        self.ends: list[tuple[str, int]] = []
+        self.batcher = Batcher(
+            BatchRules(**rules), self.ledger, on_end=lambda g, k: self.ends.append((g, k))
+        )
+        self.consumer = None
+        self.acked_now: list[Delivery] = []
+
+    async def deliver(self, samples: list[TreeSample], version: int = 0, dup: bool = False):
+        subject = self.bus.subjects.samples
+        for i, s in enumerate(samples):
+            msg_id = f"{s.msg_id()}#{uuid.uuid4().hex}" if dup else None
+            await self.bus.publish(subject, s, msg_id or f"{s.msg_id()}@{i}")
+        if self.consumer is None:
+            self.consumer = await self.bus.consumer("SAMPLES", "learner", TreeSample, ack_wait=60)
+        got = await self.consumer.fetch(len(samples), timeout=1.0)
+        for d in got:
+            self.acked_now += self.batcher.add(d, version)
+        return got
+
+
+def group(gid: str, rewards: list[float], **kw) -> list[TreeSample]:
+    return [
+        synthetic_sample(gid, k, reward=r, group_size=len(rewards), **kw)
+        for k, r in enumerate(rewards)
+    ]
+
+
+async def test_grpo_group_complete_only_when_every_member_ended(bus: Bus) -> None:
+    """Groups become trainable when all members are in; advantages are per group."""
+    h = Harness(bus, batch_groups=2)
+    a, b = group("ga", [0, 1, 1, 0]), group("gb", [0.2, 0.4, 0.6, 0.8])
+    await h.deliver(a[:3] + b)
+    assert h.batcher.take(0) is None  # ga misses member 3
+    await h.deliver(a[3:])
+    batch = h.batcher.take(0)
+    assert batch is not None and batch.groups == 2 and len(batch.samples) == 8
+    by = {s.rollout_id: adv for s, adv in zip(batch.samples, batch.advantages, strict=True)}
+    exp_a, _ = grpo_advantages([0, 1, 1, 0])
+    assert [by[f"ga-{k}-1"] for k in range(4)] == pytest.approx(list(exp_a))
+    assert h.ends == []  # buffered samples still hold feeder capacity
+    h.batcher.trained(batch, 1)
+    assert sorted(h.ends) == sorted([("ga", k) for k in range(4)] + [("gb", k) for k in range(4)])
+    assert set(h.ledger.trained) == {s.rollout_id for s in a + b}
+    assert {"ga", "gb"} <= set(h.ledger.closed)
+
+
+async def test_tombstones_shrink_groups_and_min_size_skips(bus: Bus) -> None:
+    """Tombstoned members shrink a group; below min_group_size the group is skipped, counted."""
+    h = Harness(bus, batch_groups=1, min_group_size=2)
+    g1 = group("g1", [0, 1, 1, 0])
+    g1[3] = synthetic_sample("g1", 3, group_size=4, tombstone="rollout_timeout")
+    g2 = [synthetic_sample("g2", k, group_size=4, tombstone="sandbox") for k in range(3)]
+    g2.append(synthetic_sample("g2", 3, reward=1.0, group_size=4))
+    await h.deliver(g1 + g2)
+    batch = h.batcher.take(0)
+    assert batch is not None and [s.rollout_id for s in batch.samples] == [
+        "g1-0-1",
+        "g1-1-1",
+        "g1-2-1",
+    ]
+    assert h.batcher.take(0) is None
+    assert h.ledger.dropped["g1-3-1"] == "tombstone:rollout_timeout"
+    assert h.ledger.dropped["g2-3-1"] == "group_too_small"
+    assert h.ledger.counts["tombstone:sandbox"] == 3
+    assert "g2" in h.ledger.closed
+
+
+async def test_zero_variance_groups_skipped(bus: Bus) -> None:
+    h = Harness(bus, batch_groups=1)
+    await h.deliver(group("flat", [1, 1, 1, 1]))
+    assert h.batcher.take(0) is None
+    assert h.ledger.counts["zero_variance"] == 4 and "flat" in h.ledger.closed
+
+
+async def test_staleness_dropped_on_arrival_and_before_training(bus: Bus) -> None:
+    """A sample more than max_staleness behind is dropped when it arrives and when its group
+    is about to be trained."""
+    h = Harness(bus, batch_groups=1, max_staleness=2, min_group_size=2)
+    old = group("old", [0, 1, 0, 1], weight_version=0)
+    await h.deliver(old, version=3)
+    assert h.ledger.counts["stale"] == 4
+    waits = group("waits", [0, 1, 0, 1], weight_version=1)
+    await h.deliver(waits, version=3)
+    assert h.batcher.take(4) is None  # 4 - 1 > 2: the whole ready group went stale
+    assert h.ledger.counts["stale"] == 8
+    fresh = group("fresh", [0, 1, 0, 1], weight_version=2)
+    await h.deliver(fresh, version=3)
+    batch = h.batcher.take(4)
+    assert batch is not None and batch.staleness(4) == [2, 2, 2, 2]
+
+
+async def test_duplicates_attempts_and_closed_groups(bus: Bus) -> None:
+    """Same rollout id again rides along; another attempt of a member is ignored; a member of
+    a decided group is ignored; a committed outcome is acked at once."""
+    h = Harness(bus, batch_groups=1)
+    g = group("gd", [0, 1, 0, 1])
+    await h.deliver(g[:2])
+    await h.deliver(g[:1], dup=True)  # the same rollout re-published
+    await h.deliver([synthetic_sample("gd", 1, reward=1, attempt=2)])
+    assert h.ledger.dropped["gd-1-2"] == "duplicate_attempt"
+    assert len(h.batcher.items["gd-0-1"].deliveries) == 2
+    await h.deliver(g[2:])
+    batch = h.batcher.take(0)
+    assert batch is not None and len(batch.samples) == 4
+    assert len(batch.deliveries) == 5
+    h.batcher.trained(batch, 1)
+    assert h.ends.count(("gd", 1)) == 1
+    await h.deliver([synthetic_sample("gd", 2, reward=0, attempt=3)])
+    assert h.ledger.dropped["gd-2-3"] == "group_closed"
+    # not yet committed: a redelivery is held, not acked
+    await h.deliver(g[:1], dup=True)
+    assert h.acked_now == []
+    h.ledger.begin_commit()
+    await h.deliver(g[:1], dup=True)  # during the commit: still held
+    assert h.acked_now == []
+    held = h.ledger.end_commit()
+    assert len(held) == 5 + 1 + 1 + 1  # batch + dup attempt + closed + held redelivery
+    assert len(h.ledger.held) == 1  # the one that arrived during the commit waits for the next
+    await h.deliver(g[:1], dup=True)
+    assert len(h.acked_now) == 1  # committed: acked right away
+
+
+async def test_ack_only_after_commit_removes_from_work_queue(bus: Bus) -> None:
+    """Nothing leaves the SAMPLES work queue before its outcome is committed."""
+    h = Harness(bus, batch_groups=1)
+    await h.deliver(group("gq", [0, 1, 1, 0]))
+    batch = h.batcher.take(0)
+    h.batcher.trained(batch, 1)
+    assert await bus.stream_count("SAMPLES") == 4
+    h.ledger.begin_commit()
+    for d in h.ledger.end_commit():
+        await d.ack()
+    assert await bus.stream_count("SAMPLES") == 0
+
+
+async def test_split_samples_are_joined(bus: Bus) -> None:
+    h = Harness(bus, batch_groups=1, mode="ppo", batch_rollouts=1)
+    big = synthetic_sample("gs", 0, reward=1, group_size=1, tokens=3000, seed=1)
+    parts = split_sample(big, 8 * 1024)
+    assert len(parts) > 1
+    await h.deliver(list(reversed(parts)))
+    batch = h.batcher.take(0)
+    assert batch is not None and len(batch.samples) == 1
+    joined = batch.samples[0]
+    assert joined.n_parts == 1
+    got, exp = expand(joined), expand(big)
+    assert len(got) == len(exp)
+    assert all(np.array_equal(a.ids, b.ids) for a, b in zip(got, exp, strict=True))
+    assert len(batch.deliveries) == len(parts)
+
+
+async def test_ppo_takes_any_fresh_samples(bus: Bus) -> None:
+    """PPO: no groups needed, zero variance is fine; stale and tombstones still dropped."""
+    h = Harness(bus, mode="ppo", batch_rollouts=3, max_staleness=1)
+    samples = [synthetic_sample(f"p{i}", 0, reward=1.0, group_size=1) for i in range(4)]
+    samples.append(synthetic_sample("p9", 0, group_size=1, tombstone="harness_error"))
+    samples.append(synthetic_sample("p8", 0, group_size=1, weight_version=-1))
+    await h.deliver(samples, version=1)
+    batch = h.batcher.take(1)
+    assert batch is not None and batch.advantages is None
+    assert [s.rollout_id for s in batch.samples] == ["p0-0-1", "p1-0-1", "p2-0-1"]
+    assert h.batcher.take(3) is None  # p3 (v0) and p8 (unknown version: kept) -> p3 stale
+    assert h.ledger.dropped["p3-0-1"] == "stale" and "p8-0-1" not in h.ledger.dropped
+
+
+async def test_eval_samples_reported_never_trained(bus: Bus) -> None:
+    h = Harness(bus, batch_groups=1)
+    await h.deliver([synthetic_sample("ev", 0, reward=0.5, group_size=1, is_eval=True)])
+    assert h.batcher.take(0) is None
+    assert [s.reward for s in h.batcher.take_eval_results()] == [0.5]
+    assert h.ledger.dropped["ev-0-1"] == "eval"
+
+
+async def test_group_timeout_closes_incomplete_group(bus: Bus) -> None:
+    h = Harness(bus, batch_groups=1, group_timeout_s=0.01)
+    await h.deliver(group("gt", [0, 1, 1, 0])[:3])
+    import time
+
+    h.batcher.expire(time.monotonic() + 1)
+    batch = h.batcher.take(0)
+    assert batch is not None and len(batch.samples) == 3 and h.batcher.lost_members == 1
+
+
+async def test_malformed_samples_dropped_on_arrival(bus: Bus) -> None:
+    """A tree that would fail every step (ids outside the vocabulary, bad parents) is dropped."""
+    h = Harness(bus, mode="ppo", batch_rollouts=1, vocab_size=VOCAB)
+    bad = synthetic_sample("m", 0, group_size=1)
+    bad.nodes[1].token_ids = pack_ids([VOCAB + 5, 3])
+    bad.nodes[1].logprobs = pack_f32([0, 0])
+    bad.nodes[1].loss_mask = pack_u8([1, 1])
+    orphan = synthetic_sample("o", 0, group_size=1)
+    orphan.nodes[0].parent = 3
+    await h.deliver([bad, orphan])
+    assert h.ledger.dropped == {"m-0-1": "malformed", "o-0-1": "malformed"}
+
+
+async def test_sft_drops_low_reward_and_ignores_staleness(bus: Bus) -> None:
+    h = Harness(bus, mode="sft", batch_rollouts=1, sft_min_reward=0.5, max_staleness=0)
+    await h.deliver(
+        [
+            synthetic_sample("lo", 0, reward=0.2, group_size=1),
+            synthetic_sample("hi", 0, reward=1.0, group_size=1, weight_version=0),
+        ],
+        version=9,
+    )
+    batch = h.batcher.take(9)
+    assert batch is not None and batch.rollout_ids == ["hi-0-1"]
+    assert h.ledger.dropped == {"lo-0-1": "low_reward"}

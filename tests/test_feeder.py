@@ -1,0 +1,125 @@
+"""The feeder: admission control, restart-stable group ids, mix-harness groups, eval rounds."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from common.bus import Bus, connect
+from common.records import TaskRequest
+from learner.config import FeederConfig
+from learner.feeder import Feeder
+
+
+@pytest.fixture
+async def bus() -> Bus:
+    b = await connect(f"memory://{uuid.uuid4().hex}", "t")
+    yield b
+    await b.close()
+
+
+def feeder(bus: Bus, state=None, **cfg) -> Feeder:
+    return Feeder(
+        bus,
+        FeederConfig(**cfg),
+        group_size=4,
+        batch_rollouts=8,
+        max_staleness=1,
+        state=state,
+    )
+
+
+async def tasks(bus: Bus) -> list[TaskRequest]:
+    return await bus.read_subject(bus.subjects.tasks, TaskRequest)
+
+
+async def test_admission_control_caps_rollouts_in_flight(bus: Bus) -> None:
+    """In flight <= (max_staleness + 1) * batch; only an ended member frees capacity."""
+    f = feeder(bus)
+    assert f.capacity == 16
+    assert await f.top_up(0) == 4
+    assert await f.top_up(0) == 0
+    reqs = await tasks(bus)
+    assert len(reqs) == 16 and f.in_flight == 16
+    assert {r.msg_id() for r in reqs} == {f"task:{r.group_id}:{r.k}" for r in reqs}
+    gid = reqs[0].group_id
+    for k in range(3):
+        f.on_ended(gid, k)
+    f.on_ended(gid, 0)  # idempotent
+    assert f.in_flight == 13 and await f.top_up(1) == 0
+    f.on_ended(gid, 3)
+    assert await f.top_up(1) == 1
+    new = (await tasks(bus))[16:]
+    assert [r.k for r in new] == [0, 1, 2, 3] and {r.issued_version for r in new} == {1}
+    assert all(r.group_size == 4 and r.task_hash for r in new)
+
+
+async def test_group_ids_stable_across_restart(bus: Bus) -> None:
+    """A feeder restored from a checkpoint re-issues later groups with the same ids and
+    contents (the bus drops them as duplicates), and continues the counter."""
+    f = feeder(bus)
+    await f.top_up(0)
+    saved = f.state()  # the checkpoint: 4 groups issued
+    for r in await tasks(bus):  # the groups end; more are issued after the checkpoint
+        f.on_ended(r.group_id, r.k)
+    await f.top_up(1)
+    before = await tasks(bus)
+    assert len(before) == 32
+    ended_early = before[16]  # a member of group 4 ends before the restart re-issues it
+    g = feeder(bus, state=saved)
+    assert g.epoch == f.epoch and g.next_group == 4
+    g.on_ended(ended_early.group_id, ended_early.k)
+    for r in before[:16]:
+        g.on_ended(r.group_id, r.k)
+    assert await g.top_up(1) == 4
+    after = await tasks(bus)
+    assert len(after) == 32  # re-issued groups were de-duplicated by msg id
+    assert [(r.group_id, r.task_id, r.harness) for r in after] == [
+        (r.group_id, r.task_id, r.harness) for r in before
+    ]
+    assert g.in_flight == 15  # the early ending was applied at re-issue
+    assert g.state()["next_group"] == 8
+
+
+async def test_fresh_lineage_gets_fresh_ids(bus: Bus) -> None:
+    a, b = feeder(bus), feeder(bus)
+    await a.top_up(0)
+    await b.top_up(0)
+    assert a.epoch != b.epoch and len(await tasks(bus)) == 32
+
+
+async def test_mix_harness_issues_one_group_per_harness(bus: Bus) -> None:
+    f = feeder(bus, harnesses=["reference", "command"], harness_cmd="echo hi", shuffle=False)
+    await f.top_up(0)
+    reqs = await tasks(bus)
+    groups = {r.group_id: (r.task_id, r.harness, r.harness_cmd) for r in reqs}
+    assert list(groups.values())[:2] == [
+        (reqs[0].task_id, "reference", ""),
+        (reqs[0].task_id, "command", "echo hi"),
+    ]
+    assert len(groups) == 4
+
+
+async def test_eval_rounds_every_k_versions_outside_admission(bus: Bus) -> None:
+    f = feeder(bus, eval_suite="toy-eval", eval_every=2)
+    await f.top_up(0)
+    reqs = await tasks(bus)
+    evals = [r for r in reqs if r.is_eval]
+    assert len(evals) == len(f.eval_pairs) > 0 and {r.suite for r in evals} == {"toy-eval"}
+    assert f.in_flight == 16  # eval rollouts do not take training capacity
+    await f.top_up(1)
+    assert len([r for r in await tasks(bus) if r.is_eval]) == len(evals)
+    await f.top_up(2)
+    assert len([r for r in await tasks(bus) if r.is_eval]) == 2 * len(evals)
+
+
+async def test_unknown_suite_is_an_error(bus: Bus) -> None:
+    with pytest.raises(Exception, match="unknown suite"):
+        feeder(bus, suites=["no-such-suite"])
+
+
+async def test_disabled_feeder_issues_nothing(bus: Bus) -> None:
+    f = feeder(bus, enabled=False)
+    assert await f.top_up(0) == 0 and await tasks(bus) == []
+    f.on_ended("someone_else_1", 0)  # samples of groups it never issued are fine

@@ -1,0 +1,258 @@
+"""The learner service end to end on CPU DeepSpeed.
+
+* In process, with its feeder and fake actors answering TaskRequests with synthetic samples:
+  versions advance, admission control holds, weights are broadcast, metrics.jsonl is written,
+  and a resumed learner continues the version counter and the group ids.
+* As a subprocess (``python -m learner.learner_cmd``) on a real nats-server: the test publishes
+  its own numbered samples and keeps a ledger, SIGKILLs the learner mid-run, restarts it with
+  ``--resume``, and checks that the version continues and every ledger sample was trained
+  exactly once or dropped with the expected reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from common.bus import Bus, connect
+from common.procs import popen_child
+from common.records import TaskRequest, WeightsReady
+from learner.checkpoint import Checkpointer
+from learner.config import LearnerConfig
+from learner.service import Learner, effective_steps, read_metrics
+from learner.weights import WeightUpdater
+from tests.test_batching import synthetic_sample
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ------------------------------------------------------------------------------------------
+# in process, with the feeder
+# ------------------------------------------------------------------------------------------
+
+
+async def fake_actors(bus: Bus, learner: Learner, seen: list[TaskRequest], outstanding: list):
+    """Answer every TaskRequest with a synthetic sample made at the learner's version."""
+    consumer = await bus.consumer("TASKS", "actors", TaskRequest, ack_wait=30)
+    while True:
+        for d in await consumer.fetch(16, timeout=0.2):
+            t = d.record
+            seen.append(t)
+            outstanding.append(len(seen) - len(outstanding))
+            reward = float((hash((t.group_id, t.k)) % 3) / 2)
+            s = synthetic_sample(
+                t.group_id,
+                t.k,
+                reward=reward,
+                group_size=t.group_size,
+                weight_version=learner.version,
+            )
+            await bus.publish(bus.subjects.samples, s)
+            await d.ack()
+
+
+def in_process_config(tmp_path: Path, **kw) -> LearnerConfig:
+    base = {
+        "model": "tiny-1m",
+        "run": "t",
+        "run_dir": str(tmp_path / "run"),
+        "metrics_port": -1,
+        "group_size": 2,
+        "min_group_size": 2,
+        "batch_groups": 2,
+        "max_staleness": 1,
+        "checkpoint_every": 2,
+        "pack": {"max_tokens": 128},
+        "ds": {"lr": 1e-4},
+    }
+    return LearnerConfig.model_validate({**base, **kw})
+
+
+async def test_in_process_feeder_learner_broadcast_and_resume(tmp_path: Path) -> None:
+    bus = await connect(f"memory://{uuid.uuid4().hex}", "t")
+    cfg = in_process_config(tmp_path, max_steps=3)
+    learner = Learner(cfg, bus)
+    seen: list[TaskRequest] = []
+    issued_minus_done: list[int] = []
+    actors = asyncio.create_task(fake_actors(bus, learner, seen, issued_minus_done))
+    try:
+        assert await asyncio.wait_for(learner.run(), 240) == 0
+        assert learner.version == 3
+        capacity = (cfg.max_staleness + 1) * cfg.batch_rollouts
+        steps = [
+            m for m in read_metrics(tmp_path / "run" / "metrics.jsonl") if m["event"] == "step"
+        ]
+        assert [m["version"] for m in steps] == [1, 2, 3]
+        assert all(m["in_flight"] <= capacity for m in steps)
+        assert all(int(k) <= cfg.max_staleness for m in steps for k in m["staleness"])
+        assert all(m["metrics"]["tokens_computed"] > 0 for m in steps)
+        ready = await bus.read_subject(bus.subjects.weights_ready, WeightsReady)
+        assert [r.version for r in ready] == [1, 2, 3]
+        assert {t.task_id for t in seen} and all(not t.is_eval for t in seen)
+        state = Checkpointer(tmp_path / "run" / "checkpoints").read()
+        assert state is not None and state.version == 3  # the final commit at exit
+        epoch = state.feeder["epoch"]
+        # resume: the counter and the group ids continue
+        cfg2 = in_process_config(tmp_path, max_steps=1, resume=True)
+        learner2 = Learner(cfg2, bus, engine=learner.engine)
+        actors.cancel()
+        actors = asyncio.create_task(fake_actors(bus, learner2, seen, issued_minus_done))
+        n_before = len(seen)
+        assert await asyncio.wait_for(learner2.run(), 240) == 0
+        assert learner2.version == 4 and learner2.feeder.epoch == epoch
+        new_ids = {t.group_id for t in seen[n_before:]}
+        counters = sorted(int(g.split("_")[1]) for g in new_ids)
+        assert counters and counters[0] == state.feeder["next_group"]
+    finally:
+        actors.cancel()
+        await bus.close()
+
+
+# ------------------------------------------------------------------------------------------
+# subprocess, SIGKILL, --resume
+# ------------------------------------------------------------------------------------------
+
+
+def start_learner(nats_url: str, run: str, run_dir: Path, *extra: str) -> subprocess.Popen:
+    argv = [
+        sys.executable, "-m", "learner.learner_cmd",
+        "--nats", nats_url, "--run", run, "--model", "tiny-1m", "--algo", "grpo",
+        "--no-feeder.enabled", "--group-size", "4", "--min-group-size", "2",
+        "--batch-groups", "1", "--max-staleness", "2", "--run-dir", str(run_dir),
+        "--checkpoint-every", "1", "--ack-wait", "4", "--metrics-port", "-1",
+        "--pack.max-tokens", "256", "--ds.lr", "1e-4", "--log-level", "warning", "--threads", "1",
+        *extra,
+    ]  # fmt: skip
+    log = open(run_dir.parent / f"learner-{time.time():.0f}.log", "a")  # noqa: SIM115
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return popen_child(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def wait_for(pred, timeout: float, proc: subprocess.Popen | None = None, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"learner exited with {proc.returncode} while waiting for {what}")
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def grpo_group(gid: str, rewards: list[float], version: int, **kw) -> list:
+    return [
+        synthetic_sample(gid, k, reward=r, group_size=len(rewards), weight_version=version, **kw)
+        for k, r in enumerate(rewards)
+    ]
+
+
+async def publish(bus: Bus, samples: list) -> None:
+    await bus.publish_many([(bus.subjects.samples, s, s.msg_id()) for s in samples])
+
+
+async def test_sigkill_and_resume_trains_every_sample_once(
+    nats_url: str, run_name: str, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    ckpt = Checkpointer(run_dir / "checkpoints")
+    bus = await connect(nats_url, run_name)
+    expected_drop: dict[str, str] = {}
+    ledger: list[str] = []
+
+    def add(samples: list, drop: str = "") -> list:
+        for s in samples:
+            ledger.append(s.rollout_id)
+            if drop:
+                expected_drop[s.rollout_id] = drop
+        return samples
+
+    # wave 1: 8 trainable groups (group i generated at version i), a zero-variance group, a
+    # group of 3 tombstones + 1 sample, a second attempt of a member, and a re-published sample
+    wave1: list = []
+    for i in range(8):
+        wave1 += add(grpo_group(f"ok{i}", [0, 1, 0.5, 0.25], i))
+    wave1 += add(grpo_group("flat", [1, 1, 1, 1], 0), "zero_variance")
+    small = grpo_group("small", [0, 1, 0, 1], 0)
+    for k in range(3):
+        small[k] = synthetic_sample("small", k, group_size=4, tombstone="rollout_timeout")
+        add([small[k]], "tombstone:rollout_timeout")
+    wave1 += small + add([small[3]], "group_too_small")
+    wave1 += add(
+        [synthetic_sample("ok0", 2, reward=1, attempt=2, weight_version=0)], "duplicate_attempt"
+    )
+    await publish(bus, wave1)
+    await bus.publish(bus.subjects.samples, wave1[5], "sample:again")  # same rollout id twice
+
+    try:
+        proc = start_learner(nats_url, run_name, run_dir)
+        version_at = lambda: ckpt.read().version if ckpt.exists() else 0  # noqa: E731
+        wait_for(lambda: version_at() >= 3, 150, proc, "version 3")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        killed_at = version_at()
+        assert killed_at < 8, "the learner finished before it could be killed mid-run"
+
+        # wave 2: two more groups, and a group that is stale by the time it arrives
+        wave2 = add(grpo_group("late0", [0, 1, 1, 0], 8)) + add(
+            grpo_group("late1", [1, 0, 1, 0], 9)
+        )
+        wave2 += add(grpo_group("stale", [0, 1, 0, 1], 0), "stale")
+        await publish(bus, wave2)
+
+        proc = start_learner(nats_url, run_name, run_dir, "--resume")
+
+        def all_decided() -> bool:
+            st = ckpt.read() if ckpt.exists() else None
+            if st is None:
+                return False
+            done = set(st.ledger["trained"]) | set(st.ledger["dropped"])
+            return done >= set(ledger)
+
+        wait_for(all_decided, 150, proc, "every ledger sample decided")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+    state = ckpt.read()
+    trained, dropped = state.ledger["trained"], state.ledger["dropped"]
+    assert set(trained).isdisjoint(dropped)
+    assert set(trained) | set(dropped) == set(ledger)
+    assert {rid: dropped[rid] for rid in expected_drop} == expected_drop
+    assert set(trained) == set(ledger) - set(expected_drop)
+    # the version continued across the kill, and every trained sample appears in exactly one
+    # surviving step, the one whose version the ledger recorded
+    lines = read_metrics(run_dir / "metrics.jsonl")
+    starts = [m for m in lines if m["event"] == "start"]
+    assert [s["resumed"] for s in starts] == [False, True] and starts[1]["version"] == killed_at
+    steps = effective_steps(lines)
+    assert [s["version"] for s in steps] == list(range(1, len(steps) + 1))
+    assert state.version == len(steps) == 10
+    first_after = next(m for m in lines[lines.index(starts[1]) :] if m["event"] == "step")
+    assert first_after["version"] == killed_at + 1
+    seen = [rid for s in steps for rid in s["rollouts"]]
+    assert sorted(seen) == sorted(trained)
+    assert all(trained[rid] == s["version"] for s in steps for rid in s["rollouts"])
+    # everything was acknowledged: nothing is left for a next learner
+    assert await bus.stream_count("SAMPLES") == 0
+    # a fresh updater receives the newest broadcast version intact (no chunks of lost steps)
+    applied: list[int] = []
+
+    async def apply(path: str, version: int) -> None:
+        applied.append(version)
+
+    upd = WeightUpdater(bus, apply, tmp_path / "sync", durable="check", read_retries=0)
+    assert await upd.poll(timeout=5.0) == state.version and applied == [state.version]
+    await bus.close()

@@ -1,0 +1,277 @@
+"""Weight broadcast: the stream transport end to end over a real nats-server (chunking, digest,
+purging, a half-received version never applied), and the learner -> embedded engine paths
+(stream via the updater, and SGLang's distributed update over gloo): after an update the
+engine's log-probs for a fixed prompt+output equal the learner's own forward pass."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from common.bus import Bus, connect
+from common.models import load_model, resolve_model
+from common.records import (
+    TreeNode,
+    TreeSample,
+    WeightChunk,
+    WeightsReady,
+    encode,
+    pack_ids,
+    pack_u8,
+)
+from learner.weights import (
+    DistributedPublisher,
+    StreamPublisher,
+    WeightUpdater,
+    chunk,
+    engine_apply,
+    serialize,
+    weights_digest,
+)
+
+TOL = 1e-4
+
+
+@pytest.fixture
+async def bus(nats_url: str, run_name: str) -> Bus:
+    b = await connect(nats_url, run_name)
+    yield b
+    await b.close()
+
+
+def random_state(seed: int = 0, n: int = 5) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {f"layer{i}.weight": torch.randn(64, 1000 + i, generator=g) for i in range(n)}
+
+
+class Recorder:
+    """An ``ApplyFn`` that records what it was asked to load."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    async def __call__(self, path: str, version: int) -> None:
+        self.calls.append((path, version))
+
+
+async def test_stream_round_trip_chunks_digest_and_purge(bus: Bus, tmp_path: Path) -> None:
+    """Chunks <= chunk_bytes; the updater reassembles, verifies and writes the exact tensors;
+    only the newest keep_versions data subjects stay stored."""
+    from safetensors.torch import load_file
+
+    pub = StreamPublisher(bus, config_json='{"model_type": "x"}', chunk_bytes=64 * 1024, keep=2)
+    rec = Recorder()
+    upd = WeightUpdater(bus, rec, tmp_path / "sync", durable="upd", read_retries=0)
+    states = {v: random_state(v) for v in (1, 2, 3)}
+    for v, st in states.items():
+        ready = await pub.publish(v, v, st)
+        assert ready.n_chunks == -(-ready.total_bytes // (64 * 1024)) > 10
+    chunks = await bus.read_subject(bus.subjects.weights_data(3), WeightChunk)
+    assert max(len(c.data) for c in chunks) <= 64 * 1024
+    assert await bus.stream_count("WEIGHTS", bus.subjects.weights_data(1)) == 0
+    assert await bus.stream_count("WEIGHTS", bus.subjects.weights_data(2)) > 0
+    assert await upd.poll(timeout=2.0) == 3  # the newest waiting version wins
+    assert rec.calls[-1][1] == 3 and upd.applied_version == 3
+    folder = Path(rec.calls[-1][0])
+    got = load_file(str(folder / "model.safetensors"))
+    assert all(torch.equal(got[k], states[3][k]) for k in states[3])
+    assert (folder / "config.json").read_text() == '{"model_type": "x"}'
+
+
+async def test_half_received_version_is_never_applied(bus: Bus, tmp_path: Path) -> None:
+    """A version with a missing chunk or a wrong digest is skipped; the next complete one is
+    applied."""
+    rec = Recorder()
+    upd = WeightUpdater(bus, rec, tmp_path, durable="upd", read_retries=1, retry_delay_s=0.05)
+    data = serialize(random_state(7))
+    parts = chunk(data, 16 * 1024)
+    subject = bus.subjects.weights_data(5)
+    for i, p in enumerate(parts[:-1]):  # the last chunk never arrives
+        rec_ = WeightChunk(version=5, index=i, n_chunks=len(parts), data=p)
+        await bus.publish(subject, encode(rec_, compress=False), rec_.msg_id())
+    ready = WeightsReady(
+        version=5, n_chunks=len(parts), total_bytes=len(data), digest=weights_digest(data)
+    )
+    await bus.publish(bus.subjects.weights_ready, ready)
+    assert await upd.poll(timeout=2.0) is None
+    assert rec.calls == [] and upd.rejected == {5: "missing_chunks"}
+    # every chunk present, but the digest announces other bytes
+    pub = StreamPublisher(bus, chunk_bytes=16 * 1024)
+    await pub.publish_bytes(6, 6, data)
+    bad = WeightsReady(
+        version=7, n_chunks=len(parts), total_bytes=len(data), digest=weights_digest(b"x")
+    )
+    for c in await bus.read_subject(bus.subjects.weights_data(6), WeightChunk):
+        c7 = WeightChunk(version=7, index=c.index, n_chunks=c.n_chunks, data=c.data)
+        await bus.publish(bus.subjects.weights_data(7), encode(c7, compress=False), c7.msg_id())
+    await bus.publish(bus.subjects.weights_ready, bad)
+    assert await upd.poll(timeout=2.0) is None
+    assert upd.rejected[7] == "digest_mismatch" and rec.calls == []
+    await pub.publish_bytes(8, 8, data)
+    assert await upd.poll(timeout=2.0) == 8 and [v for _, v in rec.calls] == [8]
+    assert await upd.poll(timeout=0.2) is None  # nothing older is applied afterwards
+
+
+async def test_disk_transport_folder_is_applied_in_place(bus: Bus, tmp_path: Path) -> None:
+    """``disk``: an atomic HF folder per version (config + tokenizer files + weights), older
+    folders removed; the updater hands the path itself to the engine."""
+    from learner.weights import DiskPublisher
+
+    model_dir = resolve_model("tiny-1m")
+    pub = DiskPublisher(bus, tmp_path / "w", model_dir=model_dir, keep=2)
+    for v in (1, 2, 3):
+        ready = await pub.publish(v, v, random_state(v, n=2))
+    assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["v000000002", "v000000003"]
+    folder = Path(ready.path)
+    assert (folder / "config.json").exists() and (folder / "tokenizer.json").exists()
+    assert resolve_model(str(folder)) == folder
+    rec = Recorder()
+    upd = WeightUpdater(bus, rec, tmp_path / "sync", durable="disk")
+    assert await upd.poll(timeout=2.0) == 3 and rec.calls == [(str(folder), 3)]
+
+
+# ------------------------------------------------------------------------------------------
+# learner -> embedded engine
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def learner():
+    """A DeepSpeed learner on tiny-1m that has taken SFT steps (its weights moved)."""
+    from learner.ds_engine import EngineConfig, LearnerEngine
+    from learner.losses import LossConfig
+
+    return LearnerEngine("tiny-1m", EngineConfig(lr=1e-2, grad_clip=0), LossConfig(algo="sft"))
+
+
+def sft_step(learner, seed: int) -> None:
+    from learner.packing import PackConfig, pack
+
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(3, 8000, 40)
+    s = TreeSample(
+        rollout_id=f"s-0-{seed + 1}",
+        group_id="s",
+        k=0,
+        nodes=[TreeNode(parent=-1, token_ids=pack_ids(ids), loss_mask=pack_u8(np.ones(40)))],
+    )
+    learner.train_step(pack([s], PackConfig(max_tokens=64)).rows)
+
+
+def learner_logprobs(learner, prompt: list[int], output: list[int]) -> np.ndarray:
+    """The learner's own forward pass (packed tree path) over prompt + output."""
+    from learner.packing import PackConfig, pack
+
+    s = TreeSample(
+        rollout_id="q-0-1",
+        group_id="q",
+        k=0,
+        nodes=[
+            TreeNode(parent=-1, token_ids=pack_ids(prompt)),
+            TreeNode(parent=0, token_ids=pack_ids(output), loss_mask=pack_u8(np.ones(len(output)))),
+        ],
+    )
+    return learner.logprobs(pack([s], PackConfig(max_tokens=256)).rows)[0]
+
+
+def reference_logprobs(model, prompt: list[int], output: list[int]) -> np.ndarray:
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + output])).logits[0].float()
+    lp = torch.log_softmax(logits[len(prompt) - 1 : -1], -1)
+    return lp.gather(1, torch.tensor(output)[:, None])[:, 0].numpy()
+
+
+async def check_engine_matches(client, learner, base, version: int) -> None:
+    prompt = list(range(100, 120))
+    res = await client.generate(
+        prompt, {"max_new_tokens": 12, "temperature": 1.0, "ignore_eos": True, "sampling_seed": 3}
+    )
+    assert res.weight_version_end == version
+    mine = learner_logprobs(learner, prompt, res.output_ids)
+    assert np.abs(np.asarray(res.logprobs) - mine).max() < TOL
+    old = reference_logprobs(base, prompt, res.output_ids)
+    assert np.abs(np.asarray(res.logprobs) - old).max() > 1e-3
+
+
+async def test_learner_versions_reach_embedded_engine(learner, bus: Bus, tmp_path: Path) -> None:
+    """stream (updater -> update_weights_from_disk) then distributed (gloo, two buckets): each
+    time the engine's log-probs equal the learner's forward of the new weights and differ from
+    the base model; a corrupt version in between leaves the engine where it was."""
+    from proxy.config import EngineConfig
+    from proxy.engine import EngineServer
+    from proxy.sglang import EngineClient
+
+    base = load_model(resolve_model("tiny-1m")).requires_grad_(False)
+    cfg = EngineConfig(model="tiny-1m", port=0, threads=1)
+    async with EngineServer(cfg) as srv, EngineClient(srv.url) as client:
+        config_json = learner.policy.lm.config.to_json_string()
+        pub = StreamPublisher(bus, config_json=config_json)
+        upd = WeightUpdater(
+            bus,
+            engine_apply(client),
+            tmp_path / "sync",
+            durable="engine",
+            applied_version=await client.weight_version(),
+        )
+        sft_step(learner, 1)
+        await pub.publish(1, 1, learner.state_dict_for_broadcast(torch.float32))
+        assert await upd.poll(timeout=5.0) == 1
+        await check_engine_matches(client, learner, base, 1)
+
+        bad = WeightsReady(version=2, n_chunks=3, total_bytes=10, digest="00")
+        await bus.publish(bus.subjects.weights_ready, bad)
+        upd.read_retries = 0
+        assert await upd.poll(timeout=2.0) is None
+        assert await client.weight_version() == 1
+
+        sft_step(learner, 2)
+        named = learner.state_dict_for_broadcast(torch.float32)
+        dist = DistributedPublisher(bus, [srv.url], bucket_bytes=2 << 20, timeout_s=60)
+        try:
+            ready = await asyncio.wait_for(dist.publish(3, 3, named), 120)
+            assert ready.transport == "distributed"
+            await check_engine_matches(client, learner, base, 3)
+        finally:
+            await dist.close()
+
+
+async def test_weights_sync_command_applies_versions(
+    bus: Bus, nats_url: str, tmp_path: Path
+) -> None:
+    """``harnessrl weights-sync`` (as ``python -m learner.weights_sync_cmd``) applies a streamed
+    version to an engine and reports it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from proxy.config import EngineConfig
+    from proxy.engine import EngineServer, load_state_dict
+    from proxy.sglang import EngineClient
+
+    root = Path(__file__).resolve().parent.parent
+    new = load_state_dict(resolve_model("tiny-1m@seed1"))
+    cfg = EngineConfig(model="tiny-1m", port=0, threads=1)
+    async with EngineServer(cfg) as srv, EngineClient(srv.url) as client:
+        argv = [sys.executable, "-m", "learner.weights_sync_cmd", "--nats", nats_url]
+        argv += ["--run", bus.run, "--engine", srv.url, "--work-dir", str(tmp_path)]
+        argv += ["--metrics-port", "-1"]
+        env = {**os.environ, "PYTHONPATH": str(root)}
+        proc = subprocess.Popen(argv, cwd=root, env=env, stderr=subprocess.PIPE, text=True)
+        try:
+            config_json = (resolve_model("tiny-1m") / "config.json").read_text()
+            await StreamPublisher(bus, config_json=config_json).publish(4, 4, new)
+            for _ in range(600):
+                if await client.weight_version() == 4:
+                    break
+                await asyncio.sleep(0.1)
+            assert await client.weight_version() == 4
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert "applied weight version 4" in err
