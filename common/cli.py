@@ -45,12 +45,14 @@ COMMANDS: dict[str, Command] = {
         "learner.learner_cmd",
         7,
     ),
-    "run": Command("start a whole training run (all processes) from one config", None, 8),
+    "run": Command(
+        "start a whole training run (all processes) from one config", "common.run_cmd", 8
+    ),
     "demo": Command("the built-in end-to-end demo: SFT then RL on the toy suite", None, 8),
     "rollout": Command(
         "run a single rollout by hand and print its score and tree", "actors.rollout_cmd", 5
     ),
-    "eval": Command("evaluate policies on a task suite across harnesses", None, 8),
+    "eval": Command("evaluate policies on a task suite across harnesses", "common.eval_cmd", 8),
     "tasks": Command("list, show, import and lint tasks", "actors.tasks_cmd", 5),
     "harness": Command("install and list harness adapters", "actors.harness_cmd", 5),
     "weights-sync": Command(

@@ -1,0 +1,139 @@
+"""``harnessrl run``'s own config: the ``[run]`` table of a run TOML file.
+
+A run file holds one table per process, each read by that process itself (its ``SECTION``)::
+
+    [run]            # this model: which processes, how many, restart policies, budget
+    [engine]         # harnessrl engine   (proxy.config.EngineConfig)
+    [actor]          # harnessrl actor    (actors.config.ActorConfig)
+    [assembler]      # harnessrl assembler
+    [learner]        # harnessrl learner  (learner.config.LearnerConfig, with [learner.feeder]...)
+    [weights_sync]   # harnessrl weights-sync
+
+The supervisor passes the file to every child with ``--config`` and adds only what it decides
+itself as flags (NATS URL, run name, engine URLs, ports, names, folders, ``--max-steps``), so
+each child's command line in ``commands.sh`` is exactly what a user would type by hand.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from common.config import HrlModel
+from common.records import check_token
+
+OnExit = Literal["restart", "stop", "ignore"]
+
+ROLES = ("nats", "engine", "weights_sync", "assembler", "learner", "actor")
+"""Process roles, in start order."""
+
+
+class OnExitPolicy(HrlModel):
+    """What the supervisor does when a process of each role exits unexpectedly."""
+
+    nats: OnExit = "stop"
+    """The embedded nats-server (its file store keeps acked data, but every process reconnects:
+    stopping is the safe default)."""
+    engine: OnExit = "restart"
+    """Embedded engines (restarted with the newest weights their updater received)."""
+    weights_sync: OnExit = "restart"
+    """Weight updaters (one per engine)."""
+    assembler: OnExit = "restart"
+    """The assembler (unacked results are redelivered to the new one)."""
+    learner: OnExit = "stop"
+    """The learner; ``restart`` continues from its last checkpoint (``--resume``)."""
+    actor: OnExit = "restart"
+    """Actors (their unfinished tasks are redelivered as new attempts)."""
+
+
+class RunConfig(HrlModel):
+    """``harnessrl run``: start and watch every process of a training run on this machine."""
+
+    name: str = "run"
+    """Run name: namespaces every subject and stream (``hrl.<name>.…``)."""
+    out: Path | None = None
+    """Run folder (config, logs, metrics.jsonl, checkpoints, plot); empty: ``runs/<name>``."""
+    steps: int = Field(20, ge=1, le=100_000_000)
+    """Learner optimiser steps (weight versions) after which the run ends."""
+    resume: bool = False
+    """Continue the run in ``out`` (the learner resumes from its checkpoint; the remaining
+    steps are ``steps`` minus its version)."""
+    nats: str = ""
+    """URL of an existing NATS server; empty starts an embedded nats-server in
+    ``<out>/nats``."""
+    engines: list[str] = []
+    """URLs of existing engines (SGLang or ``harnessrl engine``; ``--engine URL``, repeat for
+    several); empty starts ``num_engines`` embedded engines."""
+    num_engines: int = Field(1, ge=1, le=64)
+    """Embedded engines to start (when ``engines`` is empty)."""
+    engine_kind: Literal["embedded", "teacher"] = "embedded"
+    """What the embedded engines are: ``harnessrl engine`` (the ``[engine]`` table), or the
+    scripted toy teacher (``python -m proxy.teacher_engine``; cold-start SFT data)."""
+    teacher_suites: list[str] = ["toy", "toy-eval"]
+    """``engine_kind = "teacher"``: suites whose tasks the teacher recognises."""
+    weights_sync: bool = True
+    """Start a ``harnessrl weights-sync`` per engine that applies the learner's broadcast
+    versions (off for external engines updated another way). A teacher engine only takes the
+    version number, so its samples are never counted as stale."""
+    actors: int = Field(2, ge=0, le=1024)
+    """Actor processes (each runs ``[actor] concurrency`` rollouts at once)."""
+    on_exit: OnExitPolicy = Field(default_factory=OnExitPolicy)
+    """Per-role policy for a process that exits unexpectedly."""
+    max_restarts: int = Field(5, ge=0, le=10_000)
+    """A process that dies more than this many times within ``restart_window_s`` stops the
+    run."""
+    restart_window_s: float = Field(300.0, gt=0, le=86_400)
+    """Window over which deaths are counted for ``max_restarts``."""
+    restart_backoff_s: float = Field(1.0, ge=0, le=600)
+    """Delay before the first restart of a process; doubles with each death in the window (at
+    most 30 s)."""
+    startup_timeout_s: float = Field(600.0, gt=0, le=86_400)
+    """How long a process may take to report ready at start (engines build the tiny model on
+    first use)."""
+    stop_timeout_s: float = Field(60.0, gt=0, le=3600)
+    """Seconds between SIGTERM and SIGKILL when stopping a process (actors finish in-flight
+    rollouts for their ``shutdown_grace_s``, the learner commits a checkpoint)."""
+    drain_timeout_s: float = Field(60.0, ge=0, le=86_400)
+    """After the learner's last step, keep actors and assembler running until every issued
+    rollout ended as a sample or a tombstone, for at most this long (0: stop at once)."""
+    scrape_interval_s: float = Field(2.0, gt=0, le=3600)
+    """Seconds between reads of the processes' ``/metrics``, engines' weight versions and
+    stream depths."""
+    rollup_interval_s: float = Field(10.0, gt=0, le=86_400)
+    """Seconds between the supervisor's ``rollup`` lines in ``metrics.jsonl``."""
+    plot_interval_s: float = Field(30.0, ge=0, le=86_400)
+    """Seconds between redraws of ``plot.png`` (0: only at the end)."""
+    dashboard: bool = True
+    """Live terminal dashboard (rich); off, or when stdout is not a terminal, a plain status
+    line every ``status_interval_s``."""
+    status_interval_s: float = Field(15.0, gt=0, le=86_400)
+    """Seconds between plain status lines (no dashboard)."""
+    host: str = "127.0.0.1"
+    """Address the embedded nats-server and engines listen on (reachable by every process)."""
+    python: str = ""
+    """Python interpreter for the child processes; empty: the one running ``harnessrl run``."""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_token(v, "run name")
+
+    @field_validator("nats")
+    @classmethod
+    def _nats(cls, v: str) -> str:
+        if v and not v.startswith(("nats://", "tls://", "ws://", "wss://")):
+            raise ValueError("must be a nats:// URL (or empty for an embedded server)")
+        return v
+
+    @field_validator("engines")
+    @classmethod
+    def _engines(cls, v: list[str]) -> list[str]:
+        for url in v:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"engine URL {url!r} must start with http:// or https://")
+        return v
+
+    def run_dir(self) -> Path:
+        return Path(self.out) if self.out else Path("runs") / self.name

@@ -1,0 +1,162 @@
+"""``harnessrl run`` end to end, as a subprocess on a tiny budget: a real nats-server, the
+embedded engine with its weights-sync updater, two actors running the reference harness in
+bubblewrap sandboxes, the assembler and the DeepSpeed learner (PPO: a random tiny model scores
+0 everywhere, which gives GRPO groups no variance to learn from, while PPO trains on any
+sample). Everything is asserted from what the run recorded."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from common.config import undocumented_fields
+from common.procs import pid_alive
+from common.run_config import RunConfig
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS = 2
+
+RUN_FILE = """
+[run]
+name = "e2e"
+steps = {steps}
+actors = 2
+dashboard = false
+status_interval_s = 5
+scrape_interval_s = 1
+rollup_interval_s = 5
+plot_interval_s = 20
+drain_timeout_s = 90
+stop_timeout_s = 30
+
+[engine]
+model = "tiny"
+max_batch_size = 8
+
+[actor]
+model = "tiny"
+concurrency = 2
+max_turns = 2
+max_new_tokens = 32
+harness_timeout_s = 120
+install_harnesses = false
+shutdown_grace_s = 5
+sandbox_root = "{sandboxes}"
+
+[assembler]
+
+[learner]
+model = "tiny"
+algo = "ppo"
+group_size = 2
+batch_groups = 1
+max_staleness = 1
+
+[learner.ds]
+lr = 1e-4
+
+[learner.feeder]
+suites = ["toy"]
+harnesses = ["reference"]
+
+[weights_sync]
+"""
+
+
+def test_run_config_is_documented() -> None:
+    """Every RunConfig field has a docstring (it is the [run] table users edit)."""
+    assert undocumented_fields(RunConfig) == []
+
+
+def read_lines(path: Path) -> list[dict]:
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_run_trains_broadcasts_and_cleans_up(tmp_path: Path) -> None:
+    """A few steps: samples trained, new weights reached the engine, every issued rollout is a
+    sample or a tombstone, no error anywhere, nothing left running or on disk."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap not installed")
+    sandboxes = tmp_path / "sandboxes"
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(RUN_FILE.format(steps=STEPS, sandboxes=sandboxes))
+    out = tmp_path / "run"
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "common.cli", "run", str(run_file), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=REPO,
+    )
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+    lines = read_lines(out / "metrics.jsonl")
+    steps = [ln for ln in lines if ln.get("event") == "step"]
+    summary = [ln for ln in lines if ln.get("event") == "summary"][-1]
+    assert summary["outcome"] == "done", summary
+
+    # trained, and the new weights reached the engine
+    assert sum(s["samples"] for s in steps) > 0
+    assert [s["version"] for s in steps] == list(range(1, STEPS + 1))
+    assert summary["version"] == STEPS
+    assert summary["engine_versions"] == {"engine-0": str(STEPS)}
+    sync_log = (out / "logs" / "weights-sync-0.log").read_text()
+    assert f"applied weight version {STEPS}" in sync_log
+
+    # every issued rollout ended as exactly one sample or tombstone
+    assert summary["issued"] > 0
+    assert summary["unaccounted"] == 0, summary
+    assert summary["samples"] + sum(summary["tombstones"].values()) == summary["issued"]
+    assert summary["members_with_result"] == summary["issued"]
+
+    # no errors: no restart, no failed rollout, no traceback in any log
+    assert summary["restarts"] == {} and summary["failures"] == {}
+    assert set(summary["results"]) <= {"ok", "timeout"}, summary["results"]
+    for log in (out / "logs").glob("*.log"):
+        text = log.read_text()
+        assert "Traceback" not in text, f"{log.name}:\n{text[-3000:]}"
+
+    # the run folder holds what it promises
+    for name in ("config.toml", "engine.toml", "commands.sh", "plot.png", "supervisor.log"):
+        assert (out / name).exists(), name
+    assert (out / "checkpoints" / "latest").exists()
+    assert "harnessrl actor" in (out / "commands.sh").read_text()
+
+    # clean shutdown: no child, no nats-server, no sandbox left
+    assert summary["leftover_pids"] == []
+    pids = [int(p) for p in re.findall(r"\(pid (\d+)\)", (out / "supervisor.log").read_text())]
+    pids += [int(p) for p in re.findall(r"pid (\d+)\)", (out / "logs" / "nats.log").read_text())]
+    assert pids and not [p for p in pids if pid_alive(p)]
+    assert not sandboxes.exists() or list(sandboxes.iterdir()) == []
+    print(f"e2e run: {elapsed:.0f}s, {summary['issued']} rollouts, {summary['samples']} samples")
+
+    # --resume continues the same run from its checkpoint, in the same folder
+    proc = subprocess.run(
+        [sys.executable, "-m", "common.cli", "run", "--out", str(out), "--resume"]
+        + ["--steps", str(STEPS + 1)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    lines = read_lines(out / "metrics.jsonl")
+    starts = [ln for ln in lines if ln.get("event") == "start"]
+    assert [s["resumed"] for s in starts] == [False, True] and starts[1]["version"] == STEPS
+    versions = [ln["version"] for ln in lines if ln.get("event") == "step"]
+    assert versions == list(range(1, STEPS + 2))  # each learner line copied exactly once
+    summary = [ln for ln in lines if ln.get("event") == "summary"][-1]
+    assert summary["outcome"] == "done" and summary["version"] == STEPS + 1
+    assert summary["engine_versions"] == {"engine-0": str(STEPS + 1)}
+    assert summary["leftover_pids"] == []

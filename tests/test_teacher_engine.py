@@ -1,0 +1,178 @@
+"""The toy teacher as an engine: prompt parsing, exact rendering, and real rollouts scoring 1.0
+through the reference harness, bubblewrap, the proxy and a real nats-server."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from actors.config import RolloutSettings
+from actors.harnesses.reference_agent import SYSTEM_PROMPT, TOOLS, Workspace
+from actors.rollout import RolloutDeps, run_rollout
+from actors.sandbox.bwrap import BwrapBackend
+from common.bus import connect
+from common.models import load_tokenizer, render_chat
+from common.records import TaskRequest
+from common.tasks import load_task
+from common.tasks.teacher import teacher_rollout, teacher_step
+from proxy.teacher_engine import Teacher, make_teacher_engine, parse_prompt
+
+TOK = load_tokenizer("tiny-1m")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def conversation(task, tmp_path: Path) -> list[dict]:
+    """A full teacher conversation against a copy of the task's workspace (no harness)."""
+    ws_dir = tmp_path / "ws"
+    shutil.copytree(task.workspace_dir, ws_dir)
+    ws = Workspace(str(ws_dir), 10, 8000)
+
+    def execute(name: str, args: dict) -> str:
+        return "ok" if name == "finish" else getattr(ws, name)(**args)
+
+    return teacher_rollout(task, execute, system=SYSTEM_PROMPT.format(workspace=ws_dir))
+
+
+@pytest.mark.parametrize("task_id", ["copy_01", "concat_dir_02", "find_word_03"])
+def test_every_turn_is_rendered_exactly(task_id: str, tmp_path: Path) -> None:
+    """For each prefix of a teacher conversation, prompt + reply + "\\n" is the template's
+    rendering of the conversation with the teacher's message appended."""
+    task = load_task("toy", task_id)
+    msgs = conversation(task, tmp_path)
+    teacher = Teacher(TOK, ["toy"])
+    for i, m in enumerate(msgs):
+        if m["role"] != "assistant":
+            continue
+        prompt = render_chat(msgs[:i], tools=TOOLS, add_generation_prompt=True)
+        reply = teacher.reply_text(prompt)
+        expected = render_chat(msgs[: i + 1], tools=TOOLS)
+        assert prompt + reply + "\n" == expected
+
+
+def test_parse_prompt_recovers_the_messages(tmp_path: Path) -> None:
+    """The decoded prompt parses back into the conversation (tool ids renamed consistently)."""
+    task = load_task("toy", "concat_dir_02")
+    msgs = conversation(task, tmp_path)
+    prompt = render_chat(msgs, tools=TOOLS, add_generation_prompt=True)
+    ids = TOK.encode(prompt, add_special_tokens=False)
+    parsed = parse_prompt(TOK.decode(ids, skip_special_tokens=False))
+    assert [m["role"] for m in parsed] == [m["role"] for m in msgs]
+    assert parsed[1]["content"] == task.instruction
+    # the teacher reaches the same decision from the parsed conversation
+    assert teacher_step(task, parsed) == teacher_step(task, msgs)
+
+
+def test_unknown_task_gets_finish() -> None:
+    """A prompt with no known instruction is answered with a finish call, not an error."""
+    prompt = render_chat([{"role": "user", "content": "Write a poem."}], add_generation_prompt=True)
+    teacher = Teacher(TOK, ["toy"])
+    reply = teacher.reply_text(prompt)
+    assert '"name": "finish"' in reply and reply.endswith("<|im_end|>")
+    assert teacher.unknown == 1
+
+
+def test_reply_ids_have_zero_logprobs() -> None:
+    """The engine callable returns the reply's ids (ending in <|im_end|>) with log-prob 0."""
+    task = load_task("toy", "copy_01")
+    prompt = render_chat(
+        [{"role": "user", "content": task.instruction}], add_generation_prompt=True
+    )
+    reply = Teacher(TOK, ["toy"])(TOK.encode(prompt, add_special_tokens=False), {})
+    assert reply.ids[-1] == TOK.convert_tokens_to_ids("<|im_end|>")
+    assert reply.logprobs == [0.0] * len(reply.ids)
+
+
+# ---------------------------------------------------------------------------------------------
+# real rollouts
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def bwrap(tmp_path: Path) -> BwrapBackend:
+    be = BwrapBackend(tmp_path / "sandboxes")
+    reason = await be.probe()
+    if reason is not None:
+        pytest.skip(f"bubblewrap not usable here: {reason}")
+    return be
+
+
+TASKS = [
+    ("toy", "copy_01"),
+    ("toy", "count_word_02"),
+    ("toy", "json_nested_03"),
+    ("toy", "concat_dir_04"),
+    ("toy", "find_word_05"),
+    ("toy-eval", "sum_files_eval01"),
+]
+
+
+async def test_reference_harness_solves_toy_tasks(nats_url, run_name, bwrap) -> None:
+    """Reference harness + proxy + teacher engine solve toy tasks with reward 1.0."""
+    eng = await make_teacher_engine(["toy", "toy-eval"], "tiny-1m").start()
+    bus = await connect(nats_url, run_name)
+    cfg = RolloutSettings(engines=[eng.url], model="tiny-1m", install_harnesses=False)
+    try:
+        async with RolloutDeps.open(cfg, bus, actor="test", backend=bwrap) as deps:
+            for i, (suite, task_id) in enumerate(TASKS):
+                req = TaskRequest(
+                    group_id=f"g{i}",
+                    k=0,
+                    group_size=1,
+                    issued_version=0,
+                    task_id=task_id,
+                    suite=suite,
+                    harness="reference",
+                )
+                res = await run_rollout(req, 1, deps)
+                assert (res.status, res.reward) == ("ok", 1.0), (task_id, res.error)
+                assert res.n_calls >= 3
+    finally:
+        await bus.close()
+        await eng.stop()
+    assert eng.fn.unknown == 0
+
+
+def test_teacher_engine_process_with_harnessrl_rollout(tmp_path: Path) -> None:
+    """``python -m proxy.teacher_engine`` + ``harnessrl rollout`` score 1.0 end to end."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap not installed")
+    from common.procs import popen_child
+
+    eng = popen_child(
+        [sys.executable, "-m", "proxy.teacher_engine", "--port", "0", "--suite", "toy"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        assert eng.stdout is not None
+        url = ""
+        for line in eng.stdout:
+            if line.startswith("teacher engine ready: "):
+                url = line.split()[3]
+                break
+        assert url, "teacher engine did not start"
+        out = subprocess.run(
+            [sys.executable, "-m", "common.cli", "rollout", "--suite", "toy", "--task"]
+            + ["reverse_lines_02", "--engine", url, "--model", "tiny-1m", "--json"]
+            + ["--sandbox-root", str(tmp_path / "sandboxes")],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            cwd=REPO,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        report = json.loads(out.stdout)
+        assert report["reward"] == 1.0 and report["tree"]["tito_misses"] == 0
+        assert report["tree"]["n_leaves"] == 1
+    finally:
+        eng.terminate()
+        eng.wait(20)
