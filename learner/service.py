@@ -7,8 +7,8 @@ The loop (``Learner.run``), one optimiser step per turn::
     metrics = train(batch)                 # pack trees, engine.train_step (worker thread)
     version += 1; batcher.trained(batch)   # outcomes on the ledger
     broadcast(version)                     # every ``broadcast.every`` steps
-    checkpoint()                           # every ``checkpoint_every`` steps; then acks
     log_step(metrics)                      # Prometheus + one line of <run_dir>/metrics.jsonl
+    checkpoint()                           # every ``checkpoint_every`` steps; then acks
 
 **Exactly once.** A sample's delivery is acked only after a checkpoint holding its outcome
 (trained at version v, or dropped with a reason) is durable. A crash before that redelivers it,
@@ -252,8 +252,18 @@ class Learner:
             bcast_s = 0.0
             if self.version % self.cfg.broadcast.every == 0:
                 bcast_s = await self.broadcast()
+            # the step line goes to metrics.jsonl *before* the checkpoint that makes the step
+            # durable: a crash in between leaves a line that the next ``start`` line rolls back
+            # (``effective_steps``), never a durable step without its line
+            will_commit = self.cfg.checkpoint_every == 0 or (
+                self.unsaved_steps >= self.cfg.checkpoint_every
+            )
+            self._after_step(
+                batch, m, staleness, wait_s, time.monotonic() - t0, bcast_s, will_commit
+            )
             ckpt_s = await self._maybe_commit()
-            self._after_step(batch, m, staleness, wait_s, time.monotonic() - t0, bcast_s, ckpt_s)
+            if ckpt_s:
+                self._log_line({"event": "commit", "version": self.version, "checkpoint_s": ckpt_s})
 
     async def _next_batch(self) -> Batch | None:
         """Wait for a complete batch (None when stopping); commit drops while idle."""
@@ -424,7 +434,7 @@ class Learner:
         wait_s: float,
         busy_s: float,
         bcast_s: float,
-        ckpt_s: float,
+        will_commit: bool,
     ) -> None:
         wall = self._totals["wall_s"] + time.monotonic() - self._t_start
         self._totals["idle_s"] += wait_s
@@ -455,8 +465,7 @@ class Learner:
             "tokens_per_s": m.get("tokens_per_s", 0.0),
             "idle_frac": idle_frac,
             "broadcast_s": bcast_s,
-            "checkpoint_s": ckpt_s,
-            "committed": self.unsaved_steps == 0,
+            "committed": will_commit,
             "staleness": {str(k): v for k, v in sorted(Counter(staleness).items())},
             "dropped": self._dropped(),
             "in_flight": self.feeder.in_flight,
