@@ -48,7 +48,9 @@ COMMANDS: dict[str, Command] = {
     "run": Command(
         "start a whole training run (all processes) from one config", "common.run_cmd", 8
     ),
-    "demo": Command("the built-in end-to-end demo: SFT then RL on the toy suite", None, 8),
+    "demo": Command(
+        "the built-in end-to-end demo: SFT then RL on the toy suite", "common.demo_cmd", 8
+    ),
     "rollout": Command(
         "run a single rollout by hand and print its score and tree", "actors.rollout_cmd", 5
     ),

@@ -274,7 +274,7 @@ class Monitor:
             d = self._reward_delta[(kind, r.harness, r.issued_version)]
             d[0] += reward
             d[1] += 1
-        self._result_times.append(time.monotonic())
+        self._result_times.append(r.ended_at or time.time())
 
     async def close(self) -> None:
         if self._sub is not None:
@@ -309,7 +309,8 @@ class Monitor:
         self._rate_hist.append((now, gen, trained))
         while self._rate_hist and now - self._rate_hist[0][0] > RATE_WINDOW_S:
             self._rate_hist.popleft()
-        while self._result_times and now - self._result_times[0] > RATE_WINDOW_S:
+        wall = time.time()
+        while self._result_times and wall - self._result_times[0] > RATE_WINDOW_S:
             self._result_times.popleft()
 
     async def _scrape(self, t: Target) -> None:
@@ -415,7 +416,8 @@ class Monitor:
 
     def rates(self) -> tuple[float, float, float]:
         """(rollouts/s, generated tokens/s, samples trained/min) over the rate window."""
-        n_results = len(self._result_times)
+        wall = time.time()
+        n_results = sum(1 for t in self._result_times if wall - t <= RATE_WINDOW_S)
         span = min(RATE_WINDOW_S, max(1e-9, time.monotonic() - self.t0))
         rollouts = n_results / span if n_results else 0.0
         if len(self._rate_hist) >= 2:

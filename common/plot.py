@@ -1,8 +1,10 @@
 """Reward and throughput plot of a run, drawn from its ``metrics.jsonl`` alone.
 
-Two panels: reward mean by weight version (the learner's batch reward, and from the rollout
+Three panels: reward mean by weight version (the learner's batch reward, and from the rollout
 results the mean per harness for training and held-out eval rollouts, by the version they were
-issued at) and throughput over wall time (rollouts/s, samples trained/min, generated tokens/s).
+issued at), the learner's loss by version (``loss/sft`` for SFT, ``loss/total`` otherwise, with
+the policy entropy when reported), and throughput over wall time (rollouts/s, samples
+trained/min, generated tokens/s).
 Uses matplotlib's object API with the Agg backend (no display, no pyplot state, safe in a
 worker thread) and replaces the PNG atomically, so a viewer never sees half a file.
 
@@ -53,8 +55,15 @@ def series(lines: list[dict[str, Any]]) -> dict[str, Any]:
         k: sorted((v, s / n) for v, (s, n) in per.items() if n) for k, per in sorted(acc.items())
     }
     t0 = lines[0]["time"] if lines else 0.0
+    loss = []
+    for s in steps:
+        m = s.get("metrics") or {}
+        value = m.get("loss/sft", m.get("loss/total"))
+        if value is not None:
+            loss.append((s["version"], float(value), m.get("entropy")))
     return {
         "batch": [(s["version"], s.get("reward_mean", 0.0)) for s in steps],
+        "loss": loss,
         "rewards": rewards,
         "throughput": [
             (
@@ -79,8 +88,8 @@ def plot_run(run_dir: str | Path, title: str = "") -> Path | None:
         return None
     run_dir = Path(run_dir)
     data = series(read_lines(run_dir / "metrics.jsonl"))
-    fig = Figure(figsize=(11, 4.2), dpi=100)
-    ax_r, ax_t = fig.subplots(1, 2)
+    fig = Figure(figsize=(15, 4.2), dpi=100)
+    ax_r, ax_l, ax_t = fig.subplots(1, 3)
     if data["batch"]:
         xs, ys = zip(*data["batch"], strict=True)
         ax_r.plot(xs, ys, color="0.6", lw=1, label="train batch (learner)")
@@ -96,15 +105,27 @@ def plot_run(run_dir: str | Path, title: str = "") -> Path | None:
     ax_r.grid(alpha=0.3)
     if ax_r.lines:
         ax_r.legend(fontsize=8, loc="best")
+    if data["loss"]:
+        xs = [v for v, _, _ in data["loss"]]
+        ax_l.plot(xs, [x for _, x, _ in data["loss"]], color="tab:purple", label="loss")
+        ent = [(v, e) for v, _, e in data["loss"] if e is not None]
+        if ent:
+            ax_l.plot(*zip(*ent, strict=True), color="tab:green", lw=1, label="entropy")
+        ax_l.legend(fontsize=8, loc="best")
+    ax_l.set_xlabel("weight version")
+    ax_l.set_title("learner")
+    ax_l.grid(alpha=0.3)
     if data["throughput"]:
         t, rps, spm, tps = zip(*data["throughput"], strict=True)
         ax_t.plot(t, [60 * x for x in rps], label="rollouts/min")
         ax_t.plot(t, spm, label="samples trained/min")
         ax_t.set_ylabel("per minute")
-        ax_tok = ax_t.twinx()
-        ax_tok.plot(t, tps, color="tab:red", lw=1, alpha=0.6, label="generated tok/s")
-        ax_tok.set_ylabel("tokens/s", color="tab:red")
-        lines = ax_t.get_lines() + ax_tok.get_lines()
+        lines = ax_t.get_lines()
+        if any(tps):  # a scripted engine reports no token counts
+            ax_tok = ax_t.twinx()
+            ax_tok.plot(t, tps, color="tab:red", lw=1, alpha=0.6, label="generated tok/s")
+            ax_tok.set_ylabel("tokens/s", color="tab:red")
+            lines += ax_tok.get_lines()
         ax_t.legend(lines, [ln.get_label() for ln in lines], fontsize=8, loc="upper left")
     ax_t.set_xlabel("minutes")
     ax_t.set_title("throughput")

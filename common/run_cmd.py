@@ -307,6 +307,14 @@ class Plan:
     def with_weights_sync(self) -> bool:
         return self.cfg.weights_sync
 
+    def last_broadcast(self, version: int) -> int | None:
+        """The version the engines should end at (None: no updater, no broadcast)."""
+        bcast = self.sections["learner"].get("broadcast", {})
+        if not self.with_weights_sync or bcast.get("transport") in ("none", "distributed"):
+            return None
+        every = int(bcast.get("every", 1))
+        return version // every * every
+
     def port(self, name: str) -> int:
         if name not in self.metrics_ports:
             self.metrics_ports[name] = free_port(self.cfg.host)
@@ -495,6 +503,11 @@ class _restarting:
         return self.fn(r=self.calls > 1)
 
 
+def first_command(spec: Any) -> list[str]:
+    """A child's command line at its first start (without counting as a start)."""
+    return spec.argv.fn(r=False) if isinstance(spec.argv, _restarting) else spec.command()
+
+
 # ---------------------------------------------------------------------------------------------
 # the run
 # ---------------------------------------------------------------------------------------------
@@ -553,11 +566,13 @@ class Run:
             engines=plan.engines,
         )
         self._plotting = False
+        self.time_limited = False
+        self._early: Any = None
         self.phases = plan.specs()
 
     def _event(self, msg: str) -> None:
         stamp = time.strftime("%H:%M:%S")
-        self.events.append(f"{stamp} {msg}")
+        self.events = [*self.events[-199:], f"{stamp} {msg}"]
         with open(self.paths.supervisor_log, "a") as f:
             f.write(f"{time.strftime('%Y-%m-%d')} {stamp} {msg}\n")
         if self.view is not None:
@@ -566,7 +581,9 @@ class Run:
     def _on_signal(self, signum: int) -> None:
         if self.stop_signal is None:
             self.stop_signal = signum
-            self._event(f"received {signal.Signals(signum).name}: stopping the run (again: kill)")
+            self._event(
+                f"received {signal.Signals(signum).name}: stopping the run (signal again to kill at once)"
+            )
         elif self._stop.is_set():
             self._event(f"received {signal.Signals(signum).name} again: killing every process")
             self.sup.kill_all()
@@ -597,6 +614,8 @@ class Run:
                     started = await self.start_all()
                     if started:
                         outcome = await self.watch()
+                        if outcome.kind == "done" and self.sup.children["learner"].alive:
+                            await asyncio.to_thread(self.sup.stop, ["learner"])  # time limit
                         if outcome.kind == "done" and self.cfg.drain_timeout_s > 0:
                             await self.drain()
                 except ChildFailed as e:
@@ -623,7 +642,7 @@ class Run:
         ]
         for phase in self.phases.values():
             for spec in phase:
-                lines += [f"# {spec.name}", display_command(spec.command())]
+                lines += [f"# {spec.name}", display_command(first_command(spec))]
         self.paths.commands.write_text("\n".join(lines) + "\n")
 
     async def validate(self) -> str | None:
@@ -638,7 +657,7 @@ class Run:
                     one[spec.role] = spec
 
         async def check(role: str, spec: Any) -> str | None:
-            argv = spec.argv.fn(r=False) if isinstance(spec.argv, _restarting) else spec.command()
+            argv = first_command(spec)
             proc = await asyncio.create_subprocess_exec(
                 *argv,
                 "--print-config",
@@ -659,6 +678,8 @@ class Run:
         """Start the phases in order, each waiting for what the next needs; False when a
         signal interrupted the start."""
         for phase, specs in self.phases.items():
+            if self._stop.is_set():
+                return False
             for spec in specs:
                 self.sup.start(spec)
             if phase == "core":  # actors need the engines; the rest may still be starting
@@ -686,7 +707,9 @@ class Run:
             if not pending:
                 return True
             outcome = self.sup.poll()  # applies the policy of a child that died (restarts)
-            if outcome is not None:
+            if outcome is not None and outcome.kind == "done":
+                self._early = outcome  # the learner finished before the rest was ready
+            elif outcome is not None:
                 raise ChildFailed(outcome.message)
             for k in pending:
                 if k.stopped and not self.sup.check_ready(k):
@@ -707,7 +730,15 @@ class Run:
         from common.supervisor import Outcome
 
         last = {"scrape": 0.0, "rollup": time.monotonic(), "plot": time.monotonic()}
+        t_ready = time.monotonic()
+        if self._early is not None:
+            return self._early
         while not self._stop.is_set():
+            limit = self.cfg.time_limit_s
+            if limit and time.monotonic() - t_ready > limit:
+                self.time_limited = True
+                self._event(f"time limit of {limit:.0f}s reached: ending the run")
+                return Outcome("done", f"time limit of {limit:.0f}s reached")
             outcome = self.sup.poll()
             if outcome is not None:
                 if outcome.kind == "fatal":
@@ -733,7 +764,8 @@ class Run:
                 asyncio.get_running_loop().run_in_executor(None, self.plot)
 
     async def drain(self) -> None:
-        """After the last step: let actors and assembler finish every issued rollout."""
+        """After the last step: let actors and assembler finish every issued rollout, and the
+        updaters bring every engine to the final version."""
         self._event(
             f"learner done; draining rollouts in flight (at most {self.cfg.drain_timeout_s:.0f}s)"
         )
@@ -746,6 +778,9 @@ class Run:
             st = self.status()
             idle = st.queues.get("tasks", 1) == 0 and st.in_flight == 0
             idle = idle and self.monitor.assembler_pending == 0
+            final = self.plan.last_broadcast(st.version)
+            if final is not None:  # and the engines serve the final weights
+                idle = idle and all(v == str(final) for v in st.engine_versions.values())
             quiet = quiet + 1 if idle else 0
             if quiet >= 2:  # two scrapes in a row: nothing in flight anywhere
                 self._event("drained: every issued rollout ended")
@@ -811,6 +846,7 @@ class Run:
         return {
             "event": "summary",
             "outcome": outcome.kind if outcome else "error",
+            "time_limited": self.time_limited,
             "message": (outcome.message if outcome else "").split("\n", 1)[0],
             "elapsed_s": round(elapsed, 1),
             "version": st.version,

@@ -57,6 +57,10 @@ class RunConfig(HrlModel):
     """Run folder (config, logs, metrics.jsonl, checkpoints, plot); empty: ``runs/<name>``."""
     steps: int = Field(20, ge=1, le=100_000_000)
     """Learner optimiser steps (weight versions) after which the run ends."""
+    time_limit_s: float = Field(0.0, ge=0, le=365 * 86_400)
+    """End the run (as if ``steps`` were reached) after this many seconds counted from the
+    moment every process is ready; 0: no limit. The learner finishes its current step and
+    commits a checkpoint, so ``--resume`` can continue it."""
     resume: bool = False
     """Continue the run in ``out`` (the learner resumes from its checkpoint; the remaining
     steps are ``steps`` minus its version)."""

@@ -6,6 +6,7 @@ sample). Everything is asserted from what the run recorded."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import shutil
@@ -160,3 +161,97 @@ def test_run_trains_broadcasts_and_cleans_up(tmp_path: Path) -> None:
     assert summary["outcome"] == "done" and summary["version"] == STEPS + 1
     assert summary["engine_versions"] == {"engine-0": str(STEPS + 1)}
     assert summary["leftover_pids"] == []
+
+
+# ---------------------------------------------------------------------------------------------
+# the pieces of the run's bookkeeping (no processes)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_counters_survive_a_restart() -> None:
+    """A counter that goes down means the process restarted: its old total is carried."""
+    from common.dashboard import Scraped, total
+
+    s = Scraped()
+    key = ("hrl_actor_rollouts_total", (("status", "ok"),))
+    gauge = ("hrl_actor_rollouts_inflight", ())
+    s.update({key: 5.0, gauge: 3.0})
+    s.update({key: 2.0, gauge: 1.0})  # restarted, counted 2 more
+    s.update({key: 4.0, gauge: 0.0})
+    assert total([s], "hrl_actor_rollouts_total") == 9.0
+    assert total([s], "hrl_actor_rollouts_inflight") == 0.0
+
+
+def test_monitor_copies_learner_lines_once(tmp_path: Path) -> None:
+    """Learner lines are copied verbatim and only once, also by a resumed supervisor."""
+    from common.dashboard import Monitor
+
+    learner = tmp_path / "learner.jsonl"
+    learner.write_text(
+        json.dumps({"time": 1, "event": "start", "version": 0})
+        + "\n"
+        + json.dumps({"time": 2, "event": "step", "version": 1, "samples": 4, "reward_mean": 0.5})
+        + "\n"
+    )
+    m = Monitor("r", tmp_path, steps=3, learner_metrics=learner)
+    m.copy_learner_lines()
+    m.write_line({"event": "rollup", "version": 1})
+    with open(learner, "a") as f:
+        f.write(json.dumps({"time": 3, "event": "step", "version": 2, "samples": 4}) + "\n")
+        f.write('{"time": 4, "event": "st')  # a line still being written
+    m2 = Monitor("r", tmp_path, steps=3, learner_metrics=learner)
+    m2.resume_copy()
+    m2.copy_learner_lines()
+    lines = read_lines(tmp_path / "metrics.jsonl")
+    assert [ln.get("version") for ln in lines if ln.get("source") != "run"] == [0, 1, 2]
+    assert m2.status().samples_trained == 8 and m2.reward_train[1] == 0.5
+
+
+def test_plot_from_metrics(tmp_path: Path) -> None:
+    """The plot is drawn from metrics.jsonl alone (rollup reward deltas summed per version)."""
+    pytest.importorskip("matplotlib")
+    from common.plot import plot_run, series
+
+    rows = [
+        {"time": 0, "event": "start", "version": 0},
+        {"time": 5, "event": "step", "version": 1, "reward_mean": 0.25},
+        {"time": 6, "source": "run", "event": "rollup", "rewards": {"train/ref": {"0": [1, 4]}}},
+        {"time": 9, "source": "run", "event": "rollup", "rewards": {"train/ref": {"0": [1, 4]}}},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = series(read_lines(tmp_path / "metrics.jsonl"))
+    assert data["rewards"] == {"train/ref": [(0, 0.25)]} and data["batch"] == [(1, 0.25)]
+    path = plot_run(tmp_path)
+    assert path is not None and path.stat().st_size > 1000
+
+
+def test_run_file_round_trip(tmp_path: Path) -> None:
+    """The resolved run file parses back to the same tables; [run] is complete and typed."""
+    import tomllib
+
+    from common.run_cmd import resolve, toml_text
+
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(RUN_FILE.format(steps=3, sandboxes=tmp_path / "sb"))
+    ns = argparse.Namespace(run_file=str(run_file), config=None, cfg__steps=5, cfg__actors=None)
+    cfg, sections = resolve(ns)
+    assert cfg.steps == 5 and cfg.actors == 2 and cfg.name == "e2e"  # flag > file > default
+    text = toml_text({"run": json.loads(cfg.model_dump_json()), **sections})
+    back = tomllib.loads(text)
+    assert back["learner"] == sections["learner"] and back["actor"] == sections["actor"]
+    assert back["run"]["steps"] == 5 and back["run"]["on_exit"]["learner"] == "stop"
+
+
+def test_run_file_errors_name_the_problem(tmp_path: Path) -> None:
+    from common.config import ConfigError
+    from common.run_cmd import resolve
+
+    bad = tmp_path / "bad.toml"
+    for text, expected in (
+        ("[run]\nstep = 3\n", "'step': unknown field"),
+        ("[run]\n[lerner]\n", "unknown tables ['lerner']"),
+        ("steps = 3\n", "belong in a table"),
+    ):
+        bad.write_text(text)
+        with pytest.raises(ConfigError, match=re.escape(expected)):
+            resolve(argparse.Namespace(run_file=str(bad), config=None))

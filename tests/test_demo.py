@@ -1,0 +1,150 @@
+"""``harnessrl demo``: its run files are valid ``harnessrl run`` configs, bad input is refused
+with a message naming the field, and a tiny demo runs all three phases end to end (SFT on
+teacher trajectories through the real pipeline, PPO from the SFT weights, held-out eval)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from common.demo_cmd import DemoConfig, final_weights, rl_run_file, sft_run_file, sft_steps
+from common.run_cmd import resolve, toml_text
+
+REPO = Path(__file__).resolve().parents[1]
+HRL = [sys.executable, "-m", "common.cli"]
+
+
+def _resolve(tmp_path: Path, name: str, tables: dict) -> tuple:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(toml_text(tables))
+    return resolve(argparse.Namespace(run_file=str(path), config=None))
+
+
+def test_phase_run_files_are_valid_run_configs(tmp_path: Path) -> None:
+    """What the demo writes to ``sft.toml``/``rl.toml`` parses as a run file, with the
+    demo's choices carried into the right tables."""
+    cfg = DemoConfig(steps=3, algo="ppo", harnesses=["reference", "codex"], sft_minutes=2)
+    run, sections = _resolve(tmp_path, "sft", sft_run_file(cfg, "d-sft"))
+    assert run.engine_kind == "teacher" and not run.weights_sync
+    assert run.steps == sft_steps(cfg) == 45 and run.time_limit_s == 120
+    assert sections["learner"]["sft"] is True
+    assert sections["learner"]["feeder"]["harnesses"] == ["reference"]  # the teacher's tools
+
+    policy = tmp_path / "policy"
+    run, sections = _resolve(tmp_path, "rl", rl_run_file(cfg, "d-rl", policy))
+    assert run.steps == 3 and run.weights_sync
+    assert sections["learner"]["algo"] == "ppo" and sections["learner"]["model"] == str(policy)
+    assert sections["engine"]["model"] == str(policy) == sections["actor"]["model"]
+    assert sections["learner"]["feeder"]["harnesses"] == ["reference", "codex"]
+
+    external = DemoConfig(engines=["http://gpu-0:30000"], nats="nats://n:4222")
+    run, _ = _resolve(tmp_path, "ext", rl_run_file(external, "d-rl", policy))
+    assert run.engines == ["http://gpu-0:30000"] and run.nats == "nats://n:4222"
+
+
+def test_sft_steps_default_follows_rl_steps() -> None:
+    assert sft_steps(DemoConfig(steps=4)) == 60
+    assert sft_steps(DemoConfig(steps=100)) == 400
+    assert sft_steps(DemoConfig(steps=4, sft_steps=7)) == 7
+
+
+def test_final_weights_falls_back_to_the_last_version(tmp_path: Path) -> None:
+    weights = tmp_path / "learner" / "weights"
+    with pytest.raises(RuntimeError, match="no weights"):
+        final_weights(tmp_path, 5)
+    for v in (3, 4):
+        (weights / f"v{v:09d}").mkdir(parents=True)
+    (weights / "v000000004" / "model.safetensors").write_bytes(b"x")
+    assert final_weights(tmp_path, 4).name == "v000000004"
+    assert final_weights(tmp_path, 9).name == "v000000004"  # a time limit ended it early
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--algo", "sac"], "algo"),
+        (["--steps", "0"], "steps"),
+        (["--group-size", "1"], "group_size"),
+        (["--sft-minutes", "-1"], "sft_minutes"),
+    ],
+)
+def test_bad_flags_name_the_field(args: list[str], expected: str) -> None:
+    res = subprocess.run([*HRL, "demo", *args], capture_output=True, text=True, cwd=REPO)
+    assert res.returncode == 2, res.stderr
+    assert expected in res.stderr.replace("-", "_"), res.stderr
+
+
+def test_refuses_a_finished_demo_folder(tmp_path: Path) -> None:
+    (tmp_path / "demo.json").write_text("{}")
+    res = subprocess.run(
+        [*HRL, "demo", "--out", str(tmp_path)], capture_output=True, text=True, cwd=REPO
+    )
+    assert res.returncode == 2 and "already holds a finished demo" in res.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_tiny_demo_runs_every_phase(tmp_path: Path) -> None:
+    """Two SFT steps on teacher trajectories, one PPO step, two held-out tasks: every phase
+    finishes cleanly and the demo reports what it measured."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap not installed")
+    out = tmp_path / "demo"
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [*HRL, "demo", "--algo", "ppo", "--sft-steps", "2", "--steps", "1"]
+        + ["--eval-limit", "2", "--no-dashboard", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=570,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    doc = json.loads((out / "demo.json").read_text())
+    sft, rl = doc["phases"]["sft"], doc["phases"]["rl"]
+
+    # SFT: the teacher's trajectories all scored 1 and were trained on
+    assert sft["outcome"] == "done" and sft["version"] == 2
+    assert sft["samples_trained"] > 0 and sft["reward_first"] == 1.0
+    assert Path(doc["sft_policy"]).name == "v000000002"
+    # RL from the SFT weights: a step was taken and reached the engine
+    assert rl["outcome"] == "done" and rl["version"] == 1
+    assert rl["samples_trained"] > 0 and rl["engine_versions"] == {"engine-0": "1"}
+    assert (out / "rl.toml").read_text().count(doc["sft_policy"]) >= 3
+    for phase in (sft, rl):
+        assert phase["restarts"] == {} and phase["failures"] == {}
+        assert phase["leftover_pids"] == []
+    # the before/after table: both policies scored on the held-out tasks
+    eval_doc = json.loads((out / "eval.json").read_text())
+    assert eval_doc["tasks"] == 2
+    row = doc["before_after"]["reference"]
+    assert row["before"]["n"] == 2 and row["after"]["n"] == 2
+    assert "before: cold-start SFT v2" in proc.stdout and "after: PPO v1" in proc.stdout
+    assert (out / "rl" / "plot.png").exists() and (out / "sft" / "plot.png").exists()
+    for log in [*(out / "sft" / "logs").glob("*.log"), *(out / "rl" / "logs").glob("*.log")]:
+        assert "Traceback" not in log.read_text(), log.name
+    print(f"tiny demo: {time.monotonic() - t0:.0f}s")
+
+
+def test_example_run_file_is_valid() -> None:
+    """``deploy/run-toy.toml`` (README's ``harnessrl run`` example) validates table by table
+    against the config of the process that reads it."""
+    import importlib
+
+    from common import cli
+
+    cfg, sections = resolve(
+        argparse.Namespace(run_file=str(REPO / "deploy" / "run-toy.toml"), config=None)
+    )
+    assert cfg.name == "toy" and cfg.steps == 200
+    for section, table in sections.items():
+        module = cli.COMMANDS[section.replace("_", "-")].module
+        importlib.import_module(module).CONFIG.model_validate(table)
+    assert sections["learner"]["feeder"]["eval_suite"] == "toy-eval"
