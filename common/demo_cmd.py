@@ -85,7 +85,7 @@ class DemoConfig(HrlModel):
     """RL rollouts per (task, harness) group."""
     batch_groups: int = Field(2, ge=1, le=1024)
     """RL groups per step."""
-    lr: float = Field(2e-4, gt=0, le=1.0)
+    lr: float = Field(1e-3, gt=0, le=1.0)
     """RL learning rate (AdamW)."""
     max_staleness: int = Field(2, ge=0, le=64)
     """RL: versions a sample may lag behind the learner."""
@@ -95,6 +95,12 @@ class DemoConfig(HrlModel):
     """Model turns per rollout (the teacher needs at most 7)."""
     max_new_tokens: int = Field(192, ge=16, le=100_000)
     """Tokens per model call (the teacher's longest reply is ~170)."""
+    train_per_family: int = Field(40, ge=1, le=10_000)
+    """Training tasks per toy family (18 families), generated once into ``<out>/toy-train``
+    (deterministic, none equal to a held-out task; the first 6 are the built-in ``toy``
+    suite, which 6 selects). The teacher is deterministic, so more tasks is the only way to
+    more distinct SFT trajectories; a tiny model memorises 108 of them instead of learning to
+    read."""
     eval_suite: str = "toy-eval"
     """Held-out suite for the before/after table."""
     eval_n: int = Field(1, ge=1, le=100)
@@ -159,7 +165,17 @@ def sft_steps(cfg: DemoConfig) -> int:
     return cfg.sft_steps or min(400, 15 * cfg.steps)
 
 
-def sft_run_file(cfg: DemoConfig, name: str) -> dict[str, Any]:
+def train_suite(cfg: DemoConfig, folder: Path) -> str:
+    """The training suite of both phases: ``toy``, or a larger one generated into ``folder``."""
+    if cfg.train_per_family == 6:
+        return "toy"
+    from common.tasks.toy import write_train_suite
+
+    write_train_suite(folder / "toy-train", cfg.train_per_family)
+    return str(folder / "toy-train")
+
+
+def sft_run_file(cfg: DemoConfig, name: str, suite: str = "toy") -> dict[str, Any]:
     """Phase 1: teacher engine, SFT learner (SFT ignores staleness, so the teacher needs no
     updater); disk broadcast: the last version's folder is the cold-start policy."""
     return {
@@ -169,7 +185,7 @@ def sft_run_file(cfg: DemoConfig, name: str) -> dict[str, Any]:
             sft_steps(cfg),
             cfg.sft_minutes,
             engine_kind="teacher",
-            teacher_suites=["toy"],
+            teacher_suites=[suite],
             weights_sync=False,
         ),
         "actor": {**_actor(cfg), "temperature": 1.0},
@@ -184,13 +200,13 @@ def sft_run_file(cfg: DemoConfig, name: str) -> dict[str, Any]:
             "max_staleness": 1,
             "ds": {"lr": cfg.sft_lr},
             "broadcast": {"transport": "disk", "keep_versions": 1},
-            "feeder": {"suites": ["toy"], "harnesses": ["reference"]},
+            "feeder": {"suites": [suite], "harnesses": ["reference"]},
         },
         "weights_sync": {},
     }
 
 
-def rl_run_file(cfg: DemoConfig, name: str, policy: Path) -> dict[str, Any]:
+def rl_run_file(cfg: DemoConfig, name: str, policy: Path, suite: str = "toy") -> dict[str, Any]:
     """Phase 2: the SFT policy in the engine and the learner; GRPO/PPO."""
     run = _run(cfg, name, cfg.steps, cfg.rl_minutes)
     if cfg.engines:
@@ -209,7 +225,7 @@ def rl_run_file(cfg: DemoConfig, name: str, policy: Path) -> dict[str, Any]:
             "max_staleness": cfg.max_staleness,
             "ds": {"lr": cfg.lr},
             "broadcast": {"transport": "disk", "keep_versions": 2},
-            "feeder": {"suites": ["toy"], "harnesses": cfg.harnesses},
+            "feeder": {"suites": [suite], "harnesses": cfg.harnesses},
         },
         "weights_sync": {},
     }
@@ -301,14 +317,15 @@ class Demo:
         self.say(f"folder {self.dir}")
         try:
             n_sft = sft_steps(cfg)
-            self.say(f"phase 1/3: cold-start SFT on teacher trajectories ({n_sft} steps)")
-            sft_file = self.write("sft", sft_run_file(cfg, f"{self.tag}-sft"))
+            suite = train_suite(cfg, self.dir)
+            self.say(f"phase 1/3: cold-start SFT on teacher trajectories ({n_sft} steps, {suite})")
+            sft_file = self.write("sft", sft_run_file(cfg, f"{self.tag}-sft", suite))
             self.phase("sft", ["run", str(sft_file), "--out", str(self.dir / "sft")])
             sft_policy = final_weights(self.dir / "sft", n_sft)
             if cfg.engines:
                 load_into_engines(cfg.engines, sft_policy)
             self.say(f"phase 2/3: {cfg.algo.upper()} from {sft_policy} ({cfg.steps} steps)")
-            rl_file = self.write("rl", rl_run_file(cfg, f"{self.tag}-rl", sft_policy))
+            rl_file = self.write("rl", rl_run_file(cfg, f"{self.tag}-rl", sft_policy, suite))
             self.phase("rl", ["run", str(rl_file), "--out", str(self.dir / "rl")])
             try:
                 rl_policy: Path | None = final_weights(self.dir / "rl", cfg.steps)

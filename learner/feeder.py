@@ -39,6 +39,7 @@ from common import metrics
 from common.bus import Bus
 from common.records import TaskRequest
 from common.tasks import Task, list_tasks
+from common.tasks.registry import list_suites, suite_dir
 from learner.config import FeederConfig
 
 log = logging.getLogger("harnessrl.feeder")
@@ -99,6 +100,7 @@ class Feeder:
         self.cfg = cfg
         self.group_size = group_size
         self.capacity = (max_staleness + 1) * batch_rollouts
+        self._wire: dict[tuple[str, str], str] = {}
         self.pairs = self._pairs(cfg.suites, "train") if cfg.enabled else []
         self.eval_pairs = (
             self._pairs([cfg.eval_suite], "eval") if cfg.enabled and cfg.eval_suite else []
@@ -127,6 +129,10 @@ class Feeder:
             listed = list_tasks(suite)
             chosen = [t for t in listed if t.split == split]
             tasks += chosen if chosen or split == "train" else listed
+            # what actors are told: the name of a known suite, else the folder's absolute path
+            # (a folder's tasks carry only its base name, which actors cannot look up)
+            wire = suite if suite in list_suites() else str(suite_dir(suite))
+            self._wire.update({(t.suite, t.id): wire for t in listed})
         tasks.sort(key=lambda t: (t.suite, t.id))
         return [(t, h) for t in tasks for h in self.cfg.harnesses]
 
@@ -199,7 +205,7 @@ class Feeder:
                 group_size=size,
                 issued_version=version,
                 task_id=task.id,
-                suite=task.suite,
+                suite=self._wire.get((task.suite, task.id), task.suite),
                 harness=harness,
                 harness_cmd=self.cfg.harness_cmd if harness == "command" else "",
                 task_hash=task.task_hash,

@@ -22,6 +22,13 @@ one forward pass over a row equal to running every root-to-leaf branch on its ow
 Invariant (tested against per-branch forwards): each unique token of a TreeSample is a target in
 exactly one row, so a loss summed over targets is the branch-expanded *count-once* loss.
 
+**Across samples** (``share_prefixes``): a token's hidden state depends only on the tokens of its
+root path, so samples whose paths start alike (every rollout of a harness begins with the same
+system prompt and tools; a group's members with the same task prompt) are merged into one forest
+first, a radix tree over all their nodes. A merged node remembers its *owners* (sample, node,
+offset), and each owner gets its own targets at the shared positions, with its own mask and
+rollout log-probs: the per-sample losses are unchanged, the shared context is computed once.
+
 Budget: rows hold at most ``max_tokens`` tokens (a dense mask grows with its square). A tree
 larger than that is split at branch points into pieces; each piece repeats its ancestor chain
 as context (computed, never a target). That is the only duplicated work and ``PackStats`` counts
@@ -53,6 +60,12 @@ class PackConfig(HrlModel):
     here uses); ``all`` also scores environment tokens (with ``loss_mask`` 0), for diagnostics."""
     pad_to_multiple: int = Field(8, ge=1)
     """Rows of a batch are padded to a multiple of this (128 is used for FlexAttention blocks)."""
+    share_prefixes: bool = True
+    """Compute a token prefix common to several samples once: the samples' trees are merged
+    into one forest wherever their token paths from a root are equal (the harness's system
+    prompt and tools, a group's task prompt, identical replies). Exact: each sample keeps its
+    own targets (a shared token is the target of every sample that has it), only hidden states
+    are shared. Off: each sample is laid out on its own."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -61,17 +74,30 @@ class PackConfig(HrlModel):
 
 
 @dataclass
+class _Owner:
+    """A sample's claim on a node's tokens: they are its ``node``'s from ``offset`` on."""
+
+    sample: int
+    node: int
+    offset: int
+    mask: np.ndarray
+    logp: np.ndarray
+
+
+@dataclass
 class _Tree:
-    """Decoded arrays and child lists of one TreeSample (a forest: one root per segment)."""
+    """Decoded arrays and child lists of one TreeSample (a forest: one root per segment), or
+    of several merged ones (``owners`` then lists every sample holding a node's tokens)."""
 
     ids: list[np.ndarray]
     logp: list[np.ndarray]
     mask: list[np.ndarray]
     children: list[list[int]]
     roots: list[int]
+    owners: list[list[_Owner]] = field(default_factory=list)
 
     @classmethod
-    def of(cls, sample: TreeSample) -> _Tree:
+    def of(cls, sample: TreeSample, index: int = 0) -> _Tree:
         ids, logp, mask, children, roots = [], [], [], [[] for _ in sample.nodes], []
         for i, node in enumerate(sample.nodes):
             t = unpack_ids(node.token_ids)
@@ -89,7 +115,11 @@ class _Tree:
                 raise ValueError(f"node {i}: parent {node.parent} does not precede it")
             else:
                 children[node.parent].append(i)
-        return cls(ids, logp, mask, children, roots)
+        owners = [[_Owner(index, i, 0, mask[i], logp[i])] for i in range(len(ids))]
+        return cls(ids, logp, mask, children, roots, owners)
+
+    def n_tokens(self) -> int:
+        return sum(len(t) for t in self.ids)
 
     def size(self, i: int) -> int:
         return len(self.ids[i])
@@ -121,6 +151,68 @@ class _Tree:
             for c in self.children[i]:
                 sub[i] += sub[c]
         return sub
+
+
+def _merge(trees: Sequence[_Tree]) -> _Tree:
+    """One forest for many samples' trees: a radix tree over all their nodes, in which token
+    paths that are equal from a root are one path. Every merged node lists its owners."""
+    out = _Tree([], [], [], [], [], [])
+
+    def expand(items: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+        """Items with tokens left; a used-up (or empty) node is replaced by its children."""
+        done, stack = [], list(reversed(items))
+        while stack:
+            t, n, st = stack.pop()
+            if len(trees[t].ids[n]) > st:
+                done.append((t, n, st))
+            else:
+                stack.extend((t, c, 0) for c in reversed(trees[t].children[n]))
+        return done
+
+    roots = [(t, r, 0) for t, tree in enumerate(trees) for r in tree.roots]
+    work: list[tuple[int, list[tuple[int, int, int]]]] = [(-1, expand(roots))]
+    while work:
+        parent, items = work.pop()
+        groups: dict[int, list[tuple[int, int, int]]] = {}
+        for t, n, st in items:
+            groups.setdefault(int(trees[t].ids[n][st]), []).append((t, n, st))
+        for group in groups.values():
+            t0, n0, st0 = group[0]
+            first = trees[t0].ids[n0][st0:]
+            common = len(first)
+            for t, n, st in group[1:]:
+                rest = trees[t].ids[n][st:]
+                m = min(common, len(rest))
+                differ = np.flatnonzero(first[:m] != rest[:m])
+                common = int(differ[0]) if len(differ) else m
+            idx = len(out.ids)
+            out.ids.append(first[:common])
+            out.owners.append(
+                [
+                    _Owner(
+                        t,
+                        n,
+                        st,
+                        trees[t].mask[n][st : st + common],
+                        trees[t].logp[n][st : st + common],
+                    )
+                    for t, n, st in group
+                ]
+            )
+            out.mask.append(out.owners[-1][0].mask)
+            out.logp.append(out.owners[-1][0].logp)
+            out.children.append([])
+            (out.roots if parent < 0 else out.children[parent]).append(idx)
+            below: list[tuple[int, int, int]] = []
+            for t, n, st in group:
+                if st + common < len(trees[t].ids[n]):
+                    below.append((t, n, st + common))
+                else:
+                    below.extend((t, c, 0) for c in trees[t].children[n])
+            below = expand(below)
+            if below:
+                work.append((idx, below))
+    return out
 
 
 @dataclass
@@ -217,9 +309,11 @@ class PackStats:
     expanded_tokens: int = 0
     """Tokens if every root-to-leaf branch were its own sequence."""
     computed_tokens: int = 0
-    """Tokens laid out in rows (= unique + duplicated), padding excluded."""
+    """Tokens laid out in rows (= unique - shared + duplicated), padding excluded."""
     duplicated_tokens: int = 0
     """Ancestor tokens repeated because a tree was split at a branch point."""
+    shared_tokens: int = 0
+    """Tokens of several samples computed once (``share_prefixes``): unique minus merged."""
     target_tokens: int = 0
     """Scored targets."""
     rows: int = 0
@@ -245,7 +339,6 @@ class Packing:
 
 @dataclass
 class _Piece:
-    sample: int
     tree: _Tree
     context: list[int]
     """Ancestor chain (root first), repeated context only."""
@@ -321,7 +414,7 @@ def _row_of(
             ids.append(tree.ids[n])
             pos.append(np.arange(d0, d0 + size))
             if n in owned:
-                unpredictable += _targets(tg, tree, n, offset, prev, pc.sample, targets)
+                unpredictable += _targets(tg, tree, n, offset, prev, targets)
             else:
                 duplicated += size
             offset += size
@@ -364,32 +457,32 @@ def _targets(
     n: int,
     offset: int,
     prev: int | None,
-    sample: int,
     targets: str,
 ) -> int:
-    """Append node ``n``'s scored tokens (source = predecessor position on the path); return
-    how many loss-mask-1 tokens had no predecessor (a segment's first token)."""
-    mask = tree.mask[n]
-    k = np.arange(len(mask)) if targets == "all" else np.flatnonzero(mask)
-    src = offset + k - 1
+    """Append node ``n``'s scored tokens, once per owner (source = predecessor position on the
+    path); return how many loss-mask-1 tokens had no predecessor (a segment's first token)."""
     lost = 0
-    if len(k) and k[0] == 0:
-        if prev is None:
-            lost = int(mask[0])
-            k, src = k[1:], src[1:]
-        else:
-            src[0] = prev
-    for key, value in (
-        ("src", src),
-        ("pos", offset + k),
-        ("ids", tree.ids[n][k]),
-        ("mask", mask[k]),
-        ("logp", tree.logp[n][k]),
-        ("sample", np.full(len(k), sample)),
-        ("node", np.full(len(k), n)),
-        ("offset", k),
-    ):
-        tg[key].append(value)
+    for own in tree.owners[n]:
+        mask = own.mask
+        k = np.arange(len(mask)) if targets == "all" else np.flatnonzero(mask)
+        src = offset + k - 1
+        if len(k) and k[0] == 0:
+            if prev is None:
+                lost += int(mask[0])
+                k, src = k[1:], src[1:]
+            else:
+                src[0] = prev
+        for key, value in (
+            ("src", src),
+            ("pos", offset + k),
+            ("ids", tree.ids[n][k]),
+            ("mask", mask[k]),
+            ("logp", own.logp[k]),
+            ("sample", np.full(len(k), own.sample)),
+            ("node", np.full(len(k), own.node)),
+            ("offset", own.offset + k),
+        ):
+            tg[key].append(value)
     return lost
 
 
@@ -411,17 +504,21 @@ def pack(
         raise ValueError("one advantage per sample")
     stats = PackStats()
     pieces: list[_Piece] = []
-    for s, sample in enumerate(samples):
-        tree = _Tree.of(sample)
-        sub = tree.subtree_sizes()
-        stats.unique_tokens += sum(sub[r] for r in tree.roots)
+    trees = [_Tree.of(sample, s) for s, sample in enumerate(samples)]
+    for tree in trees:
+        stats.unique_tokens += tree.n_tokens()
         stats.expanded_tokens += tree.expanded_tokens()
+    if cfg.share_prefixes and len(trees) > 1:
+        trees = [_merge(trees)]
+        stats.shared_tokens = stats.unique_tokens - trees[0].n_tokens()
+    for tree in trees:
+        sub = tree.subtree_sizes()
         for root in tree.roots:
             cut = _split(tree, root, sub, cfg.max_tokens)
             stats.split_trees += len(cut) > 1
             for ctx, owned in cut:
                 n_tok = sum(tree.size(n) for n in ctx) + sum(tree.size(n) for n in owned)
-                pieces.append(_Piece(s, tree, ctx, owned, n_tok))
+                pieces.append(_Piece(tree, ctx, owned, n_tok))
     rows_of: list[list[_Piece]] = []
     room: list[int] = []
     for pc in sorted(pieces, key=lambda p: -p.n_tokens):

@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from common.demo_cmd import DemoConfig, final_weights, rl_run_file, sft_run_file, sft_steps
+from common.demo_cmd import (
+    DemoConfig,
+    final_weights,
+    rl_run_file,
+    sft_run_file,
+    sft_steps,
+    train_suite,
+)
 from common.run_cmd import resolve, toml_text
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,8 +38,10 @@ def test_phase_run_files_are_valid_run_configs(tmp_path: Path) -> None:
     """What the demo writes to ``sft.toml``/``rl.toml`` parses as a run file, with the
     demo's choices carried into the right tables."""
     cfg = DemoConfig(steps=3, algo="ppo", harnesses=["reference", "codex"], sft_minutes=2)
-    run, sections = _resolve(tmp_path, "sft", sft_run_file(cfg, "d-sft"))
+    run, sections = _resolve(tmp_path, "sft", sft_run_file(cfg, "d-sft", "/x/toy-train"))
     assert run.engine_kind == "teacher" and not run.weights_sync
+    assert run.teacher_suites == ["/x/toy-train"]
+    assert sections["learner"]["feeder"]["suites"] == ["/x/toy-train"]
     assert run.steps == sft_steps(cfg) == 45 and run.time_limit_s == 120
     assert sections["learner"]["sft"] is True
     assert sections["learner"]["feeder"]["harnesses"] == ["reference"]  # the teacher's tools
@@ -47,6 +56,33 @@ def test_phase_run_files_are_valid_run_configs(tmp_path: Path) -> None:
     external = DemoConfig(engines=["http://gpu-0:30000"], nats="nats://n:4222")
     run, _ = _resolve(tmp_path, "ext", rl_run_file(external, "d-rl", policy))
     assert run.engines == ["http://gpu-0:30000"] and run.nats == "nats://n:4222"
+
+
+def test_training_suite_is_generated_once_and_holds_out_toy_eval(tmp_path: Path) -> None:
+    from common.tasks import list_tasks
+
+    assert train_suite(DemoConfig(train_per_family=6), tmp_path) == "toy"
+    path = train_suite(DemoConfig(train_per_family=8), tmp_path)
+    tasks = list_tasks(path, split="train")
+    assert len(tasks) == 8 * 18
+    builtin = {t.id: t for t in list_tasks("toy")}
+    mine = {t.id: t for t in tasks}
+    assert set(builtin) < set(mine)  # the built-in tasks come first, unchanged
+    for tid, t in builtin.items():
+        ws, ws2 = t.path / "workspace", mine[tid].path / "workspace"
+        files = sorted(p.relative_to(ws) for p in ws.rglob("*") if p.is_file())
+        assert files == sorted(p.relative_to(ws2) for p in ws2.rglob("*") if p.is_file())
+        assert all((ws / f).read_bytes() == (ws2 / f).read_bytes() for f in files)
+
+    def content(t) -> tuple:
+        ws = t.path / "workspace"
+        files = {str(p.relative_to(ws)): p.read_text() for p in ws.rglob("*") if p.is_file()}
+        return (t.instruction, tuple(sorted(files.items())))
+
+    assert not {content(t) for t in tasks} & {content(t) for t in list_tasks("toy-eval")}
+    (Path(path) / "copy_01" / "marker").write_text("kept")
+    assert train_suite(DemoConfig(train_per_family=8), tmp_path) == path  # not rewritten
+    assert (Path(path) / "copy_01" / "marker").exists()
 
 
 def test_sft_steps_default_follows_rl_steps() -> None:

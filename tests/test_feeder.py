@@ -123,3 +123,23 @@ async def test_disabled_feeder_issues_nothing(bus: Bus) -> None:
     f = feeder(bus, enabled=False)
     assert await f.top_up(0) == 0 and await tasks(bus) == []
     f.on_ended("someone_else_1", 0)  # samples of groups it never issued are fine
+
+
+async def test_suite_given_as_a_folder_is_sent_as_its_path(bus: Bus, tmp_path) -> None:
+    """Tasks of a suite folder carry only the folder's base name; actors are told the path,
+    and resolve every issued task with it (a name alone was 'task not found' for all)."""
+    import shutil
+
+    from common.tasks import load_task
+    from common.tasks.registry import suite_dir
+
+    folder = tmp_path / "my-suite"
+    shutil.copytree(suite_dir("toy"), folder)
+    f = feeder(bus, suites=[str(folder)], eval_suite="toy-eval", eval_every=1)
+    await f.top_up(0)
+    reqs = await tasks(bus)
+    train = [r for r in reqs if not r.is_eval]
+    assert train and {r.suite for r in train} == {str(folder.resolve())}
+    assert {r.suite for r in reqs if r.is_eval} == {"toy-eval"}  # a known name stays a name
+    for r in reqs:
+        assert load_task(r.suite, r.task_id).task_hash == r.task_hash

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import pytest
 import torch
 
-from common.records import TreeNode, TreeSample, pack_f32, pack_ids, pack_u8
+from common.records import (
+    TreeNode,
+    TreeSample,
+    pack_f32,
+    pack_ids,
+    pack_u8,
+    unpack_f32,
+    unpack_ids,
+    unpack_u8,
+)
 from learner import policy as policy_mod
 from learner.losses import LossConfig, norm_weights, policy_loss
 from learner.packing import PackConfig, branches, collate, dense_tree_mask, pack
@@ -66,6 +76,38 @@ def chain_sample(prefix: int, suffixes: list[int], rng: np.random.Generator) -> 
     return TreeSample(rollout_id="c-0-1", group_id="c", k=0, nodes=nodes)
 
 
+def shared_samples(rng: np.random.Generator, n: int = 6) -> list[TreeSample]:
+    """Samples whose roots start alike, as every rollout of one harness does: a common system
+    prompt, one of two task prompts, a sample that is another's exact copy, one whose root is
+    the bare system prompt, and shared tokens that are model tokens in one sample only."""
+    system = rng.integers(3, VOCAB, 6)
+    tasks = [rng.integers(3, VOCAB, 4) for _ in range(2)]
+    out = []
+    for k in range(n):
+        base = random_sample(rng, n_nodes=6, max_len=6, roots=1 + k % 2, k=k)
+        prefix = np.concatenate([system, tasks[k % 2]]) if k % 3 else system
+        root = base.nodes[0]
+        pmask = np.zeros(len(prefix), np.uint8)
+        if k == 1:
+            pmask[-3:] = 1  # scored here, context in the others
+        plogp = np.where(pmask > 0, -0.5, 0.0)
+        nodes = [
+            msgspec.structs.replace(
+                root,
+                token_ids=pack_ids(np.concatenate([prefix, unpack_ids(root.token_ids)])),
+                logprobs=pack_f32(np.concatenate([plogp, unpack_f32(root.logprobs)])),
+                loss_mask=pack_u8(np.concatenate([pmask, unpack_u8(root.loss_mask)])),
+            ),
+            *base.nodes[1:],
+        ]
+        out.append(msgspec.structs.replace(base, nodes=nodes, rollout_id=f"g-{k}-1"))
+    out.append(msgspec.structs.replace(out[0], k=n, rollout_id=f"g-{n}-1", reward=0.25))
+    bare = chain_sample(0, [3, 4], rng)
+    bare.nodes[0] = TreeNode(parent=-1, token_ids=pack_ids(system))
+    out.append(msgspec.structs.replace(bare, k=n + 1, rollout_id=f"g-{n + 1}-1", reward=0.5))
+    return out
+
+
 def scored_keys(sample: TreeSample, s: int) -> set[tuple[int, int, int]]:
     """(sample, node, offset) of every predictable loss-mask-1 token (from the expanded view)."""
     keys = set()
@@ -96,17 +138,54 @@ def test_every_scored_token_is_a_target_exactly_once(budget: int) -> None:
     st = packing.stats
     assert st.expanded_tokens == sum(len(b.token_ids) for s in samples for b in branches(s))
     assert st.target_tokens == len(keys) and st.unpredictable_tokens == 0
-    assert st.computed_tokens == st.unique_tokens + st.duplicated_tokens
+    assert st.computed_tokens == st.unique_tokens - st.shared_tokens + st.duplicated_tokens
     assert st.computed_tokens == sum(r.n_tokens for r in packing.rows)
     for r in packing.rows:
         assert r.n_tokens <= budget or st.over_budget_rows > 0
 
 
-def test_targets_and_positions_match_branches() -> None:
+@pytest.mark.parametrize("budget", [4096, 40, 17])
+def test_shared_prefixes_are_computed_once(budget: int) -> None:
+    """Samples that start alike share their common tokens; every sample still gets each of
+    its own scored tokens as one target, with its own mask and rollout log-prob."""
+    rng = np.random.default_rng(10 + budget)
+    samples = shared_samples(rng)
+    shared = pack(samples, PackConfig(max_tokens=budget))
+    alone = pack(samples, PackConfig(max_tokens=budget, share_prefixes=False))
+    keys = row_keys(shared)
+    assert len(keys) == len(set(keys))
+    assert set(keys) == set(row_keys(alone))
+    assert set(keys) == set().union(*(scored_keys(s, i) for i, s in enumerate(samples)))
+    st = shared.stats
+    assert st.unique_tokens == alone.stats.unique_tokens and alone.stats.shared_tokens == 0
+    # at least the system prompt of every sample but one, and all of the exact copy
+    copy = sum(len(unpack_ids(n.token_ids)) for n in samples[-2].nodes)
+    assert st.shared_tokens >= 6 * (len(samples) - 1) + copy - 6
+    assert st.computed_tokens == st.unique_tokens - st.shared_tokens + st.duplicated_tokens
+    assert st.computed_tokens == sum(r.n_tokens for r in shared.rows)
+    if budget == 4096:
+        assert (
+            st.computed_tokens == st.unique_tokens - st.shared_tokens < alone.stats.computed_tokens
+        )
+    # the exact copy is merged whole: its targets sit on the original's positions
+    if budget == 4096:
+        (row,) = shared.rows
+        at = {}
+        for s, n, o, pos in zip(
+            row.sample_index, row.target_node, row.target_offset, row.target_pos, strict=True
+        ):
+            at[(int(s), int(n), int(o))] = int(pos)
+        mine = {(n, o): pos for (s, n, o), pos in at.items() if s == len(samples) - 2}
+        assert mine and mine == {(n, o): pos for (s, n, o), pos in at.items() if s == 0}
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_targets_and_positions_match_branches(share: bool) -> None:
     """Each target's id, source token, depth and rollout logp are those of the expanded branch."""
     rng = np.random.default_rng(1)
     samples = [random_sample(rng, n_nodes=12, roots=2, k=k) for k in range(3)]
-    packing = pack(samples, PackConfig(max_tokens=30))
+    samples += shared_samples(rng)
+    packing = pack(samples, PackConfig(max_tokens=30, share_prefixes=share))
     expect = {}
     for s, sample in enumerate(samples):
         for br in branches(sample):
@@ -122,6 +201,7 @@ def test_targets_and_positions_match_branches() -> None:
             assert r.position_ids[r.target_pos[j]] == depth
             assert r.position_ids[r.target_src[j]] == depth - 1
             assert r.rollout_logp[j] == pytest.approx(lp)
+            assert r.loss_mask[j] == 1.0  # only model tokens are targets by default
 
 
 def test_tree_mask_is_ancestry() -> None:
@@ -267,14 +347,17 @@ def _grads(policy: Policy) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize(
-    ("seed", "attn", "algo", "budget"),
+    ("seed", "attn", "algo", "budget", "shared"),
     [
-        (0, "eager", "grpo", 4096),
-        (1, "sdpa", "ppo", 4096),
-        (2, "eager", "ppo", 24),
-        (3, "sdpa", "grpo", 24),
-        (4, "tree_sdpa", "ppo", 4096),
-        (5, "tree_sdpa", "grpo", 24),
+        (0, "eager", "grpo", 4096, False),
+        (1, "sdpa", "ppo", 4096, False),
+        (2, "eager", "ppo", 24, False),
+        (3, "sdpa", "grpo", 24, False),
+        (4, "tree_sdpa", "ppo", 4096, False),
+        (5, "tree_sdpa", "grpo", 24, False),
+        (6, "eager", "grpo", 4096, True),
+        (7, "tree_sdpa", "ppo", 4096, True),
+        (8, "sdpa", "ppo", 40, True),
     ],
 )
 def test_packed_equals_expanded_count_once(
@@ -284,19 +367,25 @@ def test_packed_equals_expanded_count_once(
     attn: str,
     algo: str,
     budget: int,
+    shared: bool,
 ) -> None:
-    """Packed loss and gradients equal the branch-expanded count-once loss (fp32, 1e-5)."""
+    """Packed loss and gradients equal the branch-expanded count-once loss (fp32, 1e-5), also
+    with prefixes shared across samples."""
     monkeypatch.setattr(policy_mod, "TREE_BLOCK", 8)  # small blocks: skipping really happens
     policy = base_policy
     policy.lm.set_attn_implementation(attn)
     policy.entropy_grad = True  # the loss below has an entropy bonus
     rng = np.random.default_rng(seed)
-    samples = [random_sample(rng, n_nodes=7, max_len=8, roots=1 + k % 2, k=k) for k in range(4)]
+    if shared:
+        samples = shared_samples(rng)
+    else:
+        samples = [random_sample(rng, n_nodes=7, max_len=8, roots=1 + k % 2, k=k) for k in range(4)]
     adv = rng.normal(size=len(samples)).astype(np.float32)
     cfg = LossConfig(algo=algo, norm="sequence" if budget < 100 else "token", entropy_coef=0.01)
     packing = pack(samples, PackConfig(max_tokens=budget), advantages=adv)
     if budget < 100:
         assert packing.stats.duplicated_tokens > 0 and packing.stats.rows > 1
+    assert (packing.stats.shared_tokens > 0) == shared
 
     batch = collate(packing.rows)
     out = policy(**batch.model_inputs())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import shutil
@@ -580,6 +581,42 @@ def write_suites(out: Path, seed: int = 0) -> dict[str, int]:
     return counts
 
 
+def _key(t: ToyTask) -> tuple[str, str, str]:
+    return (
+        t.family.name,
+        json.dumps(t.params, sort_keys=True),
+        json.dumps(t.files, sort_keys=True),
+    )
+
+
+def train_tasks(per_family: int, seed: int = 0) -> list[ToyTask]:
+    """``per_family`` training tasks per family: the built-in ``toy`` tasks first (the same
+    ids and files), then more from the same generator, none equal to a held-out task."""
+    held_out = {_key(t) for t in generate(seed) if t.split == "eval"}
+    return [t for t in generate(seed, {"train": per_family}) if _key(t) not in held_out]
+
+
+def write_train_suite(root: Path, per_family: int, seed: int = 0) -> int:
+    """Write a training suite of `train_tasks` to ``root`` (atomically: a complete suite or
+    none; an existing complete one is kept). Returns its task count."""
+    root = Path(root)
+    if (root / "README.md").exists():
+        return sum(1 for d in root.iterdir() if (d / "task.toml").exists())
+    tmp = root.with_name(f".{root.name}.tmp-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    tasks = train_tasks(per_family, seed)
+    for t in tasks:
+        write_task(t, tmp)
+    (tmp / "README.md").write_text(
+        SUITE_README.format(suite=root.name, seed=seed, n=len(tasks), split="train")
+        + f"\n{per_family} tasks per family (`common.tasks.toy.write_train_suite`).\n"
+    )
+    tmp.rename(root)
+    return len(tasks)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Regenerate the built-in toy suites.")
     ap.add_argument(
@@ -589,7 +626,18 @@ def main(argv: list[str] | None = None) -> int:
         help="directory to write toy/ and toy-eval/ into (default: built-in suites)",
     )
     ap.add_argument("--seed", type=int, default=0, help="generation seed (default 0)")
+    ap.add_argument(
+        "--train-per-family",
+        type=int,
+        metavar="N",
+        help="instead: write a larger training suite (N tasks per family, disjoint from "
+        "toy-eval) to --out",
+    )
     args = ap.parse_args(argv)
+    if args.train_per_family:
+        n = write_train_suite(args.out, args.train_per_family, args.seed)
+        print(f"{args.out}: {n} tasks")
+        return 0
     counts = write_suites(args.out, args.seed)
     print(", ".join(f"{k}: {v} tasks" for k, v in counts.items()))
     return 0
