@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import logging
 import signal
-import sys
 
 from actors.config import ActorConfig
 
@@ -68,19 +67,7 @@ def main(cfg: ActorConfig, args: argparse.Namespace | None = None) -> int:
     return int(run(serve(cfg)))
 
 
-if __name__ == "__main__":  # ``python -m actors.actor_cmd`` (same flags as ``harnessrl actor``)
-    from common.config import ConfigError, add_config_args, config_from_args, dump_toml
+if __name__ == "__main__":  # ``python -m actors.actor_cmd`` is ``harnessrl actor``
+    from common.cli import run_module
 
-    parser = argparse.ArgumentParser(prog="harnessrl actor", description=__doc__)
-    add_arguments(parser)
-    add_config_args(parser, ActorConfig)
-    ns = parser.parse_args()
-    try:
-        config = config_from_args(ActorConfig, ns, section=SECTION)
-    except ConfigError as e:
-        print(f"harnessrl actor: {e}", file=sys.stderr)
-        sys.exit(2)
-    if ns.print_config:
-        sys.stdout.write(dump_toml(config))
-        sys.exit(0)
-    sys.exit(main(config, ns))
+    run_module("actor")

@@ -191,19 +191,7 @@ def main(cfg: RolloutConfig, args: argparse.Namespace) -> int:
     return 0 if report["status"] == "ok" else 1
 
 
-if __name__ == "__main__":  # ``python -m actors.rollout_cmd`` (same flags as ``harnessrl rollout``)
-    from common.config import ConfigError, add_config_args, config_from_args, dump_toml
+if __name__ == "__main__":  # ``python -m actors.rollout_cmd`` is ``harnessrl rollout``
+    from common.cli import run_module
 
-    parser = argparse.ArgumentParser(prog="harnessrl rollout", description=__doc__)
-    add_arguments(parser)
-    add_config_args(parser, RolloutConfig)
-    ns = parser.parse_args()
-    try:
-        config = config_from_args(RolloutConfig, ns, section=SECTION)
-    except ConfigError as e:
-        print(f"harnessrl rollout: {e}", file=sys.stderr)
-        sys.exit(2)
-    if ns.print_config:
-        sys.stdout.write(dump_toml(config))
-        sys.exit(0)
-    sys.exit(main(config, ns))
+    run_module("rollout")

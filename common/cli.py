@@ -127,5 +127,11 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def run_module(name: str) -> None:
+    """Entry point of ``python -m <a command's module> ARGS``: exactly ``harnessrl NAME ARGS``
+    (one parser, config loading and error handling for both ways in)."""
+    sys.exit(main([name, *sys.argv[1:]]))
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

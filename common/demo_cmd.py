@@ -463,19 +463,7 @@ def main(cfg: DemoConfig, args: argparse.Namespace | None = None) -> int:
     return Demo(cfg).run()
 
 
-if __name__ == "__main__":  # ``python -m common.demo_cmd`` before it is registered
-    from common.config import ConfigError, add_config_args, config_from_args, dump_toml
+if __name__ == "__main__":  # ``python -m common.demo_cmd`` is ``harnessrl demo``
+    from common.cli import run_module
 
-    parser = argparse.ArgumentParser(prog="harnessrl demo", description=__doc__)
-    add_arguments(parser)
-    add_config_args(parser, DemoConfig)
-    ns = parser.parse_args()
-    try:
-        config = config_from_args(DemoConfig, ns, section=SECTION)
-    except ConfigError as e:
-        print(f"harnessrl demo: {e}", file=sys.stderr)
-        sys.exit(2)
-    if ns.print_config:
-        sys.stdout.write(dump_toml(config))
-        sys.exit(0)
-    sys.exit(main(config, ns))
+    run_module("demo")

@@ -376,19 +376,7 @@ def main(cfg: EvalConfig, args: argparse.Namespace | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":  # ``python -m common.eval_cmd`` before it is registered
-    from common.config import ConfigError, add_config_args, config_from_args, dump_toml
+if __name__ == "__main__":  # ``python -m common.eval_cmd`` is ``harnessrl eval``
+    from common.cli import run_module
 
-    parser = argparse.ArgumentParser(prog="harnessrl eval", description=__doc__)
-    add_arguments(parser)
-    add_config_args(parser, EvalConfig)
-    ns = parser.parse_args()
-    try:
-        config = config_from_args(EvalConfig, ns, section=SECTION)
-    except ConfigError as e:
-        print(f"harnessrl eval: {e}", file=sys.stderr)
-        sys.exit(2)
-    if ns.print_config:
-        sys.stdout.write(dump_toml(config))
-        sys.exit(0)
-    sys.exit(main(config, ns))
+    run_module("eval")

@@ -66,16 +66,6 @@ SECTION = "run"
 SECTIONS = ("engine", "actor", "assembler", "learner", "weights_sync")
 """Tables of a run file read by the child processes themselves."""
 
-FALLBACK_MODULES = {
-    "nats": "common.natsd_cli",
-    "engine": "proxy.engine_cmd",
-    "actor": "actors.actor_cmd",
-    "assembler": "learner.assembler_cmd",
-    "learner": "learner.learner_cmd",
-    "weights-sync": "learner.weights_sync_cmd",
-}
-"""Runnable modules of the commands, for those not (yet) registered in ``common.cli``."""
-
 READY = {
     "nats": r"nats-server ready: ",
     "engine": r"^engine ready: ",
@@ -203,13 +193,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def command_prefix(py: str, cmd: str) -> list[str]:
-    """``python -m common.cli CMD`` (or the command's own module while it is not registered)."""
-    from common.cli import COMMANDS
-
-    c = COMMANDS.get(cmd)
-    if c is not None and c.module:
-        return [py, "-m", "common.cli", cmd]
-    return [py, "-m", FALLBACK_MODULES[cmd]]
+    """``python -m common.cli CMD``: a child's command line as a user would start it."""
+    return [py, "-m", "common.cli", cmd]
 
 
 def display_command(argv: list[str]) -> str:
@@ -934,7 +919,7 @@ def run_subprocess(argv: list[str], **kw: Any) -> subprocess.Popen:
     return popen_child([sys.executable, "-m", "common.cli", "run", *argv], **kw)
 
 
-if __name__ == "__main__":  # ``python -m common.run_cmd`` before it is registered
-    parser = argparse.ArgumentParser(prog="harnessrl run", description=__doc__)
-    add_arguments(parser)
-    sys.exit(main(None, parser.parse_args()))
+if __name__ == "__main__":  # ``python -m common.run_cmd`` is ``harnessrl run``
+    from common.cli import run_module
+
+    run_module("run")

@@ -49,22 +49,7 @@ async def serve(cfg: AssemblerConfig) -> int:
     return 0
 
 
-def _standalone(argv: list[str]) -> int:
-    from common.config import ConfigError, add_config_args, config_from_args, dump_toml
+if __name__ == "__main__":  # ``python -m learner.assembler_cmd`` is ``harnessrl assembler``
+    from common.cli import run_module
 
-    parser = argparse.ArgumentParser(prog="harnessrl assembler", description=__doc__)
-    add_config_args(parser, CONFIG)
-    args = parser.parse_args(argv)
-    try:
-        cfg = config_from_args(CONFIG, args, section=SECTION)
-    except ConfigError as e:
-        print(f"harnessrl assembler: {e}", file=sys.stderr)
-        return 2
-    if args.print_config:
-        sys.stdout.write(dump_toml(cfg))
-        return 0
-    return main(cfg, args)
-
-
-if __name__ == "__main__":
-    sys.exit(_standalone(sys.argv[1:]))
+    run_module("assembler")

@@ -74,22 +74,7 @@ async def serve(cfg: WeightSyncConfig) -> int:
     return 0
 
 
-def _standalone(argv: list[str]) -> int:
-    from common.config import ConfigError, add_config_args, config_from_args, dump_toml
+if __name__ == "__main__":  # ``python -m learner.weights_sync_cmd`` is ``harnessrl weights-sync``
+    from common.cli import run_module
 
-    parser = argparse.ArgumentParser(prog="harnessrl weights-sync", description=__doc__)
-    add_config_args(parser, CONFIG)
-    args = parser.parse_args(argv)
-    try:
-        cfg = config_from_args(CONFIG, args, section=SECTION)
-    except ConfigError as e:
-        print(f"harnessrl weights-sync: {e}", file=sys.stderr)
-        return 2
-    if args.print_config:
-        sys.stdout.write(dump_toml(cfg))
-        return 0
-    return main(cfg, args)
-
-
-if __name__ == "__main__":
-    sys.exit(_standalone(sys.argv[1:]))
+    run_module("weights-sync")

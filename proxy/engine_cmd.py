@@ -69,18 +69,7 @@ def spawn_engine(
     return proc, found[0]
 
 
-if __name__ == "__main__":  # ``python -m proxy.engine_cmd`` before it is registered in the CLI
-    from common.config import ConfigError, add_config_args, config_from_args, dump_toml
+if __name__ == "__main__":  # ``python -m proxy.engine_cmd`` is ``harnessrl engine``
+    from common.cli import run_module
 
-    parser = argparse.ArgumentParser(prog="harnessrl engine", description=__doc__)
-    add_config_args(parser, EngineConfig)
-    ns = parser.parse_args()
-    try:
-        config = config_from_args(EngineConfig, ns)
-    except ConfigError as e:
-        print(f"harnessrl engine: {e}", file=sys.stderr)
-        sys.exit(2)
-    if ns.print_config:
-        sys.stdout.write(dump_toml(config))
-        sys.exit(0)
-    sys.exit(main(config, ns))
+    run_module("engine")

@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import logging
 import signal
-import sys
 
 from proxy.proxy_config import ProxyConfig
 
@@ -95,18 +94,7 @@ def main(cfg: ProxyConfig, args: argparse.Namespace | None = None) -> int:
     return int(run(serve(cfg)))
 
 
-if __name__ == "__main__":  # ``python -m proxy.proxy_cmd`` before it is registered in the CLI
-    from common.config import ConfigError, add_config_args, config_from_args, dump_toml
+if __name__ == "__main__":  # ``python -m proxy.proxy_cmd`` is ``harnessrl proxy``
+    from common.cli import run_module
 
-    parser = argparse.ArgumentParser(prog="harnessrl proxy", description=__doc__)
-    add_config_args(parser, ProxyConfig)
-    ns = parser.parse_args()
-    try:
-        config = config_from_args(ProxyConfig, ns)
-    except ConfigError as e:
-        print(f"harnessrl proxy: {e}", file=sys.stderr)
-        sys.exit(2)
-    if ns.print_config:
-        sys.stdout.write(dump_toml(config))
-        sys.exit(0)
-    sys.exit(main(config, ns))
+    run_module("proxy")
