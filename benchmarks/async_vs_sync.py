@@ -25,7 +25,6 @@ a smoke test of the machinery, not a measurement.
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import parse_args, print_table, target, write_result
+from common.plot import read_lines
 
 NAME = "async_vs_sync"
 MODES = {"sync": 0, "async": 4}
@@ -80,18 +80,6 @@ def run_file(name: str, staleness: int, quick: bool) -> dict[str, Any]:
         },
         "weights_sync": {},
     }
-
-
-def read_lines(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
 
 
 class ModeRun:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import RESULTS_DIR, print_table, target, write_result
+from common.plot import read_lines
 
 NAME = "demo_learning"
 BUDGET_S = 15 * 60
@@ -47,14 +48,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def rl_curve(run_dir: Path) -> list[tuple[int, float]]:
-    out = []
-    path = run_dir / "metrics.jsonl"
-    if path.exists():
-        for line in path.read_text().splitlines():
-            d = json.loads(line)
-            if d.get("event") == "step" and d.get("source") != "run":
-                out.append((int(d["version"]), round(float(d["reward_mean"]), 4)))
-    return out
+    return [
+        (int(d["version"]), round(float(d["reward_mean"]), 4))
+        for d in read_lines(run_dir / "metrics.jsonl")
+        if d.get("event") == "step" and d.get("source") != "run"
+    ]
 
 
 def run_demo(algo: str, folder: Path, args: argparse.Namespace) -> dict[str, Any]:

@@ -35,7 +35,6 @@ from that policy at lr 2e-4 held it (0.28 -> 0.30, success unchanged); at lr 1e-
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import signal
 import subprocess
@@ -434,15 +433,10 @@ class Demo:
 
 def run_summary(run_dir: Path) -> dict[str, Any]:
     """The ``summary`` line a run wrote last (empty if none)."""
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return {}
-    found: dict[str, Any] = {}
-    for line in path.read_text().splitlines():
-        if '"summary"' in line:
-            with contextlib.suppress(json.JSONDecodeError):
-                found = json.loads(line)
-    return found
+    from common.plot import read_lines
+
+    found = [d for d in read_lines(run_dir / "metrics.jsonl") if d.get("event") == "summary"]
+    return found[-1] if found else {}
 
 
 def demo_dir(cfg: DemoConfig) -> Path:

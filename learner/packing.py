@@ -87,18 +87,17 @@ class _Owner:
 @dataclass
 class _Tree:
     """Decoded arrays and child lists of one TreeSample (a forest: one root per segment), or
-    of several merged ones (``owners`` then lists every sample holding a node's tokens)."""
+    of several merged ones. A node's loss mask and rollout log-probs are its owners': one per
+    sample holding its tokens (a single sample's tree has one owner per node)."""
 
     ids: list[np.ndarray]
-    logp: list[np.ndarray]
-    mask: list[np.ndarray]
     children: list[list[int]]
     roots: list[int]
-    owners: list[list[_Owner]] = field(default_factory=list)
+    owners: list[list[_Owner]]
 
     @classmethod
     def of(cls, sample: TreeSample, index: int = 0) -> _Tree:
-        ids, logp, mask, children, roots = [], [], [], [[] for _ in sample.nodes], []
+        ids, owners, children, roots = [], [], [[] for _ in sample.nodes], []
         for i, node in enumerate(sample.nodes):
             t = unpack_ids(node.token_ids)
             n = len(t)
@@ -107,16 +106,14 @@ class _Tree:
             m = unpack_u8(node.loss_mask) if node.loss_mask else np.zeros(n, np.uint8)
             if len(lp) != n or len(m) != n:
                 raise ValueError(f"node {i}: logprobs/loss_mask length differ from token_ids")
-            logp.append(lp)
-            mask.append(m)
+            owners.append([_Owner(index, i, 0, m, lp)])
             if node.parent < 0:
                 roots.append(i)
             elif node.parent >= i:
                 raise ValueError(f"node {i}: parent {node.parent} does not precede it")
             else:
                 children[node.parent].append(i)
-        owners = [[_Owner(index, i, 0, mask[i], logp[i])] for i in range(len(ids))]
-        return cls(ids, logp, mask, children, roots, owners)
+        return cls(ids, children, roots, owners)
 
     def n_tokens(self) -> int:
         return sum(len(t) for t in self.ids)
@@ -156,7 +153,7 @@ class _Tree:
 def _merge(trees: Sequence[_Tree]) -> _Tree:
     """One forest for many samples' trees: a radix tree over all their nodes, in which token
     paths that are equal from a root are one path. Every merged node lists its owners."""
-    out = _Tree([], [], [], [], [], [])
+    out = _Tree([], [], [], [])
 
     def expand(items: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
         """Items with tokens left; a used-up (or empty) node is replaced by its children."""
@@ -193,14 +190,12 @@ def _merge(trees: Sequence[_Tree]) -> _Tree:
                         t,
                         n,
                         st,
-                        trees[t].mask[n][st : st + common],
-                        trees[t].logp[n][st : st + common],
+                        trees[t].owners[n][0].mask[st : st + common],
+                        trees[t].owners[n][0].logp[st : st + common],
                     )
                     for t, n, st in group
                 ]
             )
-            out.mask.append(out.owners[-1][0].mask)
-            out.logp.append(out.owners[-1][0].logp)
             out.children.append([])
             (out.roots if parent < 0 else out.children[parent]).append(idx)
             below: list[tuple[int, int, int]] = []
@@ -246,8 +241,12 @@ def branches(sample: TreeSample) -> list[Branch]:
                 Branch(
                     nodes=path,
                     token_ids=np.concatenate([tree.ids[n] for n in path]).astype(np.int64),
-                    logprobs=np.concatenate([tree.logp[n] for n in path]).astype(np.float32),
-                    loss_mask=np.concatenate([tree.mask[n] for n in path]).astype(np.float32),
+                    logprobs=np.concatenate([tree.owners[n][0].logp for n in path]).astype(
+                        np.float32
+                    ),
+                    loss_mask=np.concatenate([tree.owners[n][0].mask for n in path]).astype(
+                        np.float32
+                    ),
                     node_of=np.concatenate([np.full(tree.size(n), n) for n in path]),
                     offset_of=np.concatenate([np.arange(tree.size(n)) for n in path]),
                 )

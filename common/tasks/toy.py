@@ -438,6 +438,11 @@ class ToyTask:
         return self.family.instruction.format(**fmt)
 
 
+def _key(family: str, params: dict[str, Any], files: dict[str, str]) -> tuple[str, str, str]:
+    """What makes two generated tasks the same task."""
+    return family, json.dumps(params, sort_keys=True), json.dumps(files, sort_keys=True)
+
+
 def generate(seed: int = 0, per_family: dict[str, int] | None = None) -> list[ToyTask]:
     """Deterministic toy tasks: ``per_family`` = {split: count}, default train 6, eval 2."""
     per_family = per_family or {"train": 6, "eval": 2}
@@ -449,11 +454,7 @@ def generate(seed: int = 0, per_family: dict[str, int] | None = None) -> list[To
                 rng = random.Random(f"toy:{seed}:{split}:{fam.name}:{attempt}")
                 attempt += 1
                 params, files = fam.make(rng)
-                key = (
-                    fam.name,
-                    json.dumps(params, sort_keys=True),
-                    json.dumps(files, sort_keys=True),
-                )
+                key = _key(fam.name, params, files)
                 if key in seen:
                     continue
                 seen.add(key)
@@ -581,19 +582,15 @@ def write_suites(out: Path, seed: int = 0) -> dict[str, int]:
     return counts
 
 
-def _key(t: ToyTask) -> tuple[str, str, str]:
-    return (
-        t.family.name,
-        json.dumps(t.params, sort_keys=True),
-        json.dumps(t.files, sort_keys=True),
-    )
-
-
 def train_tasks(per_family: int, seed: int = 0) -> list[ToyTask]:
     """``per_family`` training tasks per family: the built-in ``toy`` tasks first (the same
     ids and files), then more from the same generator, none equal to a held-out task."""
-    held_out = {_key(t) for t in generate(seed) if t.split == "eval"}
-    return [t for t in generate(seed, {"train": per_family}) if _key(t) not in held_out]
+
+    def key(t: ToyTask) -> tuple[str, str, str]:
+        return _key(t.family.name, t.params, t.files)
+
+    held_out = {key(t) for t in generate(seed) if t.split == "eval"}
+    return [t for t in generate(seed, {"train": per_family}) if key(t) not in held_out]
 
 
 def write_train_suite(root: Path, per_family: int, seed: int = 0) -> int:
