@@ -1,0 +1,152 @@
+"""Model specs to local folders, and loading tokenizers / models / facts from them.
+
+``resolve_model`` is the one entry point from a spec (``tiny…`` or a local folder) to a folder;
+``load_tokenizer``, ``load_model`` and ``model_info`` all go through it. Nothing is downloaded
+(``local_files_only``). ``model_info`` reads only ``config.json``, ``generation_config.json`` and
+safetensors headers, never weights; transformers/torch are imported only by the loaders.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .build import build_tiny_model, parse_tiny_spec
+
+
+def resolve_model(spec: str | os.PathLike[str], cache_dir: Path | str | None = None) -> Path:
+    """Turn a model spec into a local folder holding a Hugging Face model + tokenizer.
+
+    ``spec`` is ``tiny`` / ``tiny-1m`` / ``tiny-8m`` / ``tiny-30m`` (optionally ``@seedN``; built on
+    first use into the cache) or a path to an existing local model folder. Raises ValueError for
+    anything else. A folder whose name starts with ``tiny`` must be given with a path separator
+    (``./tiny-foo``). The tiny cache key is a hash of the build recipe (shapes, vocabulary,
+    corpus parameters, word lists, chat template, :data:`RECIPE_VERSION`).
+    """
+    if isinstance(spec, str):
+        tiny = parse_tiny_spec(spec)
+        if tiny is not None:
+            return build_tiny_model(tiny[0], tiny[1], cache_dir)
+        if not spec.strip():
+            raise ValueError("empty model spec")
+        if spec.strip().startswith("tiny") and os.sep not in spec:
+            raise ValueError(
+                f"unknown tiny model spec {spec!r}: expected tiny, tiny-1m, tiny-8m or tiny-30m, "
+                "optionally followed by @seedN (e.g. tiny-8m@seed3)"
+            )
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise ValueError(
+            f"model {str(spec)!r} is neither a tiny model spec (tiny, tiny-1m, tiny-8m, tiny-30m"
+            "[@seedN]) nor an existing local folder (nothing can be downloaded)"
+        )
+    if not path.is_dir():
+        raise ValueError(f"model path {str(path)!r} is not a folder")
+    if not (path / "config.json").exists() and not (path / "tokenizer_config.json").exists():
+        raise ValueError(
+            f"model folder {str(path)!r} has no config.json or tokenizer_config.json: "
+            "not a Hugging Face model folder"
+        )
+    return path.resolve()
+
+
+def load_tokenizer(path: str | os.PathLike[str]) -> Any:
+    """A ``transformers`` fast tokenizer from a local folder (or a tiny spec)."""
+    from transformers import AutoTokenizer
+
+    folder = resolve_model(path)
+    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+
+
+def _torch_dtype(dtype: Any) -> Any:
+    import torch
+
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str):
+        name = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}.get(
+            dtype, dtype
+        )
+        value = getattr(torch, name.removeprefix("torch."), None)
+        if isinstance(value, torch.dtype):
+            return value
+    raise ValueError(f"unknown dtype {dtype!r}")
+
+
+def load_model(path: str | os.PathLike[str], dtype: Any = "float32", device: Any = "cpu") -> Any:
+    """A ``transformers`` causal LM from a local folder (or a tiny spec), in eval mode.
+
+    ``dtype`` is a ``torch.dtype`` or its name (``"float32"``, ``"bfloat16"``, ``"bf16"``...).
+    """
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    folder = resolve_model(path)
+    td = _torch_dtype(dtype)
+    major = int(transformers.__version__.split(".")[0])
+    kw = {"dtype": td} if major >= 5 else {"torch_dtype": td}
+    model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True, **kw)
+    model.to(device)
+    model.eval()
+    return model
+
+
+def _safetensors_numels(files: Sequence[Path]) -> tuple[int, str | None]:
+    total = 0
+    dtype = None
+    for f in files:
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        for name, meta in header.items():
+            if name == "__metadata__":
+                continue
+            numel = 1
+            for d in meta["shape"]:
+                numel *= d
+            total += numel
+            dtype = dtype or meta.get("dtype")
+    return total, dtype
+
+
+def model_info(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Facts about a model folder without loading its weights: ``n_params`` (from safetensors
+    headers; ``None`` if there are none), ``vocab_size``, ``max_position_embeddings``,
+    ``eos_token_ids``, ``model_type``, ``hidden_size``, ``num_hidden_layers``,
+    ``tie_word_embeddings``, ``weights_dtype``, ``path``."""
+    folder = resolve_model(path)
+    config = json.loads((folder / "config.json").read_text())
+    text_config = config.get("text_config") or config
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted({folder / f for f in json.loads(index.read_text())["weight_map"].values()})
+    else:
+        files = sorted(folder.glob("*.safetensors"))
+    n_params, wdtype = _safetensors_numels(files) if files else (None, None)
+    eos: Any = None
+    gen = folder / "generation_config.json"
+    if gen.exists():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+    if eos is None:
+        eos = text_config.get("eos_token_id")
+    eos_list = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    return {
+        "path": str(folder),
+        "model_type": config.get("model_type"),
+        "n_params": n_params,
+        "vocab_size": text_config.get("vocab_size"),
+        "max_position_embeddings": text_config.get("max_position_embeddings"),
+        "hidden_size": text_config.get("hidden_size"),
+        "num_hidden_layers": text_config.get("num_hidden_layers"),
+        "tie_word_embeddings": config.get(
+            "tie_word_embeddings", text_config.get("tie_word_embeddings")
+        ),
+        "eos_token_ids": eos_list,
+        "weights_dtype": wdtype,
+    }
