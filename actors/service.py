@@ -64,7 +64,6 @@ class ActorService:
         self.cfg = cfg
         self.bus = bus
         self.deps = deps
-        self.inflight: dict[str, asyncio.Task[None]] = {}
         """Running rollouts by rollout id."""
         self.done = 0
         """Results published by this service."""
@@ -127,7 +126,6 @@ class ActorService:
             await self._give_up(d, rid)
             return
         M_INFLIGHT.inc()
-        self.inflight[rid] = asyncio.current_task()  # type: ignore[assignment]
         report = RolloutReport()
         try:
             async with d.keepalive(self.cfg.heartbeat_interval):
@@ -145,7 +143,6 @@ class ActorService:
             return
         finally:
             M_INFLIGHT.dec()
-            self.inflight.pop(rid, None)
         self.done += 1
         self._log(res, report)
         # the result is stored: settle the task even if we are cancelled meanwhile

@@ -63,7 +63,7 @@ def make_rollout(rng: Any, prefix: int, suffix: int, branches: int, k: int) -> A
 def as_branches(samples: list[Any]) -> list[Any]:
     """Each root-to-leaf branch as its own one-chain sample."""
     from common.records import TreeNode, TreeSample, pack_f32, pack_ids, pack_u8
-    from learner.packing import branches
+    from common.tree import expand as branches
 
     out = []
     for s in samples:

@@ -624,14 +624,21 @@ def _filter_and_emit(
 
 
 class Branch(NamedTuple):
-    """One root-to-leaf path, branch-expanded."""
+    """One root-to-leaf path of a TreeSample as a plain sequence: the branch-expanded view a
+    non-packing learner would run, and the reference the packed forms are tested against."""
 
-    ids: np.ndarray
+    token_ids: np.ndarray
     """int32 token ids."""
     logprobs: np.ndarray
     """float32 rollout log-probs (0 where ``loss_mask`` is 0)."""
     loss_mask: np.ndarray
     """uint8, 1 on model tokens."""
+    nodes: list[int]
+    """Node indices from root to leaf."""
+    node_of: np.ndarray
+    """Per token: the node it belongs to."""
+    offset_of: np.ndarray
+    """Per token: its index within that node."""
 
 
 def leaves(sample: TreeSample) -> list[int]:
@@ -655,16 +662,34 @@ def paths(sample: TreeSample) -> list[list[int]]:
     return out
 
 
+def node_arrays(node: TreeNode) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A node's (int32 ids, float32 log-probs, uint8 loss mask); empty log-probs or mask mean
+    zeros (an environment-only node). Raises ``ValueError`` when the lengths disagree."""
+    ids = unpack_ids(node.token_ids)
+    n = len(ids)
+    lp = unpack_f32(node.logprobs) if node.logprobs else np.zeros(n, np.float32)
+    mask = unpack_u8(node.loss_mask) if node.loss_mask else np.zeros(n, np.uint8)
+    if len(lp) != n or len(mask) != n:
+        raise ValueError("logprobs/loss_mask length differ from token_ids")
+    return ids, lp, mask
+
+
 def expand(sample: TreeSample) -> list[Branch]:
-    """The branch-expanded view: per leaf, the concatenated ids, log-probs and loss mask."""
-    nodes = sample.nodes
+    """The branch-expanded view: one ``Branch`` per leaf, in leaf index order."""
+    arrays = [node_arrays(n) for n in sample.nodes]
     out = []
     for path in paths(sample):
+        ids, lp, mask = ([arrays[i][j] for i in path] for j in range(3))
         out.append(
             Branch(
-                np.concatenate([unpack_ids(nodes[i].token_ids) for i in path]),
-                np.concatenate([unpack_f32(nodes[i].logprobs) for i in path]),
-                np.concatenate([unpack_u8(nodes[i].loss_mask) for i in path]),
+                token_ids=np.concatenate(ids),
+                logprobs=np.concatenate(lp),
+                loss_mask=np.concatenate(mask),
+                nodes=path,
+                node_of=np.concatenate(
+                    [np.full(len(x), i) for i, x in zip(path, ids, strict=True)]
+                ),
+                offset_of=np.concatenate([np.arange(len(x)) for x in ids]),
             )
         )
     return out

@@ -46,7 +46,8 @@ import numpy as np
 from pydantic import Field
 
 from common.config import HrlModel
-from common.records import TreeSample, unpack_f32, unpack_ids, unpack_u8
+from common.records import TreeSample
+from common.tree import node_arrays
 
 
 class PackConfig(HrlModel):
@@ -99,13 +100,11 @@ class _Tree:
     def of(cls, sample: TreeSample, index: int = 0) -> _Tree:
         ids, owners, children, roots = [], [], [[] for _ in sample.nodes], []
         for i, node in enumerate(sample.nodes):
-            t = unpack_ids(node.token_ids)
-            n = len(t)
+            try:
+                t, lp, m = node_arrays(node)
+            except ValueError as e:
+                raise ValueError(f"node {i}: {e}") from None
             ids.append(t)
-            lp = unpack_f32(node.logprobs) if node.logprobs else np.zeros(n, np.float32)
-            m = unpack_u8(node.loss_mask) if node.loss_mask else np.zeros(n, np.uint8)
-            if len(lp) != n or len(m) != n:
-                raise ValueError(f"node {i}: logprobs/loss_mask length differ from token_ids")
             owners.append([_Owner(index, i, 0, m, lp)])
             if node.parent < 0:
                 roots.append(i)
@@ -207,50 +206,6 @@ def _merge(trees: Sequence[_Tree]) -> _Tree:
             below = expand(below)
             if below:
                 work.append((idx, below))
-    return out
-
-
-@dataclass
-class Branch:
-    """One root-to-leaf path of a TreeSample as a plain sequence (the expanded view)."""
-
-    nodes: list[int]
-    """Node indices from root to leaf."""
-    token_ids: np.ndarray
-    logprobs: np.ndarray
-    loss_mask: np.ndarray
-    node_of: np.ndarray
-    """Per token: the node it belongs to."""
-    offset_of: np.ndarray
-    """Per token: its index within that node."""
-
-
-def branches(sample: TreeSample) -> list[Branch]:
-    """Every root-to-leaf path as its own sequence (what a non-packing learner would run)."""
-    tree = _Tree.of(sample)
-    out = []
-    for root in tree.roots:
-        stack: list[list[int]] = [[root]]
-        while stack:
-            path = stack.pop()
-            kids = tree.children[path[-1]]
-            if kids:
-                stack.extend([*path, c] for c in reversed(kids))
-                continue
-            out.append(
-                Branch(
-                    nodes=path,
-                    token_ids=np.concatenate([tree.ids[n] for n in path]).astype(np.int64),
-                    logprobs=np.concatenate([tree.owners[n][0].logp for n in path]).astype(
-                        np.float32
-                    ),
-                    loss_mask=np.concatenate([tree.owners[n][0].mask for n in path]).astype(
-                        np.float32
-                    ),
-                    node_of=np.concatenate([np.full(tree.size(n), n) for n in path]),
-                    offset_of=np.concatenate([np.arange(tree.size(n)) for n in path]),
-                )
-            )
     return out
 
 

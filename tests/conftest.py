@@ -1,4 +1,5 @@
-"""Shared fixtures: a real nats-server per test session, a fresh run name per test."""
+"""Shared fixtures: a real nats-server per test session, a fresh run name per test, and
+bubblewrap sandbox backends (skipped where bwrap cannot run)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from actors.sandbox.bwrap import BwrapBackend
 from common.natsd import NatsServer
 
 
@@ -35,3 +37,33 @@ def nats_url(nats_server: NatsServer) -> str:
 def run_name() -> str:
     """A fresh run name per test, so tests sharing the server never see each other's streams."""
     return "t" + uuid.uuid4().hex[:12]
+
+
+async def bwrap_or_skip(root: Path) -> BwrapBackend:
+    """A bubblewrap backend with its state under ``root``; skips the test where bwrap cannot
+    run (the probe says why)."""
+    be = BwrapBackend(root)
+    reason = await be.probe()
+    if reason is not None:
+        pytest.skip(f"bubblewrap not usable here: {reason}")
+    return be
+
+
+@pytest.fixture
+async def bwrap(tmp_path: Path) -> BwrapBackend:
+    """A usable bubblewrap backend (not entered: no sweep) under this test's tmp dir."""
+    return await bwrap_or_skip(tmp_path / "sandboxes")
+
+
+@pytest.fixture
+async def backend(bwrap: BwrapBackend):
+    """The bubblewrap backend, entered (sweep at start, cleanup at exit). Modules that test
+    another backend define their own ``backend``."""
+    async with bwrap:
+        yield bwrap
+
+
+@pytest.fixture
+def sandbox_root(bwrap: BwrapBackend) -> Path:
+    """State folder of a usable bubblewrap backend, for configs that take ``sandbox_root``."""
+    return bwrap.root

@@ -380,13 +380,10 @@ async def run_harness(
     """Launch ``name`` in a bwrap sandbox whose forwarder reaches ``stack``'s proxy socket;
     return its exit and the workspace files named in ``read`` (None when missing)."""
     from actors.sandbox.base import SandboxSpec
-    from actors.sandbox.bwrap import BwrapBackend
+    from tests.conftest import bwrap_or_skip
 
     cache = await ensure_installed(name)
-    backend = BwrapBackend(tmp_path / "sandboxes")
-    reason = await backend.probe()
-    if reason is not None:
-        pytest.skip(f"bubblewrap not usable here: {reason}")
+    backend = await bwrap_or_skip(tmp_path / "sandboxes")
     ctx = HarnessContext(
         instruction=instruction,
         token=TOKEN,

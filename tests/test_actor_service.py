@@ -18,7 +18,6 @@ import pytest
 
 from actors.config import ActorConfig
 from actors.rollout import SOCKET_ROOT, RolloutDeps
-from actors.sandbox.bwrap import BwrapBackend
 from actors.service import DURABLE, ActorService
 from common import cli, metrics
 from common.bus import Bus, connect
@@ -28,15 +27,6 @@ from proxy.scripted import ScriptedEngine
 from tests.test_rollout import SOLVE, TOK, request, toy_solver
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-async def sandbox_root(tmp_path: Path) -> Path:
-    be = BwrapBackend(tmp_path / "sandboxes")
-    reason = await be.probe()
-    if reason is not None:
-        pytest.skip(f"bubblewrap not usable here: {reason}")
-    return be.root
 
 
 @pytest.fixture

@@ -227,7 +227,7 @@ async def test_split_samples_are_joined(bus: Bus) -> None:
     assert joined.n_parts == 1
     got, exp = expand(joined), expand(big)
     assert len(got) == len(exp)
-    assert all(np.array_equal(a.ids, b.ids) for a, b in zip(got, exp, strict=True))
+    assert all(np.array_equal(a.token_ids, b.token_ids) for a, b in zip(got, exp, strict=True))
     assert len(batch.deliveries) == len(parts)
 
 

@@ -278,15 +278,10 @@ async def serve_unix(app: web.Application, sock: Path) -> web.AppRunner:
 
 async def run_in_sandbox(name: str, cache: Path, fake: Recorder, tmp_path: Path):
     """prepare → bwrap sandbox bound to the fake's socket → launch; returns (ExecResult, ws)."""
-    try:
-        from actors.sandbox.base import SandboxSpec
-        from actors.sandbox.bwrap import BwrapBackend
-    except ImportError as e:  # pragma: no cover - the sandbox package is another issue's
-        pytest.skip(f"sandbox package not available: {e}")
-    backend = BwrapBackend(tmp_path / "sandboxes")
-    reason = await backend.probe()
-    if reason is not None:
-        pytest.skip(f"bubblewrap not usable here: {reason}")
+    from actors.sandbox.base import SandboxSpec
+    from tests.conftest import bwrap_or_skip
+
+    backend = await bwrap_or_skip(tmp_path / "sandboxes")
     ctx = HarnessContext(
         instruction="Create hello.txt containing a greeting.",
         token=TOKEN,

@@ -368,16 +368,11 @@ async def fake_unix(tmp_path: Path):
 
 async def test_reference_adapter_in_bwrap_sandbox(fake_unix, tmp_path: Path):
     """The reference LaunchSpec runs in a real sandbox and talks to the proxy's socket."""
-    try:
-        from actors.sandbox.base import SandboxSpec
-        from actors.sandbox.bwrap import BwrapBackend
-    except ImportError as e:  # pragma: no cover - the sandbox package is another issue's
-        pytest.skip(f"sandbox package not available: {e}")
+    from actors.sandbox.base import SandboxSpec
+    from tests.conftest import bwrap_or_skip
+
     chat, sock = fake_unix
-    backend = BwrapBackend(tmp_path / "sandboxes")
-    reason = await backend.probe()
-    if reason is not None:
-        pytest.skip(f"bubblewrap not usable here: {reason}")
+    backend = await bwrap_or_skip(tmp_path / "sandboxes")
     chat.script = [
         reply(call("write_file", {"path": "answer.txt", "content": "42\n"}, "w")),
         reply(call("finish", {"summary": "answered"}, "f")),

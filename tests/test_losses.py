@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from common.records import TreeNode, TreeSample, pack_f32, pack_ids, pack_u8
+from common.tree import expand as branches
 from learner.losses import (
     LossConfig,
     gae,
@@ -21,7 +22,7 @@ from learner.losses import (
     sft_loss,
     summarize,
 )
-from learner.packing import PackConfig, branches, collate, pack
+from learner.packing import PackConfig, collate, pack
 from learner.policy import load_policy
 
 

@@ -17,9 +17,10 @@ from common.records import (
     unpack_ids,
     unpack_u8,
 )
+from common.tree import expand as branches
 from learner import policy as policy_mod
 from learner.losses import LossConfig, norm_weights, policy_loss
-from learner.packing import PackConfig, branches, collate, dense_tree_mask, pack
+from learner.packing import PackConfig, collate, dense_tree_mask, pack
 from learner.policy import Policy, load_policy
 
 VOCAB = 8192
@@ -311,7 +312,7 @@ def expanded_outputs(policy: Policy, samples: list[TreeSample]) -> dict:
     out: dict[tuple[int, int, int], tuple] = {}
     for s, sample in enumerate(samples):
         for br in branches(sample):
-            ids = torch.from_numpy(br.token_ids)[None]
+            ids = torch.from_numpy(br.token_ids.astype(np.int64))[None]
             n = ids.shape[1]
             if n < 2:
                 continue

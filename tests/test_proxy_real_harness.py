@@ -93,7 +93,7 @@ def check_extension(records: list[CallRecord], first: CallRecord, second: CallRe
     assert not sample.is_tombstone, sample.dropped_reason
     (branch,) = expand(sample)
     path = np.concatenate([full_inputs(records)[second.seq], unpack_ids(second.output_ids)])
-    assert np.array_equal(branch.ids, path)
+    assert np.array_equal(branch.token_ids, path)
     n_out = len(first.output_ids) // 4 + len(second.output_ids) // 4
     assert int(branch.loss_mask.sum()) == n_out == sample.counters.model_tokens
 

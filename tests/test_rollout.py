@@ -9,8 +9,6 @@ import json
 import os
 from pathlib import Path
 
-import pytest
-
 from actors.config import RolloutSettings
 from actors.rollout import RolloutDeps, RolloutReport, run_rollout
 from actors.sandbox import SandboxError
@@ -54,15 +52,6 @@ def request(harness: str = "command", cmd: str = "", **kw) -> TaskRequest:
     fields = dict(group_id="g1", k=0, group_size=1, issued_version=0, task_id="copy_01")
     fields |= {"suite": "toy", "harness": harness, "harness_cmd": cmd} | kw
     return TaskRequest(**fields)
-
-
-@pytest.fixture
-async def bwrap(tmp_path: Path) -> BwrapBackend:
-    be = BwrapBackend(tmp_path / "sandboxes")
-    reason = await be.probe()
-    if reason is not None:
-        pytest.skip(f"bubblewrap not usable here: {reason}")
-    return be
 
 
 @contextlib.asynccontextmanager

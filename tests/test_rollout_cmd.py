@@ -8,11 +8,8 @@ import json
 import sys
 from pathlib import Path
 
-import pytest
-
 from actors import rollout_cmd
 from actors.config import RolloutConfig
-from actors.sandbox.bwrap import BwrapBackend
 from common import cli
 from common.config import add_config_args, config_from_args, undocumented_fields
 from proxy.scripted import ScriptedEngine
@@ -20,15 +17,6 @@ from tests.test_rollout import TASK, TOK, toy_solver
 
 REPO = Path(__file__).resolve().parents[1]
 TREE_KEYS = {"n_calls", "n_leaves", "dropped", "unique_tokens", "expanded_tokens", "model_tokens"}
-
-
-@pytest.fixture
-async def sandbox_root(tmp_path: Path) -> Path:
-    be = BwrapBackend(tmp_path / "sandboxes")
-    reason = await be.probe()
-    if reason is not None:
-        pytest.skip(f"bubblewrap not usable here: {reason}")
-    return be.root
 
 
 def parse(argv: list[str]) -> tuple[RolloutConfig, argparse.Namespace]:

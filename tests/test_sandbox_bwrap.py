@@ -27,16 +27,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-async def backend(tmp_path: Path):
-    be = BwrapBackend(tmp_path / "sandboxes")
-    reason = await be.probe()
-    if reason is not None:
-        pytest.skip(f"bubblewrap not usable here: {reason}")
-    async with be:
-        yield be
-
-
-@pytest.fixture
 async def sb(backend: BwrapBackend):
     async with await backend.create(SandboxSpec(owner="test")) as s:
         yield s

@@ -240,7 +240,7 @@ def test_compaction_starts_a_new_root() -> None:
     s = a.sample
     roots = [i for i, n in enumerate(s.nodes) if n.parent == -1]
     assert len(roots) == 2 and s.counters.n_leaves == 2
-    assert [b.ids.tolist() for b in expand(s)] == [X + A + E + B, summary + C + E + F]
+    assert [b.token_ids.tolist() for b in expand(s)] == [X + A + E + B, summary + C + E + F]
     assert s.counters.dropped == {"compaction": 1}
     assert a.segments[3] == a.segments[4] == ("main", 3) and a.segments[1] == ("main", 0)
 
@@ -255,10 +255,10 @@ def test_side_calls_dropped_or_exported() -> None:
     ]
     s = assemble(make_calls(specs), result_for(5))
     assert s.counters.dropped == {"aux": 1, "subagent": 2}
-    assert [b.ids.tolist() for b in expand(s)] == [X + A + E + B]
+    assert [b.token_ids.tolist() for b in expand(s)] == [X + A + E + B]
     s = assemble(make_calls(specs), result_for(5), AssembleOptions(export_side_calls=True))
     assert s.counters.dropped == {}
-    branches = [b.ids.tolist() for b in expand(s)]
+    branches = [b.token_ids.tolist() for b in expand(s)]
     assert branches == [X + A + E + B, [20, 21, 22], [30, 31, 32, 33]]  # main first
 
 
@@ -509,11 +509,11 @@ def check_against_reference(specs: list[Spec], sample: r.TreeSample, opts: Assem
                 for k in ms
             )
         }
-        assert sorted(tuple(b.ids.tolist()) for b in got) == sorted(maximal)
+        assert sorted(tuple(b.token_ids.tolist()) for b in got) == sorted(maximal)
         prefixes = {tuple(specs[j].path[:t]) for j in ms for t in range(1, len(specs[j].path) + 1)}
         unique += len(prefixes)  # every retained token in exactly one node
         for b in got:
-            ids = b.ids.tolist()
+            ids = b.token_ids.tolist()
             for t in range(1, len(ids) + 1):
                 gen = [
                     j
@@ -530,7 +530,7 @@ def check_against_reference(specs: list[Spec], sample: r.TreeSample, opts: Assem
     c = sample.counters
     assert c.unique_tokens == unique == sum(len(nd.token_ids) // 4 for nd in nodes)
     assert c.n_leaves == len(branches) == want_leaves == len(leaves(sample))
-    assert c.expanded_tokens == sum(len(b.ids) for b in branches)
+    assert c.expanded_tokens == sum(len(b.token_ids) for b in branches)
     assert c.model_tokens == sum(int(b.sum()) for b in (r.unpack_u8(nd.loss_mask) for nd in nodes))
     versions = [nd.weight_version for nd in nodes if nd.weight_version >= 0]
     assert sample.weight_version == min(versions)

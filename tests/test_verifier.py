@@ -27,16 +27,6 @@ from common import cli
 from common.tasks import CLAWGYM_MOUNT, Task, load_task_path
 
 
-@pytest.fixture
-async def backend(tmp_path: Path):
-    be = BwrapBackend(tmp_path / "sandboxes")
-    reason = await be.probe()
-    if reason is not None:
-        pytest.skip(f"bubblewrap not usable here: {reason}")
-    async with be:
-        yield be
-
-
 def write(root: Path, files: dict[str, str]) -> Path:
     for rel, text in files.items():
         p = root / rel
