@@ -1,7 +1,7 @@
 """Tool-call parsers: model text -> (reasoning, content, tool calls).
 
 The default parser (``hermes``, alias ``qwen``) reads the format the chat template writes
-(``common/models.py``)::
+(``common/models/chat_template.py``)::
 
     [<think>\\n{reasoning}\\n</think>\\n\\n]{content}[\\n]<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>[\\n<tool_call>...]<|im_end|>
 

@@ -1,4 +1,4 @@
-"""Tests for common/models.py: tiny model/tokenizer factory, chat template, loaders."""
+"""Tests for the common.models package: tiny model/tokenizer factory, chat template, loaders."""
 
 from __future__ import annotations
 
