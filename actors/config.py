@@ -14,36 +14,17 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from actors.verifier import JudgeConfig
-from common.config import HrlModel, ServiceConfig
+from common.config import ServiceConfig
 from common.records import check_token
+from proxy.proxy_config import ProxySettings
 
 HARNESS_NAME_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789-_"
 
 
-class RolloutSettings(HrlModel):
-    """How one rollout runs: engines and sampling, sandbox, harness, timeouts and scoring."""
+class RolloutSettings(ProxySettings):
+    """How one rollout runs: engines and sampling (the proxy's settings), sandbox, harness,
+    timeouts and scoring."""
 
-    engines: list[str] = ["http://127.0.0.1:30000"]
-    """Engine URLs speaking SGLang's native API (``--engine URL``, repeat for several); calls
-    of one rollout stick to one engine."""
-    model: str = "tiny"
-    """Folder (or tiny spec such as ``tiny-1m``) whose tokenizer and chat template build the
-    prompts; must match the engines' model."""
-    parser: Literal["hermes", "qwen"] = "hermes"
-    """Tool-call parser for the model's output."""
-    model_name: str = Field("harnessrl", min_length=1, max_length=200)
-    """Model name the harness is told to use (and ``/v1/models`` reports); some harnesses pick
-    prompts and tools by it."""
-    temperature: float = Field(1.0, ge=0.0, le=5.0)
-    """Sampling temperature of every call (the harness's own value is recorded, not used)."""
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    """Nucleus sampling mass."""
-    top_k: int = Field(-1, ge=-1, le=1_000_000)
-    """Top-k sampling; -1 disables it."""
-    max_new_tokens: int = Field(4096, ge=1, le=1_000_000)
-    """Most tokens one call may generate (a harness's max_tokens can only lower it)."""
-    max_context: int = Field(0, ge=0, le=10_000_000)
-    """Context window in tokens; 0 asks the engine (``/get_model_info``), else unchecked."""
     context_window: int = Field(0, ge=0, le=10_000_000)
     """Context size told to harnesses that take one (their compaction threshold follows);
     0 uses ``max_context`` when known."""
@@ -94,16 +75,6 @@ class RolloutSettings(HrlModel):
     """Rubric judge for tasks with rubric rules, as the fields of ``actors.verifier.JudgeConfig``
     (JSON / a TOML table: ``url``, ``model``, ``api_key``, ...); empty scores code checkers
     alone."""
-
-    @field_validator("engines")
-    @classmethod
-    def _engine_urls(cls, v: list[str]) -> list[str]:
-        if not v:
-            raise ValueError("at least one engine URL is needed")
-        for url in v:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"engine URL {url!r} must start with http:// or https://")
-        return v
 
     @field_validator("judge")
     @classmethod

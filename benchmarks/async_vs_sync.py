@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import parse_args, print_table, target, write_result
-from common.plot import read_lines
+from common.layout import StepLine, SummaryLine, read_metrics
 
 NAME = "async_vs_sync"
 MODES = {"sync": 0, "async": 4}
@@ -86,7 +86,7 @@ class ModeRun:
     """One ``harnessrl run`` child, billed from the moment all its processes are ready."""
 
     def __init__(self, mode: str, root: Path, quick: bool) -> None:
-        from common.run_cmd import toml_text
+        from common.config import toml_text
 
         self.mode = mode
         self.dir = root / mode
@@ -118,24 +118,22 @@ class ModeRun:
         return self.proc.wait(120)
 
     def result(self, budget_s: float) -> dict[str, Any]:
-        lines = read_lines(self.dir / "metrics.jsonl")
+        lines = read_metrics(self.dir / "metrics.jsonl")
         assert self.t_start is not None
         steps = [
-            ln
-            for ln in lines
-            if ln.get("event") == "step" and ln["time"] <= self.t_start + budget_s
+            ln for ln in lines if isinstance(ln, StepLine) and ln.time <= self.t_start + budget_s
         ]
-        summary = next((ln for ln in reversed(lines) if ln.get("event") == "summary"), {})
-        samples = sum(s["samples"] for s in steps)
-        wait = sum(s.get("wait_s", 0.0) for s in steps)
+        summary = next((ln for ln in reversed(lines) if isinstance(ln, SummaryLine)), None)
+        samples = sum(s.samples for s in steps)
+        wait = sum(s.wait_s for s in steps)
         return {
             "steps": len(steps),
             "samples_trained": samples,
             "samples_per_min": samples / budget_s * 60,
-            "learner_idle": steps[-1]["idle_frac"] if steps else 1.0,
+            "learner_idle": steps[-1].idle_frac if steps else 1.0,
             "wait_s": round(wait, 2),
-            "dropped": summary.get("dropped", {}),
-            "rollouts_issued": summary.get("issued", 0),
+            "dropped": summary.dropped if summary else {},
+            "rollouts_issued": summary.issued if summary else 0,
         }
 
 

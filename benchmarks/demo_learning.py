@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import RESULTS_DIR, print_table, target, write_result
-from common.plot import read_lines
+from common.layout import StepLine, read_metrics
 
 NAME = "demo_learning"
 BUDGET_S = 15 * 60
@@ -49,9 +49,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def rl_curve(run_dir: Path) -> list[tuple[int, float]]:
     return [
-        (int(d["version"]), round(float(d["reward_mean"]), 4))
-        for d in read_lines(run_dir / "metrics.jsonl")
-        if d.get("event") == "step" and d.get("source") != "run"
+        (ln.version, round(ln.reward_mean, 4))
+        for ln in read_metrics(run_dir / "metrics.jsonl")
+        if isinstance(ln, StepLine)
     ]
 
 
@@ -91,8 +91,8 @@ def run_demo(algo: str, folder: Path, args: argparse.Namespace) -> dict[str, Any
 
 def quick(out: Path) -> int:
     """One SFT step through the whole pipeline, then eval teacher vs the result."""
-    from common.demo_cmd import DemoConfig, final_weights, sft_run_file
-    from common.run_cmd import toml_text
+    from common.config import toml_text
+    from common.run.demo import DemoConfig, final_weights, sft_run_file
 
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hrl-demo-quick-") as tmp:
@@ -114,7 +114,7 @@ def quick(out: Path) -> int:
             [sys.executable, "-m", "common.cli", "eval", "--policy", "teacher"]
             + ["--policy", str(policy), "--suite", "toy-eval", "--limit", "2"]
             + ["--max-turns", "7", "--max-new-tokens", "200", "--out", str(root / "eval.json")]
-            + ["--rollout", json.dumps({"model": "tiny-1m"})],
+            + ["--rollout.model", "tiny-1m"],
             capture_output=True,
             text=True,
             timeout=300,

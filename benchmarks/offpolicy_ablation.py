@@ -28,7 +28,7 @@ import torch
 
 from benchmarks._common import parse_args, print_table, target, write_result
 from common.records import TreeNode, TreeSample, pack_f32, pack_ids, pack_u8
-from learner.ds_engine import EngineConfig, LearnerEngine
+from learner.ds_engine import DeepSpeedConfig, LearnerEngine
 from learner.losses import LossConfig, group_advantages
 from learner.packing import PackConfig, pack
 
@@ -131,7 +131,7 @@ def main() -> None:
     steps, groups, n = (5, 4, 4) if args.quick else (30, 8, 8)
     t0 = time.perf_counter()
     torch.set_num_threads(1)  # tiny model on shared cores: more threads only spin-wait
-    learner = LearnerEngine("tiny-1m", EngineConfig(lr=3e-3, grad_clip=1.0))
+    learner = LearnerEngine("tiny-1m", DeepSpeedConfig(lr=3e-3, grad_clip=1.0))
     results = {}
     with tempfile.TemporaryDirectory() as d:
         learner.save_checkpoint(d, {})  # every run starts from these weights and optimiser

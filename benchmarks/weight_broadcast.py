@@ -24,8 +24,11 @@ import torch
 
 from benchmarks._common import parse_args, print_table, target, write_result
 from common.bus import connect
+from common.layout import weights_folder
 from common.natsd import NatsServer
-from learner.weights import StreamPublisher, WeightUpdater, serialize, write_hf_folder
+from common.weights import serialize, write_hf_folder
+from learner.weights import StreamPublisher
+from proxy.weights_sync import WeightUpdater
 
 
 def make_state(mb: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -60,7 +63,7 @@ async def stream_round(nats_url: str, data: bytes, work: Path, version: int) -> 
     got = await upd.receive(ready)
     t2 = time.perf_counter()
     assert got is not None and len(got) == len(data)
-    await asyncio.to_thread(write_hf_folder, work / f"v{version}", got)
+    await asyncio.to_thread(write_hf_folder, weights_folder(work, version), got)
     t3 = time.perf_counter()
     await bus.close()
     return {

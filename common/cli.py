@@ -16,6 +16,10 @@ import argparse
 import importlib
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 
 @dataclass(frozen=True)
@@ -23,46 +27,40 @@ class Command:
     """One ``harnessrl`` subcommand."""
 
     help: str
-    module: str | None
-    """Module providing CONFIG/add_arguments/main; None while its issue has not landed."""
-    issue: int
+    module: str
+    """Module providing CONFIG/add_arguments/main (imported by name when selected)."""
 
 
 COMMANDS: dict[str, Command] = {
-    "nats": Command("run an embedded nats-server with JetStream", "common.natsd_cli", 2),
+    "nats": Command("run an embedded nats-server with JetStream", "common.natsd_cli"),
     "engine": Command(
-        "serve a model over SGLang's native HTTP API (CPU/embedded)", "proxy.engine_cmd", 3
+        "serve a model over SGLang's native HTTP API (CPU/embedded)", "proxy.engine_cmd"
     ),
     "proxy": Command(
-        "model-API gateway for one rollout (OpenAI/Anthropic APIs)", "proxy.proxy_cmd", 4
+        "model-API gateway for one rollout (OpenAI/Anthropic APIs)", "proxy.proxy_cmd"
     ),
-    "actor": Command("run rollouts: sandboxes + harnesses + verifiers", "actors.actor_cmd", 5),
+    "actor": Command("run rollouts: sandboxes + harnesses + verifiers", "actors.actor_cmd"),
     "assembler": Command(
-        "rebuild rollouts' calls into prefix-tree samples", "learner.assembler_cmd", 6
+        "rebuild rollouts' calls into prefix-tree samples", "learner.assembler_cmd"
     ),
     "learner": Command(
         "train on tree samples (GRPO/PPO, DeepSpeed) and broadcast weights",
         "learner.learner_cmd",
-        7,
     ),
-    "run": Command(
-        "start a whole training run (all processes) from one config", "common.run_cmd", 8
-    ),
+    "run": Command("start a whole training run (all processes) from one config", "common.run.run"),
     "demo": Command(
-        "the built-in end-to-end demo: SFT then RL on the toy suite", "common.demo_cmd", 8
+        "the built-in end-to-end demo: SFT then RL on the toy suite", "common.run.demo"
     ),
     "rollout": Command(
-        "run a single rollout by hand and print its score and tree", "actors.rollout_cmd", 5
+        "run a single rollout by hand and print its score and tree", "actors.rollout_cmd"
     ),
-    "eval": Command("evaluate policies on a task suite across harnesses", "common.eval_cmd", 8),
-    "tasks": Command("list, show, import and lint tasks", "actors.tasks_cmd", 5),
-    "harness": Command("install and list harness adapters", "actors.harness_cmd", 5),
+    "eval": Command("evaluate policies on a task suite across harnesses", "actors.eval_cmd"),
+    "tasks": Command("list, show, import and lint tasks", "actors.tasks_cmd"),
+    "harness": Command("install and list harness adapters", "actors.harness_cmd"),
     "weights-sync": Command(
-        "apply broadcast weight versions to an SGLang engine", "learner.weights_sync_cmd", 7
+        "apply broadcast weight versions to an SGLang engine", "proxy.weights_sync_cmd"
     ),
 }
-
-EXIT_NOT_LANDED = 3
 
 
 def _selected(argv: list[str]) -> str | None:
@@ -81,9 +79,8 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = _selected(argv)
     for name, cmd in COMMANDS.items():
-        status = "" if cmd.module else f" [not available yet: issue #{cmd.issue}]"
-        p = sub.add_parser(name, help=cmd.help + status, description=cmd.help + status)
-        if name == chosen and cmd.module:
+        p = sub.add_parser(name, help=cmd.help, description=cmd.help)
+        if name == chosen:
             mod = importlib.import_module(cmd.module)
             if hasattr(mod, "add_arguments"):
                 mod.add_arguments(p)
@@ -101,14 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
-    cmd = COMMANDS[args.command]
-    if cmd.module is None:
-        print(
-            f"harnessrl {args.command}: not available yet — it lands with issue #{cmd.issue}.",
-            file=sys.stderr,
-        )
-        return EXIT_NOT_LANDED
-    mod = importlib.import_module(cmd.module)
+    mod = importlib.import_module(COMMANDS[args.command].module)
     cfg = None
     if getattr(mod, "CONFIG", None) is not None:
         from common.config import ConfigError, config_from_args, dump_toml
@@ -125,6 +115,16 @@ def main(argv: list[str] | None = None) -> int:
         return int(mod.main(cfg, args) or 0)
     except KeyboardInterrupt:
         return 130
+
+
+def command_config(name: str) -> type[BaseModel]:
+    """The config model of command ``name`` (its module's ``CONFIG``), resolved by name: how
+    ``common`` (e.g. ``harnessrl demo``) validates another process's config section without
+    importing its package. Raises ``KeyError`` for a command that has no config model."""
+    config = getattr(importlib.import_module(COMMANDS[name].module), "CONFIG", None)
+    if config is None:
+        raise KeyError(f"harnessrl {name} has no config model")
+    return config
 
 
 def run_module(name: str) -> None:

@@ -20,9 +20,11 @@ import json
 import tomllib
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from common.records import check_token
@@ -146,48 +148,29 @@ def load_config(
         raise ConfigError(_format_validation(e)) from None
 
 
+def toml_text(data: Mapping[str, Any], *, multiline_strings: bool = False) -> str:
+    """The one TOML writer (``tomli_w``): ``data`` as a TOML document.
+
+    TOML has no null, so there is one rule for ``None``: **it is dropped** — a key whose value
+    is None is left out, at any depth (tables, sub-tables, inline tables inside arrays), and so
+    is a None item of an array. Reading the file back gives the field's default. Nested dicts
+    become sub-tables (``[a.b]``); with ``multiline_strings``, strings holding newlines are
+    written as multi-line strings."""
+    return tomli_w.dumps(_drop_none(data), multiline_strings=multiline_strings)
+
+
+def _drop_none(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return {k: _drop_none(x) for k, x in v.items() if x is not None}
+    if isinstance(v, list | tuple):
+        return [_drop_none(x) for x in v if x is not None]
+    return v
+
+
 def dump_toml(model: BaseModel) -> str:
-    """Render a resolved config as TOML (what ``--print-config`` prints)."""
-    data = json.loads(model.model_dump_json())
-    scalars = {k: v for k, v in data.items() if not isinstance(v, dict)}
-    tables = {k: v for k, v in data.items() if isinstance(v, dict)}
-    out: list[str] = [f"{k} = {_toml_value(v)}" for k, v in scalars.items() if v is not None]
-    for name, table in tables.items():
-        out.append("")
-        out.extend(_toml_table(name, table))
-    return "\n".join(out) + "\n"
-
-
-def _toml_table(name: str, table: dict[str, Any]) -> list[str]:
-    out = [f"[{name}]"]
-    sub = []
-    for k, v in table.items():
-        if isinstance(v, dict) and v and all(isinstance(x, dict) for x in v.values()):
-            sub.append((k, v))
-        elif v is not None:
-            out.append(f"{_toml_key(k)} = {_toml_value(v)}")
-    for k, v in sub:
-        out.append("")
-        out.extend(_toml_table(f"{name}.{k}", v))
-    return out
-
-
-def _toml_key(k: str) -> str:
-    return k if k.replace("_", "").replace("-", "").isalnum() else json.dumps(k)
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + " }"
-    return json.dumps(str(v))
+    """Render a resolved config as TOML (what ``--print-config`` prints; ``toml_text``'s None
+    rule applies)."""
+    return toml_text(json.loads(model.model_dump_json()))
 
 
 # ---------------------------------------------------------------------------------------------

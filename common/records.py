@@ -572,18 +572,5 @@ def decode(data: bytes, type_: type[T]) -> T:
         raise RecordDecodeError(f"invalid {type_.__name__}: {e}") from None
 
 
-def decode_any(data: bytes) -> Record:
-    """Decode a payload of any known record type (for tools that read mixed subjects)."""
-    raw = unframe(bytes(data))
-    try:
-        head = _header_decoder.decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise RecordDecodeError(f"not a msgpack record: {e}") from None
-    type_ = RECORD_TYPES.get(head.record)
-    if type_ is None:
-        raise RecordDecodeError(f"unknown record type {head.record!r}")
-    return decode(raw, type_)
-
-
 def now() -> float:
     return time.time()

@@ -20,45 +20,26 @@ or older than the weights it is loaded with.
 The learner state (``LearnerState``) holds the version counter, the ledger of rollout outcomes
 (trained ids with their version, dropped ids with their reason, closed groups), the feeder's
 counters and open groups, and the weight versions whose broadcast data may still be stored.
+The layout, ``LearnerState`` and the reader live in ``common.layout`` (``harnessrl run`` reads
+the committed version without torch); this module commits and restores.
 """
 
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-STATE_FILE = "learner-state.json"
+from common.files import atomic_write_json
+from common.layout import (
+    LATEST,
+    STATE_FILE,
+    LearnerState,
+    latest_checkpoint,
+    pick_learner_state,
+    read_learner_state,
+)
 
-
-@dataclass
-class LearnerState:
-    """Everything besides weights and optimiser that a restarted learner needs."""
-
-    version: int = 0
-    """Policy version (optimiser steps taken by this lineage)."""
-    seq: int = 0
-    """Commit sequence number (increases with every commit, full or state-only)."""
-    ds_tag: str = ""
-    """DeepSpeed checkpoint this state belongs to."""
-    ledger: dict[str, Any] = field(default_factory=dict)
-    """``batching.Ledger.state()``."""
-    feeder: dict[str, Any] = field(default_factory=dict)
-    """``feeder.Feeder.state()``."""
-    broadcast: dict[str, Any] = field(default_factory=dict)
-    """Weight publisher state (versions whose data may still be stored)."""
-    totals: dict[str, float] = field(default_factory=dict)
-    """Cumulative counters carried across restarts (wall/idle seconds, samples, tokens)."""
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> LearnerState:
-        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
-        return cls(**known)
+__all__ = ["STATE_FILE", "Checkpointer", "LearnerState"]
 
 
 class Checkpointer:
@@ -69,11 +50,10 @@ class Checkpointer:
         self.keep = keep
 
     def exists(self) -> bool:
-        return (self.root / "latest").exists()
+        return (self.root / LATEST).exists()
 
     def latest_tag(self) -> str | None:
-        p = self.root / "latest"
-        return p.read_text().strip() if p.exists() else None
+        return latest_checkpoint(self.root)
 
     def save(self, engine: Any, state: LearnerState) -> LearnerState:
         """Full commit: DeepSpeed state with ``state`` as client state, then the state file."""
@@ -81,7 +61,7 @@ class Checkpointer:
         state.ds_tag = ""
         path = engine.save_checkpoint(self.root, state.to_json(), keep=self.keep)
         state.ds_tag = Path(path).name
-        _write_json_atomic(self.root / STATE_FILE, state.to_json())
+        atomic_write_json(self.root / STATE_FILE, state.to_json(), fsync=True)
         return state
 
     def save_state(self, state: LearnerState) -> LearnerState:
@@ -92,7 +72,7 @@ class Checkpointer:
                 f"state-only commit for {state.ds_tag!r} but the latest checkpoint is {tag!r}"
             )
         state.seq += 1
-        _write_json_atomic(self.root / STATE_FILE, state.to_json())
+        atomic_write_json(self.root / STATE_FILE, state.to_json(), fsync=True)
         return state
 
     def load(self, engine: Any) -> LearnerState | None:
@@ -106,28 +86,7 @@ class Checkpointer:
 
     def read(self) -> LearnerState | None:
         """The learner state of the latest checkpoint, without loading weights (tools, tests)."""
-        tag = self.latest_tag()
-        if tag is None:
-            return None
-        meta = json.loads((self.root / tag / "client_state.json").read_text())
-        return self._pick(meta["client_state"], tag)
+        return read_learner_state(self.root)
 
     def _pick(self, client: dict[str, Any], tag: str) -> LearnerState:
-        state = LearnerState.from_json(client)
-        state.ds_tag = tag
-        f = self.root / STATE_FILE
-        if f.exists():
-            newer = LearnerState.from_json(json.loads(f.read_text()))
-            if newer.ds_tag == tag and newer.seq >= state.seq:
-                return newer
-        return state
-
-
-def _write_json_atomic(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+        return pick_learner_state(self.root, client, tag)

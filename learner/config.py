@@ -105,7 +105,7 @@ def _learner_config() -> type:
     """Build ``LearnerConfig``. Its loss/engine/packing sections are the numerical core's own
     models, whose modules import torch; building it on first use keeps ``learner.config`` (and
     so ``harnessrl assembler``) free of torch."""
-    from learner.ds_engine import EngineConfig
+    from learner.ds_engine import DeepSpeedConfig
     from learner.losses import LossConfig
     from learner.packing import PackConfig
 
@@ -165,7 +165,7 @@ def _learner_config() -> type:
         """Tree packing (``pack.max_tokens`` = token budget per row)."""
         loss: LossConfig = Field(default_factory=LossConfig)
         """Loss options; ``loss.algo`` follows ``algo``/``sft``."""
-        ds: EngineConfig = Field(default_factory=EngineConfig)
+        ds: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig)
         """DeepSpeed engine and optimiser (ZeRO stage, dtype, lr, micro-batch rows; a step
         accumulates gradients over all its rows)."""
         feeder: FeederConfig = Field(default_factory=FeederConfig)
@@ -210,25 +210,3 @@ def __getattr__(name: str) -> type:
             _LAZY[name] = _learner_config()
         return _LAZY[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-class WeightSyncConfig(ServiceConfig):
-    """``harnessrl weights-sync``: apply broadcast weight versions to one SGLang engine."""
-
-    engine: str = "http://127.0.0.1:30000"
-    """URL of the engine to update (SGLang native API)."""
-    name: str = ""
-    """Name of this updater's durable consumer (one per engine); empty: derived from ``engine``."""
-    work_dir: str = "./weights-sync"
-    """Local folder where received versions are written as HF folders (the engine must read it)."""
-    keep_local: int = Field(2, ge=1, le=100)
-    """Version folders kept in ``work_dir``."""
-    base_model: str = ""
-    """Model folder whose non-weight files (tokenizer, generation config) are copied into each
-    version folder; empty copies none (the config travels with the weights)."""
-    read_retries: int = Field(3, ge=0, le=100)
-    """Re-reads of a version whose chunks are incomplete before it is skipped as never-applied."""
-    ack_wait: float = Field(120.0, ge=1, le=3600)
-    """Seconds before an unacknowledged WeightsReady is redelivered."""
-    engine_wait_s: float = Field(300.0, ge=0, le=86_400)
-    """How long to wait for the engine to become healthy at start."""

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +34,7 @@ import torch
 from pydantic import Field
 
 from common.config import HrlModel
+from common.files import atomic_write, free_port
 from learner.losses import (
     LossConfig,
     LossStats,
@@ -48,7 +48,7 @@ from learner.packing import PackedRow, collate
 from learner.policy import Policy, load_policy
 
 
-class EngineConfig(HrlModel):
+class DeepSpeedConfig(HrlModel):
     """DeepSpeed engine and optimiser options."""
 
     zero_stage: int = Field(0, ge=0, le=3)
@@ -77,12 +77,6 @@ class EngineConfig(HrlModel):
     """Seed for value-head init and anything random in the learner."""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def init_distributed() -> None:
     """Initialise torch.distributed for DeepSpeed once (gloo on CPU, NCCL on CUDA)."""
     cuda = torch.cuda.is_available()
@@ -93,7 +87,7 @@ def init_distributed() -> None:
     for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
         os.environ.setdefault(key, value)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ.setdefault("MASTER_PORT", str(free_port("127.0.0.1")))
     if cuda:  # pragma: no cover - GPU only
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     import deepspeed
@@ -102,7 +96,7 @@ def init_distributed() -> None:
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", verbose=False)
 
 
-def ds_config(cfg: EngineConfig) -> dict[str, Any]:
+def ds_config(cfg: DeepSpeedConfig) -> dict[str, Any]:
     """The DeepSpeed JSON config for ``cfg`` (accumulation is driven by ``train_step``)."""
     return {
         "train_micro_batch_size_per_gpu": 1,
@@ -122,10 +116,10 @@ class LearnerEngine:
     def __init__(
         self,
         model: str | Policy,
-        config: EngineConfig | None = None,
+        config: DeepSpeedConfig | None = None,
         loss: LossConfig | None = None,
     ):
-        self.cfg = config or EngineConfig()
+        self.cfg = config or DeepSpeedConfig()
         self.loss_cfg = loss or LossConfig()
         init_distributed()
         import deepspeed
@@ -337,7 +331,7 @@ class LearnerEngine:
         if final.exists():  # re-saving the same step: the newer write wins
             shutil.rmtree(final)
         os.rename(tmp, final)
-        _write_atomic(root / "latest", tag)
+        atomic_write(root / "latest", tag, fsync=True)
         tags = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name.startswith("step-"))
         for old in tags[:-keep] if keep > 0 else []:
             if old != tag:
@@ -366,15 +360,6 @@ def _frozen_copy(policy: Policy) -> Policy:
     ref.requires_grad_(False)
     ref.eval()
     return ref
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _fsync_tree(folder: Path) -> None:

@@ -24,15 +24,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 from common import metrics
 from common.bus import Bus, Consumer
+from common.layout import (
+    CommitLine,
+    MetricsLine,
+    StartLine,
+    StepLine,
+    encode_line,
+)
 from common.records import TreeSample
 from learner.batching import Batch, Batcher, BatchRules, Ledger
 from learner.checkpoint import Checkpointer, LearnerState
@@ -151,13 +156,12 @@ class Learner:
         )
         M_VERSION.set(self.version)
         self._log_line(
-            {
-                "event": "start",
-                "resumed": restored is not None,
-                "version": self.version,
-                "algo": cfg.loss.algo,
-                "epoch": self.feeder.epoch,
-            }
+            StartLine(
+                resumed=restored is not None,
+                version=self.version,
+                algo=cfg.loss.algo,
+                epoch=self.feeder.epoch,
+            )
         )
         log.info(
             "learner %s at version %d (%s, model %s)",
@@ -263,7 +267,7 @@ class Learner:
             )
             ckpt_s = await self._maybe_commit()
             if ckpt_s:
-                self._log_line({"event": "commit", "version": self.version, "checkpoint_s": ckpt_s})
+                self._log_line(CommitLine(version=self.version, checkpoint_s=ckpt_s))
 
     async def _next_batch(self) -> Batch | None:
         """Wait for a complete batch (None when stopping); commit drops while idle."""
@@ -405,7 +409,7 @@ class Learner:
             self.batcher.ledger.abort_commit()
             raise
         await self._ack(self.batcher.ledger.end_commit())
-        self._log_line({"event": "commit", "version": self.version, "dropped": self._dropped()})
+        self._log_line(CommitLine(version=self.version, dropped=self._dropped()))
         M_CHECKPOINT_S.labels(kind="state").observe(time.monotonic() - t0)
 
     async def _final_commit(self) -> None:
@@ -452,29 +456,27 @@ class Learner:
             M_LOSS.labels(name=k).set(v)
         evals = self._eval_summary()
         rewards = [s.reward for s in batch.samples]
-        line = {
-            "event": "step",
-            "version": self.version,
-            "step": int(m.get("step", self.version)),
-            "samples": len(batch.samples),
-            "groups": batch.groups,
-            "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
-            "wait_s": wait_s,
-            "busy_s": busy_s,
-            "step_time_s": m.get("step_time_s", 0.0),
-            "tokens_per_s": m.get("tokens_per_s", 0.0),
-            "idle_frac": idle_frac,
-            "broadcast_s": bcast_s,
-            "committed": will_commit,
-            "staleness": {str(k): v for k, v in sorted(Counter(staleness).items())},
-            "dropped": self._dropped(),
-            "in_flight": self.feeder.in_flight,
-            "batcher": self.batcher.stats(),
-            "metrics": m,
-            "rollouts": batch.rollout_ids,
-        }
-        if evals:
-            line["eval"] = evals
+        line = StepLine(
+            version=self.version,
+            step=int(m.get("step", self.version)),
+            samples=len(batch.samples),
+            groups=batch.groups,
+            reward_mean=sum(rewards) / len(rewards) if rewards else 0.0,
+            wait_s=wait_s,
+            busy_s=busy_s,
+            step_time_s=m.get("step_time_s", 0.0),
+            tokens_per_s=m.get("tokens_per_s", 0.0),
+            idle_frac=idle_frac,
+            broadcast_s=bcast_s,
+            committed=will_commit,
+            staleness={str(k): v for k, v in sorted(Counter(staleness).items())},
+            dropped=self._dropped(),
+            in_flight=self.feeder.in_flight,
+            batcher=self.batcher.stats(),
+            metrics=m,
+            rollouts=batch.rollout_ids,
+            eval=evals or None,
+        )
         self._log_line(line)
         log.info(
             "version %d: %d samples, loss %.4g, %.0f tok/s, wait %.2fs, idle %.0f%%",
@@ -497,10 +499,10 @@ class Learner:
             out[f"{suite}/{harness}"] = {"mean": mean, "n": len(rs)}
         return out
 
-    def _log_line(self, obj: dict[str, Any]) -> None:
-        obj = {"time": time.time(), **obj}
+    def _log_line(self, line: MetricsLine) -> None:
+        line.time = time.time()
         with open(self.run_dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(obj) + "\n")
+            f.write(encode_line(line) + "\n")
 
 
 async def serve(cfg: Any, bus: Bus | None = None) -> int:
@@ -526,27 +528,3 @@ async def serve(cfg: Any, bus: Bus | None = None) -> int:
             await served[0].cleanup()
         if own_bus:
             await bus.close()
-
-
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The lines of a ``metrics.jsonl`` (tools and tests)."""
-    p = Path(path)
-    if not p.exists():
-        return []
-    out = []
-    for line in p.read_text().splitlines():
-        with contextlib.suppress(json.JSONDecodeError):  # a line cut short by a crash
-            out.append(json.loads(line))
-    return out
-
-
-def effective_steps(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Step lines that survived restarts: a ``start`` line at version v supersedes the earlier
-    step lines with a version above v (those steps were rolled back)."""
-    out: list[dict[str, Any]] = []
-    for line in lines:
-        if line.get("event") == "start":
-            out = [s for s in out if s["version"] <= line["version"]]
-        elif line.get("event") == "step":
-            out.append(line)
-    return out

@@ -1,4 +1,4 @@
-"""Config models of the processes at the model boundary (engine, proxy).
+"""Config models of the processes at the model boundary (engine, weights-sync).
 
 Plain pydantic models (no heavy imports): ``harnessrl COMMAND --help`` builds its flags from them.
 """
@@ -9,15 +9,22 @@ from typing import Literal
 
 from pydantic import Field
 
-from common.config import HrlModel
+from common.config import HrlModel, ServiceConfig
 
 
 class EngineConfig(HrlModel):
-    """``harnessrl engine``: the embedded torch engine speaking SGLang's native HTTP API."""
+    """``harnessrl engine``: an embedded engine speaking SGLang's native HTTP API (the torch
+    engine, or the scripted toy teacher)."""
 
+    kind: Literal["torch", "teacher"] = "torch"
+    """Which engine: ``torch`` serves ``model``; ``teacher`` answers as the scripted toy teacher
+    (cold-start SFT data, eval ceiling) for the tasks of ``suites``, with the tokenizer named by
+    ``model`` (it must match the actors' model). The teacher ignores the other fields except
+    ``host``, ``port`` and ``log_level``."""
     model: str = "tiny"
     """Model folder (any Hugging Face causal LM with safetensors) or a tiny spec (``tiny``,
-    ``tiny-1m``, ``tiny-8m@seed1``...) built offline on first use."""
+    ``tiny-1m``, ``tiny-8m@seed1``...) built offline on first use; with ``kind = "teacher"``,
+    the tokenizer (a tiny spec or a folder)."""
     tokenizer: str = ""
     """Tokenizer folder; empty uses the model folder (without one, replies carry empty text)."""
     host: str = "127.0.0.1"
@@ -45,5 +52,33 @@ class EngineConfig(HrlModel):
     """torch intra-op threads; 0 keeps torch's default (one per core)."""
     dist_timeout_s: float = Field(300.0, gt=0, le=86_400)
     """Timeout of the distributed weight-update group (joining it and each broadcast)."""
+    suites: list[str] = ["toy"]
+    """``kind = "teacher"``: the task suites whose tasks the teacher knows (repeat the flag)."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Logging level."""
+
+
+class WeightSyncConfig(ServiceConfig):
+    """``harnessrl weights-sync``: apply broadcast weight versions to one SGLang engine."""
+
+    engine: str = "http://127.0.0.1:30000"
+    """URL of the engine to update (SGLang native API)."""
+    name: str = ""
+    """Name of this updater's durable consumer (one per engine); empty: derived from ``engine``."""
+    work_dir: str = "./weights-sync"
+    """Local folder where received versions are written as HF folders (the engine must read it)."""
+    keep_local: int = Field(2, ge=1, le=100)
+    """Version folders kept in ``work_dir``."""
+    base_model: str = ""
+    """Model folder whose non-weight files (tokenizer, generation config) are copied into each
+    version folder; empty copies none (the config travels with the weights)."""
+    read_retries: int = Field(3, ge=0, le=100)
+    """Re-reads of a version whose chunks are incomplete before it is skipped as never-applied."""
+    ack_wait: float = Field(120.0, ge=1, le=3600)
+    """Seconds before an unacknowledged WeightsReady is redelivered."""
+    engine_wait_s: float = Field(300.0, ge=0, le=86_400)
+    """How long to wait for the engine to become healthy at start."""
+    load: str = ""
+    """HF model folder to load into the engine once, then exit; no NATS needed."""
+    load_version: str = Field("0", min_length=1, max_length=128)
+    """Weight version the engine reports after ``load``."""

@@ -4,6 +4,10 @@ Prints ``engine ready: http://HOST:PORT (model PATH, weight_version V)`` on stdo
 serves, so supervisors and tests can read the port (``--port 0`` picks a free one). torch is
 imported only in ``main`` (``--help`` stays instant); ``spawn_engine`` starts it as a child
 process without importing torch here.
+
+``--kind teacher`` serves the scripted toy teacher instead (``proxy.engine.teacher``; no torch
+model): ``harnessrl engine --kind teacher --suites toy [--suites toy-eval] --model TOKENIZER``,
+with the same ready line (``engine ready: URL (teacher, ...)``) and the same clean stop.
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ def main(cfg: EngineConfig, args: argparse.Namespace | None = None) -> int:
     from common.aio import run, setup_logging
 
     setup_logging(cfg.log_level, "engine")
+    if cfg.kind == "teacher":
+        from proxy.engine.teacher import serve_teacher
+
+        return int(run(serve_teacher(cfg)))
     from proxy.engine import serve
 
     return int(run(serve(cfg)))

@@ -1,28 +1,63 @@
-"""``harnessrl proxy`` config (a plain pydantic model: ``--help`` builds its flags from it)."""
+"""Settings of the model-API gateway: the sampling and proxy fields that ``harnessrl proxy``
+and every rollout (``harnessrl actor``/``rollout``/``eval``) share, declared once, and the
+``harnessrl proxy`` config (plain pydantic models: ``--help`` builds the flags from them)."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from common.config import ServiceConfig
+from common.config import HrlModel, ServiceConfig
 from common.records import check_token
 
 
-class ProxyConfig(ServiceConfig):
-    """``harnessrl proxy``: the model-API gateway of one sandbox (or a few rollouts)."""
+class SamplingSettings(HrlModel):
+    """How the engines sample every call of a rollout (set by the run, never by the harness;
+    what was used is recorded in each CallRecord's ``sampling``)."""
+
+    temperature: float = Field(1.0, ge=0.0, le=5.0)
+    """Sampling temperature of every call (the harness's own value is recorded, not used)."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass."""
+    top_k: int = Field(-1, ge=-1, le=1_000_000)
+    """Top-k sampling; -1 disables it."""
+    max_new_tokens: int = Field(4096, ge=1, le=1_000_000)
+    """Most tokens one call may generate (a harness's max_tokens can only lower it)."""
+
+
+class ProxySettings(SamplingSettings):
+    """What a proxy needs to serve calls: the engines, the model whose tokenizer and chat
+    template build the prompts, the tool-call parser, the context window, and sampling."""
 
     engines: list[str] = ["http://127.0.0.1:30000"]
     """Engine URLs speaking SGLang's native API (repeat the flag for several); calls of one
     rollout stick to one engine."""
     model: str = "tiny"
-    """Folder (or tiny spec) whose tokenizer and chat template build the prompts; must match
-    the engines' model."""
+    """Folder (or tiny spec such as ``tiny-1m``) whose tokenizer and chat template build the
+    prompts; must match the engines' model."""
     parser: Literal["hermes", "qwen"] = "hermes"
     """Tool-call parser for the model's output."""
-    model_name: str = "harnessrl"
-    """Model id reported by ``/v1/models`` (harnesses accept any name)."""
+    model_name: str = Field("harnessrl", min_length=1, max_length=200)
+    """Model name the harness is told to use (and ``/v1/models`` reports); some harnesses pick
+    prompts and tools by it."""
+    max_context: int = Field(0, ge=0, le=10_000_000)
+    """Context window in tokens; 0 asks the engine (``/get_model_info``)."""
+
+    @field_validator("engines")
+    @classmethod
+    def _engine_urls(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("at least one engine URL is needed")
+        for url in v:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"engine URL {url!r} must start with http:// or https://")
+        return v
+
+
+class ProxyConfig(ServiceConfig, ProxySettings):
+    """``harnessrl proxy``: the model-API gateway of one sandbox (or a few rollouts)."""
+
     host: str = "127.0.0.1"
     """Address to listen on (loopback: the sandbox reaches it through its forwarder)."""
     port: int = Field(0, ge=0, le=65535)
@@ -33,16 +68,6 @@ class ProxyConfig(ServiceConfig):
     """Rollout of the calls made with ``token``."""
     tokens: dict[str, str] = {}
     """More ``{token: rollout_id}`` pairs (JSON on the command line)."""
-    temperature: float = Field(1.0, ge=0.0, le=5.0)
-    """Sampling temperature of every call (the harness's value is recorded, not used)."""
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    """Nucleus sampling mass."""
-    top_k: int = Field(-1, ge=-1, le=1_000_000)
-    """Top-k sampling; -1 disables it."""
-    max_new_tokens: int = Field(4096, ge=1, le=1_000_000)
-    """Most tokens one call may generate (the harness's own max_tokens can only lower it)."""
-    max_context: int = Field(0, ge=0, le=10_000_000)
-    """Context window in tokens; 0 asks the engine (``/get_model_info``)."""
     record_buffer: int = Field(256, ge=1, le=1_000_000)
     """CallRecords that may wait for the bus before new calls are refused with 503."""
     health_interval_s: float = Field(2.0, gt=0, le=3600)

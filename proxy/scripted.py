@@ -204,9 +204,6 @@ class ScriptedEngine:
         """Append replies to the queue."""
         self.queue.extend(items)
 
-    def set_weight_version(self, version: int) -> None:
-        self.weight_version = int(version)
-
     def abort_all(self) -> None:
         for f in self._inflight.values():
             f.aborted.set()

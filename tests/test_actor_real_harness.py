@@ -11,7 +11,7 @@ import pytest
 from common.records import CallRecord
 from common.tree import assemble
 from tests.harness_env import Brain, Prompt, ensure_installed, write_call
-from tests.test_rollout import TASK, bwrap, request, rollout_env  # noqa: F401 (fixture)
+from tests.test_rollout import TASK, request, rollout_env
 
 pytestmark = pytest.mark.harness
 
@@ -33,7 +33,7 @@ class SolveCopy(Brain):
 
 
 @pytest.mark.parametrize("harness", ["claude-code", "codex"])
-async def test_real_harness_rollout_through_the_actor(harness, nats_url, run_name, bwrap):  # noqa: F811
+async def test_real_harness_rollout_through_the_actor(harness, nats_url, run_name, bwrap):
     cache = await ensure_installed(harness)
     brain = SolveCopy()
     async with rollout_env(

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from common.demo_cmd import (
+from common.config import toml_text
+from common.run.demo import (
     DemoConfig,
     final_weights,
     rl_run_file,
@@ -22,7 +23,7 @@ from common.demo_cmd import (
     sft_steps,
     train_suite,
 )
-from common.run_cmd import resolve, toml_text
+from common.run.plan import resolve
 
 REPO = Path(__file__).resolve().parents[1]
 HRL = [sys.executable, "-m", "common.cli"]

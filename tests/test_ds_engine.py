@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from common.records import TreeNode, TreeSample, pack_f32, pack_ids, pack_u8
-from learner.ds_engine import EngineConfig, LearnerEngine
+from learner.ds_engine import DeepSpeedConfig, LearnerEngine
 from learner.losses import LossConfig, group_advantages, norm_weights, sft_loss
 from learner.packing import PackConfig, collate, pack
 from learner.policy import load_policy
@@ -70,7 +70,7 @@ def params(engine: LearnerEngine) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def engine0() -> LearnerEngine:
     """ZeRO-0 fp32, PPO config (value head) with a KL reference; tests swap ``loss_cfg``."""
-    cfg = EngineConfig(zero_stage=0, lr=1e-3, micro_batch_rows=2, grad_clip=1.0)
+    cfg = DeepSpeedConfig(zero_stage=0, lr=1e-3, micro_batch_rows=2, grad_clip=1.0)
     return LearnerEngine("tiny-1m", cfg, LossConfig(algo="ppo", kl_coef=0.05))
 
 
@@ -177,7 +177,9 @@ def test_zero2_bf16_step(tmp_path) -> None:
     """ZeRO-2 bf16: loss goes down, weights change, grad norm matches an fp32 backward (~bf16)."""
     policy = load_policy("tiny-1m", attn_implementation="sdpa")
     plain = copy.deepcopy(policy)
-    cfg = EngineConfig(zero_stage=2, dtype="bfloat16", lr=1e-3, micro_batch_rows=1, grad_clip=0.0)
+    cfg = DeepSpeedConfig(
+        zero_stage=2, dtype="bfloat16", lr=1e-3, micro_batch_rows=1, grad_clip=0.0
+    )
     engine = LearnerEngine(policy, cfg, LossConfig(algo="sft"))
     rows = rows_for(make_samples(6), budget=48)
     batch = collate(rows)
@@ -200,7 +202,7 @@ def test_zero3_gathers_full_weights_and_checkpoints(tmp_path) -> None:
     """ZeRO-3: a step runs, the broadcast state is whole, and a checkpoint round-trips."""
     policy = load_policy("tiny-1m", attn_implementation="sdpa")
     shapes = {k: v.shape for k, v in policy.lm.state_dict().items()}
-    engine = LearnerEngine(policy, EngineConfig(zero_stage=3, lr=1e-3), LossConfig(algo="sft"))
+    engine = LearnerEngine(policy, DeepSpeedConfig(zero_stage=3, lr=1e-3), LossConfig(algo="sft"))
     rows = rows_for(make_samples(7))
     m1 = engine.train_step(rows)
     sd = engine.state_dict_for_broadcast(dedupe_tied=False)

@@ -1,4 +1,4 @@
-"""Tests for the embedded engine (proxy/engine.py): SGLang's native API over loopback HTTP.
+"""Tests for the embedded engine (proxy/engine/): SGLang's native API over loopback HTTP.
 
 Every test starts a real ``EngineServer`` on a free port with the tiny-1m model and checks its
 replies against fresh full forward passes of a separately loaded reference model (fp32, 1e-4).
@@ -23,15 +23,13 @@ import torch
 from common import metrics
 from common.config import undocumented_fields
 from common.models import load_model, resolve_model
+from common.weights import WeightSender, init_weight_group, push_weights_distributed
 from proxy.config import EngineConfig
 from proxy.engine import (
     EngineServer,
-    GlooWeightSender,
     PrefixCache,
     SamplingParams,
-    init_weight_group,
     load_state_dict,
-    push_weights_distributed,
     sample,
 )
 
@@ -547,7 +545,7 @@ async def test_update_from_distributed_gloo(model_dir: Path, new_dir: Path, ref,
     """SGLang's distributed update over gloo (trainer = this process, rank 0), in two buckets,
     with a request in flight."""
     named = list(load_state_dict(new_dir).items())
-    sender = GlooWeightSender(world_size=2, timeout_s=60)
+    sender = WeightSender(world_size=2, timeout_s=60)
     sp = {"max_new_tokens": 200, "temperature": 1.0, "ignore_eos": True}
     try:
         async with engine(model_dir) as (srv, http):

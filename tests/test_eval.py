@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from actors.eval_cmd import EvalConfig, format_table, summarize, task_pool
 from common.config import undocumented_fields
-from common.eval_cmd import EvalConfig, format_table, summarize, task_pool
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,7 +59,7 @@ def test_eval_teacher_and_random_policy(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "common.cli", "eval", "--policy", "teacher"]
     argv += ["--policy", "tiny-1m", "--suite", "toy-eval", "--limit", "3", "--n", "1"]
     argv += ["--max-turns", "8", "--max-new-tokens", "256", "--out", str(out)]
-    argv += ["--rollout", json.dumps({"model": "tiny-1m"}), "--log-dir", str(tmp_path / "logs")]
+    argv += ["--rollout.model", "tiny-1m", "--log-dir", str(tmp_path / "logs")]
     argv += ["--sandbox-root", str(tmp_path / "sandboxes")]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=280, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

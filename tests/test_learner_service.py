@@ -23,12 +23,13 @@ from pathlib import Path
 import pytest
 
 from common.bus import Bus, connect
+from common.layout import StartLine, StepLine, effective_steps, read_metrics
 from common.procs import popen_child
 from common.records import TaskRequest, WeightsReady
 from learner.checkpoint import Checkpointer
 from learner.config import LearnerConfig
-from learner.service import Learner, effective_steps, read_metrics
-from learner.weights import WeightUpdater
+from learner.service import Learner
+from proxy.weights_sync import WeightUpdater
 from tests.test_batching import synthetic_sample
 
 pytestmark = pytest.mark.slow
@@ -89,13 +90,12 @@ async def test_in_process_feeder_learner_broadcast_and_resume(tmp_path: Path) ->
         assert await asyncio.wait_for(learner.run(), 240) == 0
         assert learner.version == 3
         capacity = (cfg.max_staleness + 1) * cfg.batch_rollouts
-        steps = [
-            m for m in read_metrics(tmp_path / "run" / "metrics.jsonl") if m["event"] == "step"
-        ]
-        assert [m["version"] for m in steps] == [1, 2, 3]
-        assert all(m["in_flight"] <= capacity for m in steps)
-        assert all(int(k) <= cfg.max_staleness for m in steps for k in m["staleness"])
-        assert all(m["metrics"]["tokens_computed"] > 0 for m in steps)
+        lines = read_metrics(tmp_path / "run" / "metrics.jsonl")
+        steps = [m for m in lines if isinstance(m, StepLine)]
+        assert [m.version for m in steps] == [1, 2, 3]
+        assert all(m.in_flight <= capacity for m in steps)
+        assert all(int(k) <= cfg.max_staleness for m in steps for k in m.staleness)
+        assert all(m.metrics["tokens_computed"] > 0 for m in steps)
         ready = await bus.read_subject(bus.subjects.weights_ready, WeightsReady)
         assert [r.version for r in ready] == [1, 2, 3]
         assert {t.task_id for t in seen} and all(not t.is_eval for t in seen)
@@ -235,16 +235,16 @@ async def test_sigkill_and_resume_trains_every_sample_once(
     # the version continued across the kill, and every trained sample appears in exactly one
     # surviving step, the one whose version the ledger recorded
     lines = read_metrics(run_dir / "metrics.jsonl")
-    starts = [m for m in lines if m["event"] == "start"]
-    assert [s["resumed"] for s in starts] == [False, True] and starts[1]["version"] == killed_at
+    starts = [m for m in lines if isinstance(m, StartLine)]
+    assert [s.resumed for s in starts] == [False, True] and starts[1].version == killed_at
     steps = effective_steps(lines)
-    assert [s["version"] for s in steps] == list(range(1, len(steps) + 1))
+    assert [s.version for s in steps] == list(range(1, len(steps) + 1))
     assert state.version == len(steps) == 10
-    first_after = next(m for m in lines[lines.index(starts[1]) :] if m["event"] == "step")
-    assert first_after["version"] == killed_at + 1
-    seen = [rid for s in steps for rid in s["rollouts"]]
+    first_after = next(m for m in lines[lines.index(starts[1]) :] if isinstance(m, StepLine))
+    assert first_after.version == killed_at + 1
+    seen = [rid for s in steps for rid in s.rollouts]
     assert sorted(seen) == sorted(trained)
-    assert all(trained[rid] == s["version"] for s in steps for rid in s["rollouts"])
+    assert all(trained[rid] == s.version for s in steps for rid in s.rollouts)
     # everything was acknowledged: nothing is left for a next learner
     assert await bus.stream_count("SAMPLES") == 0
     # a fresh updater receives the newest broadcast version intact (no chunks of lost steps)

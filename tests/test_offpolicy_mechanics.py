@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from benchmarks.offpolicy_ablation import Run, train
-from learner.ds_engine import EngineConfig, LearnerEngine
+from learner.ds_engine import DeepSpeedConfig, LearnerEngine
 
 
 @pytest.fixture(scope="module")
 def learner_and_ckpt():
     torch.set_num_threads(1)
-    learner = LearnerEngine("tiny-1m", EngineConfig(lr=3e-3, grad_clip=1.0))
+    learner = LearnerEngine("tiny-1m", DeepSpeedConfig(lr=3e-3, grad_clip=1.0))
     with tempfile.TemporaryDirectory() as d:
         learner.save_checkpoint(d, {})
         yield learner, d

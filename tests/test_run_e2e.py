@@ -19,7 +19,7 @@ import pytest
 
 from common.config import undocumented_fields
 from common.procs import pid_alive
-from common.run_config import RunConfig
+from common.run.config import RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 2
@@ -170,7 +170,7 @@ def test_run_trains_broadcasts_and_cleans_up(tmp_path: Path) -> None:
 
 def test_counters_survive_a_restart() -> None:
     """A counter that goes down means the process restarted: its old total is carried."""
-    from common.dashboard import Scraped, total
+    from common.run.dashboard import Scraped, total
 
     s = Scraped()
     key = ("hrl_actor_rollouts_total", (("status", "ok"),))
@@ -184,7 +184,8 @@ def test_counters_survive_a_restart() -> None:
 
 def test_monitor_copies_learner_lines_once(tmp_path: Path) -> None:
     """Learner lines are copied verbatim and only once, also by a resumed supervisor."""
-    from common.dashboard import Monitor
+    from common.layout import RollupLine
+    from common.run.dashboard import Monitor
 
     learner = tmp_path / "learner.jsonl"
     learner.write_text(
@@ -195,7 +196,7 @@ def test_monitor_copies_learner_lines_once(tmp_path: Path) -> None:
     )
     m = Monitor("r", tmp_path, steps=3, learner_metrics=learner)
     m.copy_learner_lines()
-    m.write_line({"event": "rollup", "version": 1})
+    m.write_line(RollupLine(version=1))
     with open(learner, "a") as f:
         f.write(json.dumps({"time": 3, "event": "step", "version": 2, "samples": 4}) + "\n")
         f.write('{"time": 4, "event": "st')  # a line still being written
@@ -210,7 +211,8 @@ def test_monitor_copies_learner_lines_once(tmp_path: Path) -> None:
 def test_plot_from_metrics(tmp_path: Path) -> None:
     """The plot is drawn from metrics.jsonl alone (rollup reward deltas summed per version)."""
     pytest.importorskip("matplotlib")
-    from common.plot import plot_run, series
+    from common.layout import read_metrics
+    from common.run.plot import plot_run, series
 
     rows = [
         {"time": 0, "event": "start", "version": 0},
@@ -219,7 +221,7 @@ def test_plot_from_metrics(tmp_path: Path) -> None:
         {"time": 9, "source": "run", "event": "rollup", "rewards": {"train/ref": {"0": [1, 4]}}},
     ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    data = series(read_lines(tmp_path / "metrics.jsonl"))
+    data = series(read_metrics(tmp_path / "metrics.jsonl"))
     assert data["rewards"] == {"train/ref": [(0, 0.25)]} and data["batch"] == [(1, 0.25)]
     path = plot_run(tmp_path)
     assert path is not None and path.stat().st_size > 1000
@@ -229,7 +231,8 @@ def test_run_file_round_trip(tmp_path: Path) -> None:
     """The resolved run file parses back to the same tables; [run] is complete and typed."""
     import tomllib
 
-    from common.run_cmd import resolve, toml_text
+    from common.config import toml_text
+    from common.run.plan import resolve
 
     run_file = tmp_path / "run.toml"
     run_file.write_text(RUN_FILE.format(steps=3, sandboxes=tmp_path / "sb"))
@@ -244,7 +247,7 @@ def test_run_file_round_trip(tmp_path: Path) -> None:
 
 def test_run_file_errors_name_the_problem(tmp_path: Path) -> None:
     from common.config import ConfigError
-    from common.run_cmd import resolve
+    from common.run.plan import resolve
 
     bad = tmp_path / "bad.toml"
     for text, expected in (

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from common.files import free_port
 from common.models import load_tokenizer
 from proxy.scripted import Reply, ScriptedEngine
 from proxy.sglang import (
@@ -26,12 +26,6 @@ from proxy.sglang import (
 REPO = Path(__file__).resolve().parents[1]
 TOK = load_tokenizer("tiny-1m")
 SAMPLING = {"max_new_tokens": 64, "temperature": 1.0, "stop_token_ids": [2]}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from common.procs import pid_alive
-from common.supervisor import ChildFailed, ChildSpec, Supervisor
+from common.run.supervisor import ChildFailed, ChildSpec, Supervisor
 
 PY = sys.executable
 
@@ -163,7 +163,7 @@ def _start_supervisor(tmp_path: Path, n: int = 2) -> tuple[subprocess.Popen, dic
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(spec))
     proc = subprocess.Popen(
-        [PY, "-m", "common.supervisor", str(path)],
+        [PY, "-m", "common.run.supervisor", str(path)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -366,7 +366,7 @@ def tasks_cli(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setitem(
         cli.COMMANDS,
         "tasks",
-        cli.Command("list, show, import and lint tasks", "actors.tasks_cmd", 5),
+        cli.Command("list, show, import and lint tasks", "actors.tasks_cmd"),
     )
     return lambda *argv: cli.main(["tasks", *argv])
 

@@ -26,16 +26,6 @@ TOY = list_tasks("toy") + list_tasks("toy-eval")
 JOBS = 4
 
 
-@pytest.fixture
-async def backend(tmp_path: Path):
-    be = BwrapBackend(tmp_path / "sandboxes")
-    reason = await be.probe()
-    if reason is not None:
-        pytest.skip(f"bubblewrap not usable here: {reason}")
-    async with be:
-        yield be
-
-
 async def solved_and_untouched(backend: BwrapBackend, task: Task) -> tuple:
     spec = SandboxSpec(workspace_src=task.workspace_dir, workdir=task.mount)
     async with await backend.create(spec) as sb:

@@ -15,13 +15,12 @@ import pytest
 from actors.config import RolloutSettings
 from actors.harnesses.reference_agent import SYSTEM_PROMPT, TOOLS, Workspace
 from actors.rollout import RolloutDeps, run_rollout
-from actors.sandbox.bwrap import BwrapBackend
 from common.bus import connect
 from common.models import load_tokenizer, render_chat
 from common.records import TaskRequest
 from common.tasks import load_task
 from common.tasks.teacher import teacher_rollout, teacher_step
-from proxy.teacher_engine import Teacher, make_teacher_engine, parse_prompt
+from proxy.engine.teacher import Teacher, make_teacher_engine, parse_prompt
 
 TOK = load_tokenizer("tiny-1m")
 REPO = Path(__file__).resolve().parents[1]
@@ -93,15 +92,6 @@ def test_reply_ids_have_zero_logprobs() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-async def bwrap(tmp_path: Path) -> BwrapBackend:
-    be = BwrapBackend(tmp_path / "sandboxes")
-    reason = await be.probe()
-    if reason is not None:
-        pytest.skip(f"bubblewrap not usable here: {reason}")
-    return be
-
-
 TASKS = [
     ("toy", "copy_01"),
     ("toy", "count_word_02"),
@@ -139,25 +129,13 @@ async def test_reference_harness_solves_toy_tasks(nats_url, run_name, bwrap) -> 
 
 
 def test_teacher_engine_process_with_harnessrl_rollout(tmp_path: Path) -> None:
-    """``python -m proxy.teacher_engine`` + ``harnessrl rollout`` score 1.0 end to end."""
+    """``harnessrl engine --kind teacher`` + ``harnessrl rollout`` score 1.0 end to end."""
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap not installed")
-    from common.procs import popen_child
+    from proxy.engine_cmd import spawn_engine
 
-    eng = popen_child(
-        [sys.executable, "-m", "proxy.teacher_engine", "--port", "0", "--suite", "toy"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=REPO,
-    )
+    eng, url = spawn_engine(["--kind", "teacher", "--port", "0", "--suites", "toy"])
     try:
-        assert eng.stdout is not None
-        url = ""
-        for line in eng.stdout:
-            if line.startswith("teacher engine ready: "):
-                url = line.split()[3]
-                break
         assert url, "teacher engine did not start"
         out = subprocess.run(
             [sys.executable, "-m", "common.cli", "rollout", "--suite", "toy", "--task"]
@@ -176,3 +154,30 @@ def test_teacher_engine_process_with_harnessrl_rollout(tmp_path: Path) -> None:
     finally:
         eng.terminate()
         eng.wait(20)
+
+
+def test_teacher_kind_ready_line_and_sigterm() -> None:
+    """``harnessrl engine --kind teacher`` prints the engine's ready line, answers on it, and
+    stops cleanly on SIGTERM, logging how many calls it served."""
+    import signal
+    import time
+    import urllib.request
+
+    from proxy.engine_cmd import spawn_engine
+
+    proc, url = spawn_engine(
+        ["--kind", "teacher", "--suites", "toy", "--suites", "toy-eval", "--model", "tiny-1m"]
+        + ["--host", "127.0.0.1", "--port", "0"]
+    )
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=10) as r:
+            assert r.status == 200
+        assert url.startswith("http://127.0.0.1:")
+        assert "suites toy, toy-eval" in proc.output_lines[0]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    deadline = time.monotonic() + 10  # the reader thread drains the pipe
+    while "engine stopped\n" not in proc.output_lines and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert any("teacher served 0 calls (0 unknown tasks)" in line for line in proc.output_lines)

@@ -424,7 +424,7 @@ async def test_lint_problems(backend: BwrapBackend, tmp_path: Path, checker, sol
 
 def test_cli_lint_exit_status(tmp_path: Path, monkeypatch, capsys):
     """``tasks lint PATH`` exits 1 and names the metric that never flips; 0 when fixed."""
-    monkeypatch.setitem(cli.COMMANDS, "tasks", cli.Command("tasks", "actors.tasks_cmd", 5))
+    monkeypatch.setitem(cli.COMMANDS, "tasks", cli.Command("tasks", "actors.tasks_cmd"))
     make_task(tmp_path / "flawed", FLAWED, solve=SOLVE)
     make_task(tmp_path / "fixed", FIXED, solve=SOLVE)
     rc = cli.main(["tasks", "lint", str(tmp_path / "flawed"), str(tmp_path / "fixed")])

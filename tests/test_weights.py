@@ -23,15 +23,9 @@ from common.records import (
     pack_ids,
     pack_u8,
 )
-from learner.weights import (
-    DistributedPublisher,
-    StreamPublisher,
-    WeightUpdater,
-    chunk,
-    engine_apply,
-    serialize,
-    weights_digest,
-)
+from common.weights import chunk, serialize, weights_digest
+from learner.weights import DistributedPublisher, StreamPublisher
+from proxy.weights_sync import WeightUpdater, engine_apply
 
 TOL = 1e-4
 
@@ -142,10 +136,10 @@ async def test_disk_transport_folder_is_applied_in_place(bus: Bus, tmp_path: Pat
 @pytest.fixture(scope="module")
 def learner():
     """A DeepSpeed learner on tiny-1m that has taken SFT steps (its weights moved)."""
-    from learner.ds_engine import EngineConfig, LearnerEngine
+    from learner.ds_engine import DeepSpeedConfig, LearnerEngine
     from learner.losses import LossConfig
 
-    return LearnerEngine("tiny-1m", EngineConfig(lr=1e-2, grad_clip=0), LossConfig(algo="sft"))
+    return LearnerEngine("tiny-1m", DeepSpeedConfig(lr=1e-2, grad_clip=0), LossConfig(algo="sft"))
 
 
 def sft_step(learner, seed: int) -> None:
@@ -242,7 +236,7 @@ async def test_learner_versions_reach_embedded_engine(learner, bus: Bus, tmp_pat
 async def test_weights_sync_command_applies_versions(
     bus: Bus, nats_url: str, tmp_path: Path
 ) -> None:
-    """``harnessrl weights-sync`` (as ``python -m learner.weights_sync_cmd``) applies a streamed
+    """``harnessrl weights-sync`` (as ``python -m proxy.weights_sync_cmd``) applies a streamed
     version to an engine and reports it."""
     import os
     import signal
@@ -257,7 +251,7 @@ async def test_weights_sync_command_applies_versions(
     new = load_state_dict(resolve_model("tiny-1m@seed1"))
     cfg = EngineConfig(model="tiny-1m", port=0, threads=1)
     async with EngineServer(cfg) as srv, EngineClient(srv.url) as client:
-        argv = [sys.executable, "-m", "learner.weights_sync_cmd", "--nats", nats_url]
+        argv = [sys.executable, "-m", "proxy.weights_sync_cmd", "--nats", nats_url]
         argv += ["--run", bus.run, "--engine", srv.url, "--work-dir", str(tmp_path)]
         argv += ["--metrics-port", "-1"]
         env = {**os.environ, "PYTHONPATH": str(root)}
@@ -275,3 +269,45 @@ async def test_weights_sync_command_applies_versions(
             _, err = proc.communicate(timeout=30)
         assert proc.returncode == 0, err
         assert "applied weight version 4" in err
+
+
+async def test_weights_sync_load_once(tmp_path: Path) -> None:
+    """``harnessrl weights-sync --engine URL --load PATH``: loads one folder (no NATS) and exits
+    0; a folder the engine cannot load exits 1 with one line naming the engine and the folder."""
+    import os
+    import subprocess
+    import sys
+
+    from proxy.config import EngineConfig
+    from proxy.engine import EngineServer
+    from proxy.sglang import EngineClient
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+
+    def weights_sync(*flags: str) -> subprocess.CompletedProcess:
+        argv = [sys.executable, "-m", "proxy.weights_sync_cmd", "--metrics-port", "-1", *flags]
+        return subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=120)
+
+    new = resolve_model("tiny-1m@seed1")
+    cfg = EngineConfig(model="tiny-1m", port=0, threads=1)
+    async with EngineServer(cfg) as srv, EngineClient(srv.url) as client:
+        ok = await asyncio.to_thread(
+            weights_sync, "--engine", srv.url, "--load", str(new), "--load-version", "7"
+        )
+        assert ok.returncode == 0, ok.stderr
+        assert await client.weight_version() == 7
+        assert (await client.model_info())["weight_version"] == "7"
+
+        bad = tmp_path / "not-a-model"
+        bad.mkdir()
+        res = await asyncio.to_thread(weights_sync, "--engine", srv.url, "--load", str(bad))
+        assert res.returncode == 1
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and srv.url in lines[0] and str(bad) in lines[0], res.stderr
+        assert await client.weight_version() == 7  # the old weights keep serving
+
+    res = await asyncio.to_thread(
+        weights_sync, "--engine", srv.url, "--load", str(new), "--engine-wait-s", "0"
+    )
+    assert res.returncode == 1 and srv.url in res.stderr and str(new) in res.stderr

@@ -37,6 +37,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from common.config import toml_text
 from common.tasks.model import (
     CLAWGYM_MOUNT,
     DEFAULT_MOUNT,
@@ -525,61 +526,34 @@ def _materialise_harbor_workspace(
 # ---------------------------------------------------------------------------------------------
 
 
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return repr(v)
-    if isinstance(v, str):
-        plain = all(c.isprintable() or c in "\n\t" for c in v)
-        if "\n" in v and plain and '"""' not in v and "\\" not in v:
-            return '"""\n' + v + '"""'
-        return json.dumps(v)
-    if isinstance(v, list | tuple):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return (
-            "{ "
-            + ", ".join(f"{json.dumps(str(k))} = {_toml_value(x)}" for k, x in v.items())
-            + " }"
-        )
-    if v is None:
-        return '""'
-    return json.dumps(str(v))
-
-
 def native_toml_text(task: Task) -> str:
-    """The native ``task.toml`` that describes ``task`` (its files laid out natively)."""
-    lines = [
-        f"id = {_toml_value(task.id)}",
-        f"category = {_toml_value(task.category)}",
-        f"difficulty = {_toml_value(task.difficulty)}",
-        f"split = {_toml_value(task.split)}",
-        f"mount = {_toml_value(task.mount)}",
-        f"instruction = {_toml_value(task.instruction)}",
-        "",
-        "[timeouts]",
-        f"agent_s = {task.agent_timeout_s!r}",
-        f"verifier_s = {task.verifier_timeout_s!r}",
-        "",
-        "[score]",
-        f"weights = {_toml_value(task.metric_weights)}",
-        f"code_weight = {task.code_weight!r}",
-        f"rubric_weight = {task.rubric_weight!r}",
-        "",
-        "[checker]",
-        f"kind = {_toml_value(task.checker)}",
-        f"entry = {_toml_value(task.checker_entry)}",
-        f"reward_mount = {_toml_value(task.reward_mount)}",
-        "",
-        "[rubric]",
-        f"rules = {_toml_value(task.rubric)}",
-    ]
+    """The native ``task.toml`` that describes ``task`` (its files laid out natively); a None
+    metadata value is left out (``common.config.toml_text``'s rule)."""
     meta = dict(task.metadata)
     if task.format != "native":
         meta.setdefault("imported_from", task.format)
-    lines += ["", "[metadata]", *(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in meta.items())]
-    return "\n".join(lines) + "\n"
+    doc = {
+        "id": task.id,
+        "category": task.category,
+        "difficulty": task.difficulty,
+        "split": task.split,
+        "mount": task.mount,
+        "instruction": task.instruction,
+        "timeouts": {"agent_s": task.agent_timeout_s, "verifier_s": task.verifier_timeout_s},
+        "score": {
+            "weights": task.metric_weights,
+            "code_weight": task.code_weight,
+            "rubric_weight": task.rubric_weight,
+        },
+        "checker": {
+            "kind": task.checker,
+            "entry": task.checker_entry,
+            "reward_mount": task.reward_mount,
+        },
+        "rubric": {"rules": task.rubric},
+        "metadata": meta,
+    }
+    return toml_text(doc, multiline_strings=True)
 
 
 def write_native(task: Task, out: Path) -> Path:

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.config import toml_text
+
 WORDS = [
     "apple",
     "river",
@@ -509,27 +511,19 @@ Path(P["output"]).write_text(out)
 '''
 
 
-def _toml_str(s: str) -> str:
-    return json.dumps(s)
-
-
 def task_toml(t: ToyTask) -> str:
-    meta = {"family": t.family.name, **t.params}
-    lines = [
-        f"id = {_toml_str(t.id)}",
-        f"instruction = {_toml_str(t.instruction)}",
-        'category = "toy"',
-        f'difficulty = "{t.family.level}"',
-        f"split = {_toml_str(t.split)}",
-        "",
-        "[timeouts]",
-        "agent_s = 300.0",
-        "verifier_s = 30.0",
-        "",
-        "[metadata.toy]",
-        *(f"{k} = {_toml_str(str(v))}" for k, v in meta.items()),
-    ]
-    return "\n".join(lines) + "\n"
+    meta = {"family": t.family.name, **{k: str(v) for k, v in t.params.items()}}
+    return toml_text(
+        {
+            "id": t.id,
+            "instruction": t.instruction,
+            "category": "toy",
+            "difficulty": str(t.family.level),
+            "split": t.split,
+            "timeouts": {"agent_s": 300.0, "verifier_s": 30.0},
+            "metadata": {"toy": meta},
+        }
+    )
 
 
 def write_task(t: ToyTask, root: Path) -> Path:

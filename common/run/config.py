@@ -74,7 +74,7 @@ class RunConfig(HrlModel):
     """Embedded engines to start (when ``engines`` is empty)."""
     engine_kind: Literal["embedded", "teacher"] = "embedded"
     """What the embedded engines are: ``harnessrl engine`` (the ``[engine]`` table), or the
-    scripted toy teacher (``python -m proxy.teacher_engine``; cold-start SFT data)."""
+    scripted toy teacher (``harnessrl engine --kind teacher``; cold-start SFT data)."""
     teacher_suites: list[str] = ["toy", "toy-eval"]
     """``engine_kind = "teacher"``: suites whose tasks the teacher recognises."""
     weights_sync: bool = True

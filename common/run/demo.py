@@ -7,14 +7,15 @@ Three phases, each an ordinary ``harnessrl run`` / ``harnessrl eval`` child whos
 written to ``<out>/`` first (so every phase can be re-run or changed by hand):
 
 1. **cold-start SFT** (``<out>/sft.toml`` -> ``<out>/sft/``): the scripted toy teacher serves as
-   the model (``python -m proxy.teacher_engine``), so its trajectories flow through the same
+   the model (``harnessrl engine --kind teacher``), so its trajectories flow through the same
    actors, bubblewrap sandboxes, reference harness, proxy and assembler as any rollout; the
    learner trains the tiny model on them with ``--sft`` (loss on model tokens only, same tree
    packing and DeepSpeed engine). A random tiny model scores 0 everywhere, which gives GRPO
    nothing to learn from; this phase is what makes the RL phase measurable.
 2. **RL** (``<out>/rl.toml`` -> ``<out>/rl/``): GRPO (or PPO) from the SFT weights, with the
-   embedded engine (or ``--engine`` URLs, loaded with the SFT weights first) serving the policy
-   and a weights-sync updater applying every new version.
+   embedded engine (or ``--engine`` URLs, loaded with the SFT weights first by
+   ``harnessrl weights-sync --load``) serving the policy and a weights-sync updater applying
+   every new version.
 3. **held-out evaluation** (``<out>/eval.json``): the SFT and the RL policy on ``toy-eval``.
 
 Each training phase ends at its steps or its wall-clock limit (``--sft-minutes``,
@@ -40,13 +41,20 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
 
-from common.config import HrlModel
+from common.config import ConfigError, HrlModel, load_config, toml_text
+from common.layout import (
+    SummaryLine,
+    line_object,
+    read_metrics,
+    weights_folder,
+    weights_folders,
+)
+from common.run.config import RunConfig
 
 
 class DemoConfig(HrlModel):
@@ -74,8 +82,8 @@ class DemoConfig(HrlModel):
     nats: str = ""
     """An existing NATS server; empty: each phase starts its own."""
     engines: list[str] = []
-    """Existing engines for the RL phase (``--engine``, repeat; loaded with the SFT weights via
-    ``update_weights_from_disk`` first); empty: an embedded engine."""
+    """Existing engines for the RL phase (``--engine``, repeat; loaded with the SFT weights by
+    ``harnessrl weights-sync --load`` first); empty: an embedded engine."""
     actors: int = Field(2, ge=1, le=64)
     """Actor processes per phase."""
     concurrency: int = Field(4, ge=1, le=256)
@@ -179,35 +187,55 @@ def train_suite(cfg: DemoConfig, folder: Path) -> str:
     return str(folder / "toy-train")
 
 
+def typed_tables(tables: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each table of a run file validated by the config model of the process that reads it
+    (``[run]``: `RunConfig`; the others by command name through the CLI face), so a wrong key
+    or value fails here naming the table and the field; returns the fields as set (what the
+    TOML file holds)."""
+    from common.cli import command_config
+
+    out: dict[str, dict[str, Any]] = {}
+    for name, table in tables.items():
+        model = RunConfig if name == "run" else command_config(name.replace("_", "-"))
+        try:
+            cfg = load_config(model, None, table)  # model_validate; errors name the field
+        except ConfigError as e:
+            raise ConfigError(f"[{name}] {e}") from None
+        out[name] = cfg.model_dump(mode="json", exclude_unset=True)
+    return out
+
+
 def sft_run_file(cfg: DemoConfig, name: str, suite: str = "toy") -> dict[str, Any]:
     """Phase 1: teacher engine, SFT learner (SFT ignores staleness, so the teacher needs no
     updater); disk broadcast: the last version's folder is the cold-start policy."""
-    return {
-        "run": _run(
-            cfg,
-            name,
-            sft_steps(cfg),
-            cfg.sft_minutes,
-            engine_kind="teacher",
-            teacher_suites=[suite],
-            weights_sync=False,
-        ),
-        "actor": {**_actor(cfg), "temperature": 1.0},
-        "assembler": {},
-        "learner": {
-            "model": cfg.model,
-            "sft": True,
-            "sft_min_reward": 1.0,
-            "group_size": 1,
-            "min_group_size": 1,
-            "batch_groups": cfg.sft_batch,
-            "max_staleness": 1,
-            "ds": {"lr": cfg.sft_lr},
-            "broadcast": {"transport": "disk", "keep_versions": 1},
-            "feeder": {"suites": [suite], "harnesses": ["reference"]},
-        },
-        "weights_sync": {},
-    }
+    return typed_tables(
+        {
+            "run": _run(
+                cfg,
+                name,
+                sft_steps(cfg),
+                cfg.sft_minutes,
+                engine_kind="teacher",
+                teacher_suites=[suite],
+                weights_sync=False,
+            ),
+            "actor": {**_actor(cfg), "temperature": 1.0},
+            "assembler": {},
+            "learner": {
+                "model": cfg.model,
+                "sft": True,
+                "sft_min_reward": 1.0,
+                "group_size": 1,
+                "min_group_size": 1,
+                "batch_groups": cfg.sft_batch,
+                "max_staleness": 1,
+                "ds": {"lr": cfg.sft_lr},
+                "broadcast": {"transport": "disk", "keep_versions": 1},
+                "feeder": {"suites": [suite], "harnesses": ["reference"]},
+            },
+            "weights_sync": {},
+        }
+    )
 
 
 def rl_run_file(cfg: DemoConfig, name: str, policy: Path, suite: str = "toy") -> dict[str, Any]:
@@ -215,52 +243,53 @@ def rl_run_file(cfg: DemoConfig, name: str, policy: Path, suite: str = "toy") ->
     run = _run(cfg, name, cfg.steps, cfg.rl_minutes)
     if cfg.engines:
         run["engines"] = cfg.engines
-    return {
-        "run": run,
-        "engine": {"model": str(policy), "max_batch_size": 16},
-        "actor": {**_actor(cfg), "model": str(policy)},
-        "assembler": {},
-        "learner": {
-            "model": str(policy),
-            "algo": cfg.algo,
-            "group_size": cfg.group_size,
-            "min_group_size": 2,
-            "batch_groups": cfg.batch_groups,
-            "max_staleness": cfg.max_staleness,
-            "ds": {"lr": cfg.lr},
-            "broadcast": {"transport": "disk", "keep_versions": 2},
-            "feeder": {"suites": [suite], "harnesses": cfg.harnesses},
-        },
-        "weights_sync": {},
-    }
+    return typed_tables(
+        {
+            "run": run,
+            "engine": {"model": str(policy), "max_batch_size": 16},
+            "actor": {**_actor(cfg), "model": str(policy)},
+            "assembler": {},
+            "learner": {
+                "model": str(policy),
+                "algo": cfg.algo,
+                "group_size": cfg.group_size,
+                "min_group_size": 2,
+                "batch_groups": cfg.batch_groups,
+                "max_staleness": cfg.max_staleness,
+                "ds": {"lr": cfg.lr},
+                "broadcast": {"transport": "disk", "keep_versions": 2},
+                "feeder": {"suites": [suite], "harnesses": cfg.harnesses},
+            },
+            "weights_sync": {},
+        }
+    )
 
 
 def final_weights(run_dir: Path, version: int) -> Path:
-    """The HF folder the learner broadcast last (disk transport: ``learner/weights/vN``)."""
-    path = run_dir / "learner" / "weights" / f"v{version:09d}"
+    """The HF folder the learner broadcast last (disk transport: ``learner/weights/vN``; the
+    newest version folder when the run ended before ``version``)."""
+    root = run_dir / "learner" / "weights"
+    path = weights_folder(root, version)
     if not (path / "model.safetensors").exists():
-        found = sorted((run_dir / "learner" / "weights").glob("v*"))
+        found = weights_folders(root)
         if not found:
-            raise RuntimeError(f"no weights under {run_dir / 'learner' / 'weights'}")
-        path = found[-1]
+            raise RuntimeError(f"no weights under {root}")
+        path = found[-1][1]
     return path
 
 
 def load_into_engines(urls: list[str], policy: Path) -> None:
-    """Make external engines serve ``policy`` as version 0 before the RL phase."""
+    """Make external engines serve ``policy`` as version 0 before the RL phase (one
+    ``harnessrl weights-sync --load`` child per engine)."""
+    from common.run.plan import command_prefix
+
     for url in urls:
-        body = json.dumps(
-            {"model_path": str(policy), "weight_version": "0", "abort_all_requests": False}
-        ).encode()
-        req = urllib.request.Request(
-            url.rstrip("/") + "/update_weights_from_disk",
-            data=body,
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=600) as resp:
-            reply = json.loads(resp.read() or b"{}")
-        if reply.get("success") is False:
-            raise RuntimeError(f"{url} did not load {policy}: {reply}")
+        argv = [*command_prefix(sys.executable, "weights-sync"), "--engine", url]
+        argv += ["--load", str(policy), "--load-version", "0"]
+        res = subprocess.run(argv, capture_output=True, text=True)
+        if res.returncode != 0:
+            why = res.stderr.strip() or res.stdout.strip() or f"exit {res.returncode}"
+            raise RuntimeError(f"{url} did not load {policy}: {why}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,8 +336,6 @@ class Demo:
             raise RuntimeError(f"the {name} phase failed (exit {rc}); see {self.dir / name}")
 
     def write(self, name: str, tables: dict[str, Any]) -> Path:
-        from common.run_cmd import toml_text
-
         path = self.dir / f"{name}.toml"
         path.write_text(toml_text(tables))
         return path
@@ -344,7 +371,7 @@ class Demo:
         except KeyboardInterrupt:
             self.say("interrupted")
             return 128 + (self.stop_signal or signal.SIGINT)
-        except RuntimeError as e:
+        except (RuntimeError, ConfigError) as e:
             self.say(str(e))
             return 1
         self.timings["total"] = round(time.monotonic() - t0, 1)
@@ -380,7 +407,7 @@ class Demo:
             "folder": str(self.dir),
             "sft_policy": str(sft),
             "rl_policy": str(rl) if rl else None,
-            "phases": phases,
+            "phases": {k: line_object(ph) if ph else {} for k, ph in phases.items()},
             "algo": cfg.algo,
             "steps": cfg.steps,
             "sft_steps": sft_steps(cfg),
@@ -394,8 +421,9 @@ class Demo:
         p = self.out
         print("", file=p)
         if report is not None:
-            v_sft = phases["sft"].get("version", "?")
-            v_rl = phases["rl"].get("version", 0) if rl is not None else 0
+            sft_ph, rl_ph = phases["sft"], phases["rl"]
+            v_sft = sft_ph.version if sft_ph else "?"
+            v_rl = rl_ph.version if rl_ph and rl is not None else 0
             print(
                 f"held-out {cfg.eval_suite}: {report['tasks']} tasks x {cfg.eval_n} rollouts",
                 file=p,
@@ -410,11 +438,11 @@ class Demo:
                 print(f"{'':<14}{'change':<28}{dr:>+8.3f}{ds:>+9.3f}", file=p)
         for name, ph in phases.items():
             if ph:
-                why = " (time limit)" if ph.get("time_limited") else ""
-                dropped = ", ".join(f"{k} {int(v)}" for k, v in ph.get("dropped", {}).items())
+                why = " (time limit)" if ph.time_limited else ""
+                dropped = ", ".join(f"{k} {int(v)}" for k, v in ph.dropped.items())
                 print(
-                    f"{name}: v{ph['version']}/{ph['steps']}{why}, "
-                    f"{ph['samples_trained']} samples trained"
+                    f"{name}: v{ph.version}/{ph.steps}{why}, "
+                    f"{ph.samples_trained} samples trained"
                     + (f", dropped: {dropped}" if dropped else ""),
                     file=p,
                 )
@@ -431,12 +459,10 @@ class Demo:
         p.flush()
 
 
-def run_summary(run_dir: Path) -> dict[str, Any]:
-    """The ``summary`` line a run wrote last (empty if none)."""
-    from common.plot import read_lines
-
-    found = [d for d in read_lines(run_dir / "metrics.jsonl") if d.get("event") == "summary"]
-    return found[-1] if found else {}
+def run_summary(run_dir: Path) -> SummaryLine | None:
+    """The ``summary`` line a run wrote last (None if none)."""
+    found = [ln for ln in read_metrics(run_dir / "metrics.jsonl") if isinstance(ln, SummaryLine)]
+    return found[-1] if found else None
 
 
 def demo_dir(cfg: DemoConfig) -> Path:
@@ -457,7 +483,7 @@ def main(cfg: DemoConfig, args: argparse.Namespace | None = None) -> int:
     return Demo(cfg).run()
 
 
-if __name__ == "__main__":  # ``python -m common.demo_cmd`` is ``harnessrl demo``
+if __name__ == "__main__":  # ``python -m common.run.demo`` is ``harnessrl demo``
     from common.cli import run_module
 
     run_module("demo")

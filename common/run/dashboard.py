@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import os
@@ -32,13 +31,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.layout import (
+    RUN_SOURCE,
+    MetricsLine,
+    RollupLine,
+    RunLine,
+    StartLine,
+    StepLine,
+    decode_line,
+    encode_line,
+)
+
 log = logging.getLogger("harnessrl.run")
 
 SCRAPE_TIMEOUT_S = 3.0
 RATE_WINDOW_S = 60.0
 """Rates (rollouts/s, tokens/s) are averaged over this window."""
-RUN_SOURCE = '"source": "run"'
-"""Marks the lines the supervisor writes itself (the learner's lines are copied verbatim)."""
 SCORED_STATUSES = ("ok", "timeout")
 """Statuses whose reward says something about the policy (a timeout counts as 0); sandbox,
 harness and verifier errors are infrastructure failures and are left out of reward means."""
@@ -225,7 +233,7 @@ class Monitor:
         )
         self._result_times: deque[float] = deque()
         self._rate_hist: deque[tuple[float, float, float]] = deque()
-        self.steps_seen: list[dict[str, Any]] = []
+        self.steps_seen: list[StepLine] = []
         self.reward_train: dict[int, float] = {}
         self.learner_version = 0
         self._copied_lines = 0
@@ -358,9 +366,10 @@ class Monitor:
         if self.metrics_path.exists():
             with open(self.metrics_path) as f:
                 self._copied_lines = sum(1 for ln in f if ln.strip() and RUN_SOURCE not in ln)
-            for line in self.metrics_path.read_text().splitlines():
-                with contextlib.suppress(json.JSONDecodeError):
-                    self._learner_line(json.loads(line))
+            for raw in self.metrics_path.read_text().splitlines():
+                line = decode_line(raw)
+                if line is not None:
+                    self._learner_line(line)
 
     def copy_learner_lines(self) -> None:
         """Append the learner's new complete lines to the run's metrics.jsonl, verbatim."""
@@ -381,24 +390,22 @@ class Monitor:
             if self._copied_lines > 0:  # already copied by an earlier supervisor
                 self._copied_lines -= 1
                 continue
-            try:
-                self._learner_line(json.loads(raw))
-            except json.JSONDecodeError:
+            line = decode_line(raw)
+            if line is None:
                 continue
+            self._learner_line(line)
             out.append(raw + b"\n")
         if out:
             self._append(b"".join(out))
 
-    def _learner_line(self, line: dict[str, Any]) -> None:
-        ev = line.get("event")
-        if ev == "start":
-            v = int(line.get("version", 0))
-            self.steps_seen = [s for s in self.steps_seen if s["version"] <= v]
-            self.learner_version = v
-        elif ev == "step":
+    def _learner_line(self, line: MetricsLine) -> None:
+        if isinstance(line, StartLine):
+            self.steps_seen = [s for s in self.steps_seen if s.version <= line.version]
+            self.learner_version = line.version
+        elif isinstance(line, StepLine):
             self.steps_seen.append(line)
-            self.learner_version = int(line["version"])
-            self.reward_train[self.learner_version] = float(line.get("reward_mean", 0.0))
+            self.learner_version = line.version
+            self.reward_train[self.learner_version] = line.reward_mean
 
     def _append(self, data: bytes) -> None:
         """One ``write`` on an O_APPEND descriptor: lines are never interleaved."""
@@ -408,9 +415,10 @@ class Monitor:
         finally:
             os.close(fd)
 
-    def write_line(self, obj: dict[str, Any]) -> None:
-        line = {"time": time.time(), "source": "run", **obj}
-        self._append((json.dumps(line) + "\n").encode())
+    def write_line(self, line: RunLine) -> None:
+        """Append one of the supervisor's own lines (``rollup``, ``summary``), stamped now."""
+        line.time = time.time()
+        self._append((encode_line(line) + "\n").encode())
 
     # -- derived ----------------------------------------------------------------------------
 
@@ -464,7 +472,7 @@ class Monitor:
             train_tokens_per_s=total(learner, "hrl_learner_tokens_per_second"),
             samples_trained=max(
                 int(total(learner, "hrl_learner_trained_rollouts_total")),
-                sum(int(s.get("samples", 0)) for s in self.steps_seen),
+                sum(s.samples for s in self.steps_seen),
             ),
             samples_per_min=spm,
             learner_idle=total(learner, "hrl_learner_idle_fraction"),
@@ -484,30 +492,29 @@ class Monitor:
             events=events or [],
         )
 
-    def rollup(self, st: RunStatus) -> dict[str, Any]:
+    def rollup(self, st: RunStatus) -> RollupLine:
         """A ``rollup`` line for metrics.jsonl."""
-        return {
-            "event": "rollup",
-            "elapsed_s": round(st.elapsed_s, 2),
-            "version": st.version,
-            "engine_versions": st.engine_versions,
-            "rollouts_per_s": round(st.rollouts_per_s, 4),
-            "gen_tokens_per_s": round(st.gen_tokens_per_s, 2),
-            "train_tokens_per_s": round(st.train_tokens_per_s, 2),
-            "samples_trained": st.samples_trained,
-            "samples_per_min": round(st.samples_per_min, 3),
-            "learner_idle": round(st.learner_idle, 4),
-            "staleness_mean": round(st.staleness_mean, 3),
-            "issued": st.issued,
-            "in_flight": st.in_flight,
-            "results": st.results,
-            "outcomes": st.outcomes,
-            "failures": st.failures,
-            "dropped": st.dropped,
-            "queues": st.queues,
-            "rewards": self.take_reward_delta(),
-            "restarts": {c.name: c.restarts for c in st.children if c.restarts},
-        }
+        return RollupLine(
+            elapsed_s=round(st.elapsed_s, 2),
+            version=st.version,
+            engine_versions=st.engine_versions,
+            rollouts_per_s=round(st.rollouts_per_s, 4),
+            gen_tokens_per_s=round(st.gen_tokens_per_s, 2),
+            train_tokens_per_s=round(st.train_tokens_per_s, 2),
+            samples_trained=st.samples_trained,
+            samples_per_min=round(st.samples_per_min, 3),
+            learner_idle=round(st.learner_idle, 4),
+            staleness_mean=round(st.staleness_mean, 3),
+            issued=st.issued,
+            in_flight=st.in_flight,
+            results=st.results,
+            outcomes=st.outcomes,
+            failures=st.failures,
+            dropped=st.dropped,
+            queues=st.queues,
+            rewards=self.take_reward_delta(),
+            restarts={c.name: c.restarts for c in st.children if c.restarts},
+        )
 
 
 # ---------------------------------------------------------------------------------------------

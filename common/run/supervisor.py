@@ -24,7 +24,7 @@ regular expression matched against the lines the child writes after its start.
 
 Also runnable for ad-hoc supervision and tests::
 
-    python -m common.supervisor SPEC.json
+    python -m common.run.supervisor SPEC.json
 
 where SPEC.json is ``{"log_dir": DIR, "children": [{"name", "argv", "on_exit", "ready",
 "done_on_success", "stop_timeout_s"}...], "max_restarts": N, "restart_backoff_s": S}``; it
@@ -412,7 +412,7 @@ class Supervisor:
 
 
 # ---------------------------------------------------------------------------------------------
-# ``python -m common.supervisor SPEC.json``
+# ``python -m common.run.supervisor SPEC.json``
 # ---------------------------------------------------------------------------------------------
 
 
@@ -464,6 +464,6 @@ def _run_spec(path: str) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        print("usage: python -m common.supervisor SPEC.json", file=sys.stderr)
+        print("usage: python -m common.run.supervisor SPEC.json", file=sys.stderr)
         sys.exit(2)
     sys.exit(_run_spec(sys.argv[1]))

@@ -8,70 +8,49 @@ trained/min, generated tokens/s).
 Uses matplotlib's object API with the Agg backend (no display, no pyplot state, safe in a
 worker thread) and replaces the PNG atomically, so a viewer never sees half a file.
 
-    python -m common.plot RUN_DIR     # (re)draw RUN_DIR/plot.png
+    python -m common.run.plot RUN_DIR     # (re)draw RUN_DIR/plot.png
 """
 
 from __future__ import annotations
 
-import json
-import os
+import io
 import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from common.files import atomic_write
+from common.layout import MetricsLine, RollupLine, effective_steps, read_metrics
+
 PLOT_NAME = "plot.png"
 
 
-def read_lines(path: Path) -> list[dict[str, Any]]:
-    out = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return out
-
-
-def series(lines: list[dict[str, Any]]) -> dict[str, Any]:
+def series(lines: list[MetricsLine]) -> dict[str, Any]:
     """What the plot shows, from metrics.jsonl lines (learner step lines + rollup lines)."""
-    steps: list[dict[str, Any]] = []
-    for ln in lines:
-        if ln.get("source") == "run":
-            continue
-        if ln.get("event") == "start":  # rolled-back steps after a learner restart
-            steps = [s for s in steps if s["version"] <= ln.get("version", 0)]
-        elif ln.get("event") == "step":
-            steps.append(ln)
+    steps = effective_steps(lines)  # without the steps a learner restart rolled back
     acc: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0]))
-    rollups = [ln for ln in lines if ln.get("event") == "rollup"]
+    rollups = [ln for ln in lines if isinstance(ln, RollupLine)]
     for ln in rollups:
-        for key, per in (ln.get("rewards") or {}).items():
+        for key, per in ln.rewards.items():
             for v, (s, n) in per.items():
                 acc[key][int(v)][0] += s
                 acc[key][int(v)][1] += n
     rewards = {
         k: sorted((v, s / n) for v, (s, n) in per.items() if n) for k, per in sorted(acc.items())
     }
-    t0 = lines[0]["time"] if lines else 0.0
+    t0 = lines[0].time if lines else 0.0
     loss = []
     for s in steps:
-        m = s.get("metrics") or {}
+        m = s.metrics
         value = m.get("loss/sft", m.get("loss/total"))
         if value is not None:
-            loss.append((s["version"], float(value), m.get("entropy")))
+            loss.append((s.version, float(value), m.get("entropy")))
     return {
-        "batch": [(s["version"], s.get("reward_mean", 0.0)) for s in steps],
+        "batch": [(s.version, s.reward_mean) for s in steps],
         "loss": loss,
         "rewards": rewards,
         "throughput": [
-            (
-                (r["time"] - t0) / 60,
-                r.get("rollouts_per_s", 0.0),
-                r.get("samples_per_min", 0.0),
-                r.get("gen_tokens_per_s", 0.0),
-            )
+            ((r.time - t0) / 60, r.rollouts_per_s, r.samples_per_min, r.gen_tokens_per_s)
             for r in rollups
         ],
     }
@@ -87,7 +66,7 @@ def plot_run(run_dir: str | Path, title: str = "") -> Path | None:
     except ImportError:
         return None
     run_dir = Path(run_dir)
-    data = series(read_lines(run_dir / "metrics.jsonl"))
+    data = series(read_metrics(run_dir / "metrics.jsonl"))
     fig = Figure(figsize=(15, 4.2), dpi=100)
     ax_r, ax_l, ax_t = fig.subplots(1, 3)
     if data["batch"]:
@@ -133,16 +112,14 @@ def plot_run(run_dir: str | Path, title: str = "") -> Path | None:
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    out = run_dir / PLOT_NAME
-    tmp = run_dir / f".{PLOT_NAME}.{os.getpid()}.tmp.png"
-    fig.savefig(tmp)
-    os.replace(tmp, out)
-    return out
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return atomic_write(run_dir / PLOT_NAME, buf.getvalue())
 
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        print("usage: python -m common.plot RUN_DIR", file=sys.stderr)
+        print("usage: python -m common.run.plot RUN_DIR", file=sys.stderr)
         sys.exit(2)
     path = plot_run(sys.argv[1])
     print(path if path else "matplotlib is not installed (pip install 'harnessrl[train]')")

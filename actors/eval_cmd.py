@@ -3,8 +3,9 @@
     harnessrl eval --policy PATH|tiny|teacher [--policy ...] --suite NAME [--suite ...]
                    --harness H [--harness ...] [--n K] [--limit N] [--out FILE.json]
 
-For each policy it starts its own engine (``harnessrl engine --model PATH``, or the scripted
-toy teacher for ``teacher`` — a ceiling and a sanity check) as a child process, then runs every
+For each policy it starts its own engine (``harnessrl engine --model PATH``, or
+``harnessrl engine --kind teacher``, the scripted toy teacher, for ``teacher`` — a ceiling and a
+sanity check) as a child process, then runs every
 (task, harness) ``n`` times through the same rollout pipeline an actor uses
 (``actors.rollout.run_rollout``: sandbox, harness, proxy, verifier), in this process, with
 ``concurrency`` rollouts at once per policy. CallRecords go to an in-memory bus unless
@@ -30,6 +31,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from actors.config import RolloutSettings
 from common.config import HrlModel
 
 TEACHER = "teacher"
@@ -64,9 +66,12 @@ class EvalConfig(HrlModel):
     """Sandbox backend."""
     sandbox_root: Path | None = None
     """Host folder for sandbox state (empty: the backend's default)."""
-    rollout: dict[str, Any] = {}
+    rollout: RolloutSettings = Field(default_factory=RolloutSettings)
     """Further rollout settings (the fields of ``[actor]`` that shape a rollout, e.g.
-    ``harness_options``), as JSON or a TOML table."""
+    ``--rollout.harness-options`` or an ``[eval.rollout]`` table); ``model`` names the
+    teacher's tokenizer. Its ``engines``, ``temperature``, ``max_new_tokens``, ``max_turns``,
+    ``sandbox``, ``sandbox_root`` and ``harness_timeout_s`` are replaced by this command's own
+    fields (and ``model`` by each policy other than the teacher)."""
     engine_max_batch_size: int = Field(16, ge=1, le=1024)
     """``--max-batch-size`` of each policy's engine."""
     engine_threads: int = Field(0, ge=0, le=1024)
@@ -199,22 +204,23 @@ def per_task_table(results: list[dict[str, Any]], policies: list[str]) -> str:
 
 def engine_spec(name: str, policy: str, cfg: EvalConfig, port: int) -> Any:
     """The child that serves ``policy``."""
-    from common.run_cmd import command_prefix
-    from common.supervisor import ChildSpec
+    from common.run.plan import command_prefix
+    from common.run.supervisor import ChildSpec
 
     py = sys.executable
     if policy == TEACHER:
-        argv = [py, "-m", "proxy.teacher_engine", "--port", str(port), "--log-level", "warning"]
+        argv = [*command_prefix(py, "engine"), "--kind", "teacher"]
         for s in cfg.suites:
-            argv += ["--suite", s]
-        ready = r"teacher engine ready: (http://\S+)"
+            argv += ["--suites", s]
+        argv += ["--model", tokenizer_of(policy, cfg), "--host", "127.0.0.1", "--port", str(port)]
+        argv += ["--log-level", "warning"]
     else:
         argv = [*command_prefix(py, "engine"), "--model", policy, "--port", str(port)]
         argv += ["--max-batch-size", str(cfg.engine_max_batch_size), "--log-level", "warning"]
         argv += ["--seed", str(cfg.seed)]
         if cfg.engine_threads:
             argv += ["--threads", str(cfg.engine_threads)]
-        ready = r"engine ready: (http://\S+)"
+    ready = r"engine ready: (http://\S+)"
     return ChildSpec(
         name, argv, "engine", on_exit="stop", ready=ready, ready_timeout_s=cfg.startup_timeout_s
     )
@@ -223,7 +229,7 @@ def engine_spec(name: str, policy: str, cfg: EvalConfig, port: int) -> Any:
 def tokenizer_of(policy: str, cfg: EvalConfig) -> str:
     """Where the rollouts' tokenizer and chat template come from for ``policy``."""
     if policy == TEACHER:
-        return str(cfg.rollout.get("model", "tiny"))
+        return cfg.rollout.model
     return policy
 
 
@@ -231,7 +237,6 @@ async def evaluate(cfg: EvalConfig, urls: list[str], *, progress: Any = None) ->
     """Run the pool against one engine URL per policy; one dict per rollout."""
     import contextlib
 
-    from actors.config import RolloutSettings
     from actors.rollout import RolloutDeps, run_rollout
     from common.bus import connect
     from common.records import TaskRequest
@@ -278,9 +283,9 @@ async def evaluate(cfg: EvalConfig, urls: list[str], *, progress: Any = None) ->
                 progress(done[0], total)
 
     async def policy_run(pi: int, url: str) -> None:
-        settings = RolloutSettings(
-            **{
-                **cfg.rollout,
+        settings = RolloutSettings.model_validate(
+            {
+                **cfg.rollout.model_dump(),
                 "engines": [url],
                 "model": tokenizer_of(cfg.policies[pi], cfg),
                 "temperature": cfg.temperature,
@@ -315,8 +320,8 @@ def run_eval(cfg: EvalConfig, out: Any = None) -> dict[str, Any]:
     import tempfile
 
     from common import aio
-    from common.run_cmd import free_port
-    from common.supervisor import Supervisor
+    from common.files import free_port
+    from common.run.supervisor import Supervisor
 
     out = out or sys.stdout
     log_dir = cfg.log_dir or Path(tempfile.mkdtemp(prefix="hrl-eval-"))
@@ -365,7 +370,7 @@ def run_eval(cfg: EvalConfig, out: Any = None) -> dict[str, Any]:
 
 def main(cfg: EvalConfig, args: argparse.Namespace | None = None) -> int:
     from common.aio import setup_logging
-    from common.supervisor import ChildFailed
+    from common.run.supervisor import ChildFailed
 
     setup_logging(cfg.log_level, "eval")
     try:
@@ -376,7 +381,7 @@ def main(cfg: EvalConfig, args: argparse.Namespace | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":  # ``python -m common.eval_cmd`` is ``harnessrl eval``
+if __name__ == "__main__":  # ``python -m actors.eval_cmd`` is ``harnessrl eval``
     from common.cli import run_module
 
     run_module("eval")

@@ -19,21 +19,25 @@ the RL phase will sample in. For each ``/generate`` call it:
 A prompt it cannot read, or whose task it does not know, gets a ``finish`` call (the harness
 ends; the rollout scores 0, and an SFT learner with ``sft_min_reward`` drops it).
 
-Run it as a process (prints ``teacher engine ready: URL``)::
+Run it as a kind of ``harnessrl engine`` (prints the engine's ready line,
+``engine ready: URL (...)``, and stops on SIGTERM/SIGINT)::
 
-    python -m proxy.teacher_engine --port 0 --suite toy [--suite toy-eval] [--tokenizer tiny]
+    harnessrl engine --kind teacher --suites toy [--suites toy-eval] --model tiny --port 0
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import re
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from proxy.config import EngineConfig
 
 log = logging.getLogger("harnessrl.teacher_engine")
 
@@ -173,42 +177,30 @@ def make_teacher_engine(
     )
 
 
-async def _serve(args: argparse.Namespace) -> None:
-    eng = make_teacher_engine(args.suite or ["toy"], args.tokenizer, host=args.host, port=args.port)
-    await eng.start()
-    stop = asyncio.Event()
+async def serve_teacher(cfg: EngineConfig, stop: asyncio.Event | None = None) -> int:
+    """``harnessrl engine --kind teacher``: serve until SIGTERM/SIGINT (or ``stop``); print the
+    engine's ready line on stdout."""
+    stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    print(
-        f"teacher engine ready: {eng.url} (suites {', '.join(args.suite or ['toy'])})", flush=True
-    )
-    await stop.wait()
-    teacher = eng.fn
-    log.info("teacher served %d calls (%d unknown tasks)", teacher.served, teacher.unknown)
-    await eng.stop()
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m proxy.teacher_engine", description=__doc__.split("\n")[0]
-    )
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--port", type=int, default=0, help="port (0 = a free port)")
-    p.add_argument(
-        "--suite", action="append", default=[], help="suite whose tasks it knows (repeat)"
-    )
-    p.add_argument(
-        "--tokenizer", default="tiny", help="tokenizer folder or tiny spec (must match actors')"
-    )
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    args = p.parse_args(argv)
-    from common.aio import run, setup_logging
-
-    setup_logging(args.log_level, "teacher-engine")
-    run(_serve(args))
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        eng = make_teacher_engine(cfg.suites, cfg.model, host=cfg.host, port=cfg.port)
+        await eng.start()
+    except (ValueError, KeyError, OSError) as e:
+        print(f"harnessrl engine: {e}", file=sys.stderr, flush=True)
+        return 1
+    try:
+        print(
+            f"engine ready: {eng.url} (teacher, tokenizer {cfg.model}, "
+            f"suites {', '.join(cfg.suites)}, weight_version {eng.weight_version})",
+            flush=True,
+        )
+        await stop.wait()
+        teacher = eng.fn
+        log.info("teacher served %d calls (%d unknown tasks)", teacher.served, teacher.unknown)
+    finally:
+        await eng.stop()
+    print("engine stopped", flush=True)
     return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

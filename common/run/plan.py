@@ -1,0 +1,377 @@
+"""The plan of a ``harnessrl run``: its run file resolved, its folder, and the command line of
+every process it starts (``Plan``); ``common.run.run`` starts and watches them.
+
+Each child reads its own table of the run file (``[engine]``, ``[actor]``, ``[assembler]``,
+``[learner]``, ``[weights_sync]``; ``[run]`` is `common.run.config.RunConfig`); the plan adds only
+what the supervisor decides itself as flags (URLs, ports, names, folders, ``--max-steps``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common.config import ConfigError, load_config, overrides_from_args, toml_text
+from common.files import atomic_write, free_port
+from common.layout import checkpoint_version, latest_weights
+from common.run.config import RunConfig
+
+SECTIONS = ("engine", "actor", "assembler", "learner", "weights_sync")
+"""Tables of a run file read by the child processes themselves."""
+
+READY = {
+    "nats": r"nats-server ready: ",
+    "engine": r"^engine ready: ",
+    "weights_sync": r"weights-sync: .* at version",
+    "assembler": r"assembler: metrics on",
+    "learner": r"learner (started|resumed) at version",
+    "actor": r"^actor ready: ",
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# resolving the run file
+# ---------------------------------------------------------------------------------------------
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and k == "on_exit":
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def resolve(args: argparse.Namespace) -> tuple[RunConfig, dict[str, Any]]:
+    """(RunConfig, the run file's tables): defaults < [run] table < flags."""
+    overrides = overrides_from_args(args)
+    path = args.run_file or getattr(args, "config", None)
+    if not path and overrides.get("resume"):
+        base = RunConfig.model_validate(
+            {k: v for k, v in overrides.items() if k in ("name", "out")}
+        )
+        candidate = base.run_dir() / "config.toml"
+        if candidate.exists():
+            path = str(candidate)
+    raw: dict[str, Any] = {}
+    if path:
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"run file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"run file {path} is not valid TOML: {e}") from None
+    loose = [k for k, v in raw.items() if not isinstance(v, dict)]
+    if loose:
+        raise ConfigError(
+            f"run file {path}: top-level keys {loose} belong in a table ([run] for the "
+            "supervisor's own settings)"
+        )
+    unknown = [k for k in raw if k != "run" and k not in SECTIONS]
+    if unknown:
+        raise ConfigError(
+            f"run file {path}: unknown tables {unknown} (expected [run] and {list(SECTIONS)})"
+        )
+    cfg = load_config(RunConfig, None, {**_flatten(raw.get("run", {})), **overrides})
+    return cfg, {s: raw.get(s, {}) for s in SECTIONS}
+
+
+# ---------------------------------------------------------------------------------------------
+# the plan: which processes, with which command lines
+# ---------------------------------------------------------------------------------------------
+
+
+def command_prefix(py: str, cmd: str) -> list[str]:
+    """``python -m common.cli CMD``: a child's command line as a user would start it."""
+    return [py, "-m", "common.cli", cmd]
+
+
+def display_command(argv: list[str]) -> str:
+    """A command line as a user would type it (``harnessrl CMD ...``)."""
+    if len(argv) >= 3 and argv[1:3] == ["-m", "common.cli"]:
+        return shlex.join(["harnessrl", *argv[3:]])
+    if len(argv) >= 3 and argv[1] == "-m":
+        return shlex.join(["python", *argv[1:]])
+    return shlex.join(argv)
+
+
+class Paths:
+    """Where everything of a run lives (the run folder of ``common.run.run``'s docstring)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = Path(run_dir).resolve()
+        r = self.run_dir
+        self.config = r / "config.toml"
+        self.engine_config = r / "engine.toml"
+        self.resolved = r / "resolved"
+        self.commands = r / "commands.sh"
+        self.logs = r / "logs"
+        self.supervisor_log = r / "supervisor.log"
+        self.metrics = r / "metrics.jsonl"
+        self.learner = r / "learner"
+        self.checkpoints = r / "checkpoints"
+        self.weights = r / "weights"
+        self.nats = r / "nats"
+
+
+@dataclass
+class Plan:
+    """The processes of one run and their command lines."""
+
+    cfg: RunConfig
+    sections: dict[str, dict[str, Any]]
+    paths: Paths
+    py: str = ""
+    nats_url: str = ""
+    engines: dict[str, str] = field(default_factory=dict)
+    """Engine name -> URL (embedded or external)."""
+    metrics_ports: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        c = self.cfg
+        self.py = c.python or sys.executable
+        self.nats_url = c.nats or f"nats://{c.host}:{free_port(c.host)}"
+        if c.engines:
+            self.engines = {f"engine-{i}": u for i, u in enumerate(c.engines)}
+        else:
+            self.engines = {
+                f"engine-{i}": f"http://{c.host}:{free_port(c.host)}" for i in range(c.num_engines)
+            }
+
+    @property
+    def embedded_nats(self) -> bool:
+        return not self.cfg.nats
+
+    @property
+    def embedded_engines(self) -> bool:
+        return not self.cfg.engines
+
+    @property
+    def with_weights_sync(self) -> bool:
+        return self.cfg.weights_sync
+
+    def last_broadcast(self, version: int) -> int | None:
+        """The version the engines should end at (None: no updater, no broadcast)."""
+        bcast = self.sections["learner"].get("broadcast", {})
+        if not self.with_weights_sync or bcast.get("transport") in ("none", "distributed"):
+            return None
+        every = int(bcast.get("every", 1))
+        return version // every * every
+
+    def port(self, name: str) -> int:
+        if name not in self.metrics_ports:
+            self.metrics_ports[name] = free_port(self.cfg.host)
+        return self.metrics_ports[name]
+
+    def service_flags(self, name: str) -> list[str]:
+        return [
+            "--config",
+            str(self.paths.config),
+            "--nats",
+            self.nats_url,
+            "--run",
+            self.cfg.name,
+            "--metrics-port",
+            str(self.port(name)),
+        ]
+
+    # -- command lines ----------------------------------------------------------------------
+
+    def nats_argv(self) -> list[str]:
+        port = self.nats_url.rsplit(":", 1)[1]
+        return [*command_prefix(self.py, "nats")] + [
+            "--host",
+            self.cfg.host,
+            "--port",
+            port,
+            "--store-dir",
+            str(self.paths.nats),
+        ]
+
+    def engine_argv(self, name: str, restart: bool = False) -> list[str]:
+        url = self.engines[name]
+        port = url.rsplit(":", 1)[1]
+        if self.cfg.engine_kind == "teacher":
+            argv = [*command_prefix(self.py, "engine"), "--kind", "teacher"]
+            for s in self.cfg.teacher_suites:
+                argv += ["--suites", s]
+            argv += ["--model", str(self.sections["actor"].get("model", "tiny"))]
+            return [*argv, "--host", self.cfg.host, "--port", port]
+        argv = [*command_prefix(self.py, "engine"), "--config", str(self.paths.engine_config)]
+        argv += ["--host", self.cfg.host, "--port", port]
+        if restart or self.cfg.resume:
+            argv += self._restart_weights(name)
+        return argv
+
+    def _restart_weights(self, name: str) -> list[str]:
+        """Flags that make a (re)started engine serve the newest version its updater received,
+        never one newer than the learner's checkpoint (steps after it are rolled back)."""
+        found = latest_weights(
+            self.paths.weights / name, checkpoint_version(self.paths.checkpoints)
+        )
+        if found is None:
+            return []
+        folder, version = found
+        from common.models import resolve_model
+
+        eng = self.sections["engine"]
+        tok = eng.get("tokenizer") or str(resolve_model(str(eng.get("model", "tiny"))))
+        return ["--model", str(folder), "--tokenizer", tok, "--weight-version", str(version)]
+
+    def weights_sync_argv(self, engine: str) -> list[str]:
+        name = f"weights-sync-{engine.split('-', 1)[1]}"
+        return [
+            *command_prefix(self.py, "weights-sync"),
+            *self.service_flags(name),
+            "--engine",
+            self.engines[engine],
+            "--name",
+            f"{self.cfg.name}-{engine}",
+            "--work-dir",
+            str(self.paths.weights / engine),
+        ]
+
+    def assembler_argv(self) -> list[str]:
+        return [*command_prefix(self.py, "assembler"), *self.service_flags("assembler")]
+
+    def learner_argv(self) -> list[str]:
+        done = checkpoint_version(self.paths.checkpoints)
+        remaining = max(1, self.cfg.steps - (done or 0))
+        argv = [*command_prefix(self.py, "learner"), *self.service_flags("learner")]
+        argv += ["--run-dir", str(self.paths.learner)]
+        argv += ["--checkpoint-dir", str(self.paths.checkpoints), "--max-steps", str(remaining)]
+        if done is not None:
+            argv.append("--resume")
+        return argv
+
+    def actor_argv(self, i: int) -> list[str]:
+        name = f"actor-{i}"
+        argv = [*command_prefix(self.py, "actor"), *self.service_flags(name)]
+        for url in self.engines.values():
+            argv += ["--engine", url]
+        return [*argv, "--name", f"{self.cfg.name}-a{i}"]
+
+    # -- children ---------------------------------------------------------------------------
+
+    def specs(self) -> dict[str, list[Any]]:
+        """Child specs by start phase: ``nats``, ``core`` (engines, updaters, assembler,
+        learner), ``actors``."""
+        from common.run.supervisor import ChildSpec
+
+        c, pol = self.cfg, self.cfg.on_exit
+        env = {"PYTHONUNBUFFERED": "1"}
+        common = dict(ready_timeout_s=c.startup_timeout_s, stop_timeout_s=c.stop_timeout_s, env=env)
+        phases: dict[str, list[Any]] = {"nats": [], "core": [], "actors": []}
+        if self.embedded_nats:
+            phases["nats"].append(
+                ChildSpec("nats", self.nats_argv(), "nats", pol.nats, ready=READY["nats"], **common)
+            )
+        if self.embedded_engines:
+            ready = READY["engine"]
+            for name in self.engines:
+                argv = _restarting(lambda n=name, r=False: self.engine_argv(n, r))
+                phases["core"].append(
+                    ChildSpec(name, argv, "engine", pol.engine, ready=ready, **common)
+                )
+        if self.with_weights_sync:
+            for name in self.engines:
+                phases["core"].append(
+                    ChildSpec(
+                        f"weights-sync-{name.split('-', 1)[1]}",
+                        self.weights_sync_argv(name),
+                        "weights_sync",
+                        pol.weights_sync,
+                        ready=READY["weights_sync"],
+                        **common,
+                    )
+                )
+        phases["core"].append(
+            ChildSpec(
+                "assembler",
+                self.assembler_argv(),
+                "assembler",
+                pol.assembler,
+                ready=READY["assembler"],
+                **common,
+            )
+        )
+        phases["core"].append(
+            ChildSpec(
+                "learner",
+                self.learner_argv,
+                "learner",
+                pol.learner,
+                done_on_success=True,
+                ready=READY["learner"],
+                **common,
+            )
+        )
+        for i in range(c.actors):
+            phases["actors"].append(
+                ChildSpec(
+                    f"actor-{i}",
+                    self.actor_argv(i),
+                    "actor",
+                    pol.actor,
+                    ready=READY["actor"],
+                    **common,
+                )
+            )
+        return phases
+
+    def metrics_targets(self) -> list[tuple[str, str, str]]:
+        """(name, role, /metrics URL) of every process the supervisor scrapes."""
+        out = [
+            (n, _role(n), f"http://127.0.0.1:{p}/metrics") for n, p in self.metrics_ports.items()
+        ]
+        if self.embedded_engines and self.cfg.engine_kind == "embedded":
+            out += [(n, "engine", u + "/metrics") for n, u in self.engines.items()]
+        return out
+
+
+def _role(name: str) -> str:
+    if name.startswith("weights-sync"):
+        return "weights_sync"
+    return name.split("-", 1)[0]
+
+
+class _restarting:
+    """An argv callable that knows whether this is a restart (engines reload saved weights)."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+        self.calls = 0
+
+    def __call__(self) -> list[str]:
+        self.calls += 1
+        return self.fn(r=self.calls > 1)
+
+
+def first_command(spec: Any) -> list[str]:
+    """A child's command line at its first start (without counting as a start)."""
+    return spec.argv.fn(r=False) if isinstance(spec.argv, _restarting) else spec.command()
+
+
+def prepare_run_dir(cfg: RunConfig, sections: dict[str, dict[str, Any]]) -> Paths:
+    paths = Paths(cfg.run_dir())
+    if paths.config.exists() and not cfg.resume:
+        raise ConfigError(
+            f"{paths.run_dir} already holds a run: pass --resume to continue it, or choose "
+            "another --out"
+        )
+    if cfg.resume and checkpoint_version(paths.checkpoints) is None and paths.config.exists():
+        print(f"harnessrl run: no checkpoint in {paths.checkpoints}; starting from the beginning")
+    for d in (paths.run_dir, paths.logs, paths.resolved, paths.learner, paths.weights):
+        d.mkdir(parents=True, exist_ok=True)
+    run_table = json.loads(cfg.model_dump_json())
+    atomic_write(paths.config, toml_text({"run": run_table, **sections}))
+    atomic_write(paths.engine_config, toml_text(sections["engine"]))
+    return paths

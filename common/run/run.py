@@ -1,0 +1,468 @@
+"""``harnessrl run CONFIG.toml``: start and watch every process of a training run.
+
+    harnessrl run CONFIG.toml [--nats URL] [--engine URL ...] [--out DIR] [--steps N] [--resume]
+                              [--actors N] [--no-dashboard] [--print-config]
+
+The supervisor starts, as separate processes, exactly the commands a user would start by hand
+on separate machines (they are written to ``<out>/commands.sh``): an embedded nats-server
+(unless ``--nats``), embedded engines (unless ``--engine``) each with a ``weights-sync``
+updater, the assembler, the learner (with its feeder) and the actors. Each reads its own table
+of the run file (``[engine]``, ``[actor]``, ``[assembler]``, ``[learner]``, ``[weights_sync]``;
+``[run]`` is `common.run.config.RunConfig`); the supervisor adds only what it decides itself as
+flags (URLs, ports, names, folders, ``--max-steps``; `common.run.plan.Plan` builds the command
+lines). It tracks them by PID, restarts or stops on a death (per-role policy), ends the run when
+the learner reaches ``steps`` (after draining the rollouts in flight), and stops everything on
+Ctrl-C/SIGTERM; a killed supervisor takes its children with it (PDEATHSIG).
+
+Run folder::
+
+    config.toml        the run file as resolved ([run] with every field; fed back by --resume)
+    engine.toml        the [engine] table alone (``harnessrl engine --config``)
+    resolved/ROLE.toml each process's resolved config (its ``--print-config``)
+    commands.sh        the command line of every process
+    logs/NAME.log      each process's output (appended across restarts)
+    supervisor.log     starts, deaths, restarts, the end
+    metrics.jsonl      the learner's lines (copied verbatim) + ``rollup`` and ``summary`` lines
+                       (``common.layout``'s typed lines)
+    plot.png           reward by version and throughput, redrawn as the run goes
+    learner/           the learner's run dir (its own metrics.jsonl, disk-transport weights)
+    checkpoints/       learner checkpoints (``--resume`` continues from them)
+    weights/ENGINE/    versions received by each engine's updater (restarted engines load them)
+    nats/              the embedded nats-server's JetStream store
+
+Exit status: 0 when the learner reached ``steps``, 1 when a process's death stopped the run (the
+message names it and shows its last lines), 2 for a bad config, 130/143 after SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from common.config import ConfigError, add_config_args, toml_text
+from common.layout import SummaryLine
+from common.run.config import RunConfig
+from common.run.plan import Plan, display_command, first_command, prepare_run_dir, resolve
+
+CONFIG = None  # parsed here: the positional run file + [run] table + flags
+SECTION = "run"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "run_file",
+        nargs="?",
+        metavar="CONFIG.toml",
+        help="run file: [run] plus one table per process; with --resume, defaults to "
+        "<out>/config.toml",
+    )
+    parser.add_argument(
+        "--engine",
+        dest="cfg__engines",
+        action="append",
+        metavar="URL",
+        help="existing engine URL (SGLang native API); repeat for several (same as --engines)",
+    )
+    add_config_args(parser, RunConfig)
+
+
+# ---------------------------------------------------------------------------------------------
+# the run
+# ---------------------------------------------------------------------------------------------
+
+
+class Run:
+    """One ``harnessrl run``: plan, start, watch, drain, stop, summarise."""
+
+    def __init__(self, cfg: RunConfig, plan: Plan, out: Any = None) -> None:
+        from common.run.dashboard import Monitor
+        from common.run.supervisor import Supervisor
+
+        self.cfg = cfg
+        self.plan = plan
+        self.paths = plan.paths
+        self.out = out or sys.stdout
+        self.stop_signal: int | None = None
+        self._stop = asyncio.Event()
+        self.view: Any = None
+        self.events: list[str] = []
+        self.sup = Supervisor(
+            self.paths.logs,
+            max_restarts=cfg.max_restarts,
+            restart_window_s=cfg.restart_window_s,
+            restart_backoff_s=cfg.restart_backoff_s,
+            on_event=self._event,
+        )
+        self.monitor = Monitor(
+            cfg.name,
+            self.paths.run_dir,
+            steps=cfg.steps,
+            learner_metrics=self.paths.learner / "metrics.jsonl",
+            engines=plan.engines,
+        )
+        self._plotting = False
+        self.time_limited = False
+        self._early: Any = None
+        self.phases = plan.specs()
+
+    def _event(self, msg: str) -> None:
+        stamp = time.strftime("%H:%M:%S")
+        self.events = [*self.events[-199:], f"{stamp} {msg}"]
+        with open(self.paths.supervisor_log, "a") as f:
+            f.write(f"{time.strftime('%Y-%m-%d')} {stamp} {msg}\n")
+        if self.view is not None:
+            self.view.event(msg)
+
+    def _on_signal(self, signum: int) -> None:
+        if self.stop_signal is None:
+            self.stop_signal = signum
+            self._event(
+                f"received {signal.Signals(signum).name}: stopping the run (signal again to kill at once)"
+            )
+        elif self._stop.is_set():
+            self._event(f"received {signal.Signals(signum).name} again: killing every process")
+            self.sup.kill_all()
+        self._stop.set()
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        from common.run.dashboard import make_view
+        from common.run.supervisor import ChildFailed, Outcome
+
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        self.write_commands()
+        outcome: Outcome | None = None
+        t0 = time.monotonic()
+        try:
+            bad = await self.validate()
+            if bad:
+                print(f"harnessrl run: {bad}", file=sys.stderr)
+                return 2
+            self.monitor.resume_copy()
+            self._event(f"run {self.cfg.name} in {self.paths.run_dir}")
+            with make_view(self.cfg.dashboard, self.cfg.status_interval_s) as view:
+                self.view = view
+                try:
+                    started = await self.start_all()
+                    if started:
+                        outcome = await self.watch()
+                        if outcome.kind == "done" and self.sup.children["learner"].alive:
+                            await asyncio.to_thread(self.sup.stop, ["learner"])  # time limit
+                        if outcome.kind == "done" and self.cfg.drain_timeout_s > 0:
+                            await self.drain()
+                except ChildFailed as e:
+                    outcome = Outcome("fatal", str(e))
+                await self._final_tick()
+                self.view = None
+        finally:
+            await asyncio.to_thread(self.stop_all)
+            await self.monitor.close()
+        leftovers = self.sup.leftovers()
+        summary = self.summary(outcome, time.monotonic() - t0, leftovers)
+        self.monitor.write_line(summary)
+        plot = await asyncio.to_thread(self.plot)
+        self.print_summary(summary, plot)
+        if self.stop_signal is not None:
+            return 128 + self.stop_signal
+        return 0 if outcome is not None and outcome.kind == "done" else 1
+
+    def write_commands(self) -> None:
+        lines = [
+            "#!/bin/sh",
+            f"# The processes `harnessrl run` starts for run {self.cfg.name!r}, in start order.",
+            "# Each can run on its own machine, pointed at the same NATS URL and run name.",
+        ]
+        for phase in self.phases.values():
+            for spec in phase:
+                lines += [f"# {spec.name}", display_command(first_command(spec))]
+        self.paths.commands.write_text("\n".join(lines) + "\n")
+
+    async def validate(self) -> str | None:
+        """Resolve every process's config (its ``--print-config``) before starting anything:
+        a typo in any table fails here, naming the field."""
+        one: dict[str, Any] = {}
+        for phase in self.phases.values():
+            for spec in phase:
+                if spec.role not in one and spec.role != "nats":
+                    one[spec.role] = spec
+
+        async def check(role: str, spec: Any) -> str | None:
+            argv = first_command(spec)
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                "--print-config",
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            out, err = await proc.communicate()
+            if proc.returncode != 0:
+                return f"[{role}] {err.decode(errors='replace').strip() or out.decode()[-500:]}"
+            (self.paths.resolved / f"{role}.toml").write_bytes(out)
+            return None
+
+        errors = await asyncio.gather(*(check(r, s) for r, s in one.items()))
+        bad = [e for e in errors if e]
+        return "invalid config:\n" + "\n".join(bad) if bad else None
+
+    async def start_all(self) -> bool:
+        """Start the phases in order, each waiting for what the next needs; False when a
+        signal interrupted the start."""
+        for phase, specs in self.phases.items():
+            if self._stop.is_set():
+                return False
+            for spec in specs:
+                self.sup.start(spec)
+            if phase == "core":  # actors need the engines; the rest may still be starting
+                need = [s.name for s in specs if s.role == "engine"]
+            else:
+                need = [s.name for s in specs]
+            if not await self.wait_ready(need):
+                return False
+        everyone = [s.name for specs in self.phases.values() for s in specs]
+        if not await self.wait_ready(everyone):
+            return False
+        for name, role, url in self.plan.metrics_targets():
+            self.monitor.add_target(name, role, url)
+        await self.monitor.connect(self.plan.nats_url)
+        self._event("every process is ready")
+        return True
+
+    async def wait_ready(self, names: list[str]) -> bool:
+        from common.run.supervisor import ChildFailed
+
+        deadline = time.monotonic() + self.cfg.startup_timeout_s
+        kids = [self.sup.children[n] for n in names]
+        while not self._stop.is_set():
+            pending = [k for k in kids if not self.sup.check_ready(k)]
+            if not pending:
+                return True
+            outcome = self.sup.poll()  # applies the policy of a child that died (restarts)
+            if outcome is not None and outcome.kind == "done":
+                self._early = outcome  # the learner finished before the rest was ready
+            elif outcome is not None:
+                raise ChildFailed(outcome.message)
+            for k in pending:
+                if k.stopped and not self.sup.check_ready(k):
+                    rc = k.proc.returncode if k.proc is not None else None
+                    raise ChildFailed(self.sup.death_message(k, rc, "before it was ready"))
+            if time.monotonic() > deadline:
+                raise ChildFailed(
+                    f"not ready after {self.cfg.startup_timeout_s:.0f}s: "
+                    + ", ".join(f"{k.name} (see {k.log_path})" for k in pending)
+                )
+            self._refresh_view()
+            await asyncio.sleep(0.2)
+        return False
+
+    async def watch(self) -> Any:
+        """Poll children, refresh metrics and views until the learner is done, a child's death
+        is fatal, or a signal arrives."""
+        from common.run.supervisor import Outcome
+
+        last = {"scrape": 0.0, "rollup": time.monotonic(), "plot": time.monotonic()}
+        t_ready = time.monotonic()
+        if self._early is not None:
+            return self._early
+        while not self._stop.is_set():
+            limit = self.cfg.time_limit_s
+            if limit and time.monotonic() - t_ready > limit:
+                self.time_limited = True
+                self._event(f"time limit of {limit:.0f}s reached: ending the run")
+                return Outcome("done", f"time limit of {limit:.0f}s reached")
+            outcome = self.sup.poll()
+            if outcome is not None:
+                if outcome.kind == "fatal":
+                    self._event(outcome.message.split("\n", 1)[0])
+                return outcome
+            await self._periodic(last)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), 0.25)
+        return Outcome("signal", f"stopped by {signal.Signals(self.stop_signal or 2).name}")
+
+    async def _periodic(self, last: dict[str, float]) -> None:
+        now = time.monotonic()
+        if now - last["scrape"] >= self.cfg.scrape_interval_s:
+            last["scrape"] = now
+            await self.monitor.tick()
+            self._refresh_view()
+        if now - last["rollup"] >= self.cfg.rollup_interval_s:
+            last["rollup"] = now
+            self.monitor.write_line(self.monitor.rollup(self.status()))
+        if self.cfg.plot_interval_s and now - last["plot"] >= self.cfg.plot_interval_s:
+            last["plot"] = now
+            if not self._plotting:
+                asyncio.get_running_loop().run_in_executor(None, self.plot)
+
+    async def drain(self) -> None:
+        """After the last step: let actors and assembler finish every issued rollout, and the
+        updaters bring every engine to the final version."""
+        self._event(
+            f"learner done; draining rollouts in flight (at most {self.cfg.drain_timeout_s:.0f}s)"
+        )
+        deadline = time.monotonic() + self.cfg.drain_timeout_s
+        quiet = 0
+        last = {"scrape": 0.0, "rollup": time.monotonic(), "plot": time.monotonic()}
+        while time.monotonic() < deadline and not self._stop.is_set():
+            self.sup.poll()
+            await self.monitor.tick()
+            st = self.status()
+            idle = st.queues.get("tasks", 1) == 0 and st.in_flight == 0
+            idle = idle and self.monitor.assembler_pending == 0
+            final = self.plan.last_broadcast(st.version)
+            if final is not None:  # and the engines serve the final weights
+                idle = idle and all(v == str(final) for v in st.engine_versions.values())
+            quiet = quiet + 1 if idle else 0
+            if quiet >= 2:  # two scrapes in a row: nothing in flight anywhere
+                self._event("drained: every issued rollout ended")
+                return
+            self._refresh_view()
+            await self._periodic(last)
+            await asyncio.sleep(1.0)
+        self._event("drain timed out with rollouts still in flight")
+
+    async def _final_tick(self) -> None:
+        if self.monitor.bus is not None:
+            with contextlib.suppress(Exception):
+                await self.monitor.tick()
+            self.monitor.write_line(self.monitor.rollup(self.status()))
+
+    def stop_all(self) -> None:
+        names = {
+            r: [n for n, c in self.sup.children.items() if c.spec.role == r]
+            for r in ("actor", "learner", "assembler", "weights_sync", "engine", "nats")
+        }
+        tiers = [
+            names["actor"],
+            names["learner"],
+            names["assembler"] + names["weights_sync"],
+            names["engine"],
+            names["nats"],
+        ]
+        self.sup.stop_all(tiers)
+
+    # -- views and records ------------------------------------------------------------------
+
+    def status(self) -> Any:
+        from common.run.dashboard import ChildView
+
+        kids = [
+            ChildView(
+                c.name, c.spec.role, c.pid if c.alive else None, c.state, max(0, c.starts - 1)
+            )
+            for c in self.sup.children.values()
+        ]
+        return self.monitor.status(kids, self.events[-5:])
+
+    def _refresh_view(self) -> None:
+        if self.view is not None:
+            self.view.update(self.status())
+
+    def plot(self) -> Path | None:
+        from common.run.plot import plot_run
+
+        self._plotting = True
+        try:
+            return plot_run(self.paths.run_dir, title=f"harnessrl run {self.cfg.name}")
+        except Exception as e:  # a plot must never take a run down
+            self._event(f"plot failed: {e!r}")
+            return None
+        finally:
+            self._plotting = False
+
+    def summary(self, outcome: Any, elapsed: float, leftovers: list[int]) -> SummaryLine:
+        st = self.status()
+        assembled = int(sum(st.outcomes.values()))
+        steps = sorted(st.reward_train.items())
+        return SummaryLine(
+            outcome=outcome.kind if outcome else "error",
+            time_limited=self.time_limited,
+            message=(outcome.message if outcome else "").split("\n", 1)[0],
+            elapsed_s=round(elapsed, 1),
+            version=st.version,
+            steps=self.cfg.steps,
+            engine_versions=st.engine_versions,
+            samples_trained=st.samples_trained,
+            issued=st.issued,
+            results=st.results,
+            members_with_result=len(self.monitor.members),
+            samples=int(st.outcomes.get("sample", 0)),
+            tombstones={k: int(v) for k, v in st.tombstones.items()},
+            assembled=assembled,
+            unaccounted=st.issued - assembled,
+            failures=st.failures,
+            dropped=st.dropped,
+            reward_first=steps[0][1] if steps else None,
+            reward_last=steps[-1][1] if steps else None,
+            rewards={k: {str(v): m for v, (m, _) in per.items()} for k, per in st.rewards.items()},
+            restarts={c.name: c.restarts for c in st.children if c.restarts},
+            leftover_pids=leftovers,
+        )
+
+    def print_summary(self, s: SummaryLine, plot: Path | None) -> None:
+        p = self.out
+        status = {"done": "finished", "fatal": "STOPPED", "signal": "interrupted"}.get(
+            s.outcome, "failed"
+        )
+        print(
+            f"\nrun {self.cfg.name} {status}: version {s.version}/{s.steps} in {s.elapsed_s:.0f}s",
+            file=p,
+        )
+        if s.outcome == "fatal":
+            print(f"  reason: {s.message}", file=p)
+        tomb = ", ".join(f"{k} {v}" for k, v in s.tombstones.items()) or "none"
+        print(
+            f"  samples trained {s.samples_trained}; rollouts issued {s.issued}: "
+            f"{s.samples} samples, tombstones {tomb}",
+            file=p,
+        )
+        if s.reward_first is not None and s.reward_last is not None:
+            print(
+                f"  batch reward {s.reward_first:.3f} (v1) -> {s.reward_last:.3f} (v{s.version})",
+                file=p,
+            )
+        if s.engine_versions:
+            ev = ", ".join(f"{k} at v{v}" for k, v in sorted(s.engine_versions.items()))
+            print(f"  engines: {ev}", file=p)
+        if s.restarts:
+            print(f"  restarts: {s.restarts}", file=p)
+        if s.leftover_pids:
+            print(f"  WARNING: processes left running: {s.leftover_pids}", file=p)
+        print(f"  run dir {self.paths.run_dir} (logs/, metrics.jsonl, commands.sh)", file=p)
+        if plot is not None:
+            print(f"  plot {plot}", file=p)
+        p.flush()
+
+
+def main(cfg: Any, args: argparse.Namespace) -> int:
+    try:
+        run_cfg, sections = resolve(args)
+    except ConfigError as e:
+        print(f"harnessrl run: {e}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        sys.stdout.write(toml_text({"run": json.loads(run_cfg.model_dump_json()), **sections}))
+        return 0
+    try:
+        paths = prepare_run_dir(run_cfg, sections)
+    except ConfigError as e:
+        print(f"harnessrl run: {e}", file=sys.stderr)
+        return 2
+    from common import aio
+
+    return int(aio.run(Run(run_cfg, Plan(run_cfg, sections, paths)).run()))
+
+
+if __name__ == "__main__":  # ``python -m common.run.run`` is ``harnessrl run``
+    from common.cli import run_module
+
+    run_module("run")

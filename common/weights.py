@@ -1,0 +1,280 @@
+"""The weight protocol shared by the learner (which sends weights) and the engines' side
+(which receives them): the weight-group sender and its store layout, the HTTP calls of SGLang's
+distributed update, and the serialization and stream formats of a weight version.
+
+Formats
+-------
+* A version's weights are one safetensors blob (``serialize``), the model's ``config.json`` in
+  its metadata (``CONFIG_META_KEY``), identified by ``weights_digest`` (blake2b-256, hex).
+* ``stream``: the blob cut into chunks (``chunk``) and joined back, verified against the
+  ``WeightsReady`` that announces it (``join_chunks``, ``IncompleteVersion``).
+* ``disk``: an HF folder (``write_hf_folder``) written atomically (temp sibling + rename).
+
+Distributed update (SGLang's protocol)
+--------------------------------------
+``WeightSender`` (rank 0) plus ``init_weight_group`` / ``push_weights_distributed`` implement
+what a trainer does against SGLang's ``init_weights_update_group`` /
+``update_weights_from_distributed``: the engines join with a ``TCPStore`` client and a process
+group under ``group_store`` (``PrefixStore("cpu/" | "cuda/", PrefixStore(group_name + "/"))``),
+exactly the store layout ``torch.distributed``'s own group creation uses, so the same sender
+talks to SGLang servers and to the embedded engine. ``backend="gloo"`` sends CPU tensors (the
+embedded engine); ``backend="nccl"`` sends CUDA tensors (SGLang on GPUs; not exercised without
+GPUs).
+
+torch is imported inside functions only: actor machines import ``common`` without torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import hashlib
+import json
+import re
+import shutil
+import struct
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from common.records import WeightChunk, WeightsReady
+
+CONFIG_META_KEY = "hrl_config_json"
+"""safetensors metadata key holding the model's ``config.json`` (stream transport)."""
+
+# ---------------------------------------------------------------------------------------------
+# formats
+# ---------------------------------------------------------------------------------------------
+
+
+def weights_digest(data: bytes | memoryview) -> str:
+    """The digest carried by ``WeightsReady.digest``: blake2b-256, hex."""
+    return hashlib.blake2b(data, digest_size=32).hexdigest()
+
+
+def serialize(state: dict[str, Any], config_json: str = "") -> bytes:
+    """A state dict as safetensors bytes, with the model config in the metadata."""
+    from safetensors.torch import save
+
+    meta = {CONFIG_META_KEY: config_json} if config_json else None
+    return save({k: v.contiguous() for k, v in state.items()}, metadata=meta)
+
+
+def safetensors_metadata(data: bytes) -> dict[str, str]:
+    """The ``__metadata__`` of serialised safetensors bytes (header only, no tensors read)."""
+    (n,) = struct.unpack("<Q", data[:8])
+    return json.loads(data[8 : 8 + n]).get("__metadata__") or {}
+
+
+def chunk(data: bytes, size: int) -> list[bytes]:
+    return [data[i : i + size] for i in range(0, len(data), size)] or [b""]
+
+
+class IncompleteVersion(ValueError):
+    """A stream version's chunks are missing, duplicated inconsistently, or fail the digest."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+def join_chunks(ready: WeightsReady, chunks: Sequence[WeightChunk]) -> bytes:
+    """The verified bytes of ``ready``'s version, or ``IncompleteVersion``."""
+    by_index: dict[int, bytes] = {}
+    for c in chunks:
+        if c.version != ready.version:
+            continue
+        if c.index in by_index and by_index[c.index] != c.data:
+            raise IncompleteVersion("conflicting_chunks", f"chunk {c.index} differs")
+        by_index[c.index] = c.data
+    n = ready.n_chunks
+    if sorted(by_index) != list(range(n)):
+        raise IncompleteVersion("missing_chunks", f"have {len(by_index)} of {n} chunks")
+    data = b"".join(by_index[i] for i in range(n))
+    if len(data) != ready.total_bytes:
+        raise IncompleteVersion("size_mismatch", f"{len(data)} bytes, expected {ready.total_bytes}")
+    if weights_digest(data) != ready.digest:
+        raise IncompleteVersion("digest_mismatch", "blake2b digest differs")
+    return data
+
+
+_WEIGHT_FILES = re.compile(r".*\.(safetensors|bin|pt|pth)$|.*\.safetensors\.index\.json$")
+
+
+def write_hf_folder(
+    final: Path, data: bytes, base: Path | None = None, config_json: str = ""
+) -> Path:
+    """Write ``model.safetensors`` (+ ``config.json``, + the non-weight files of ``base``) into
+    ``final`` atomically: a temp sibling renamed into place."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    if base is not None and base.is_dir():
+        for f in base.iterdir():
+            if f.is_file() and not _WEIGHT_FILES.match(f.name):
+                shutil.copy2(f, tmp / f.name)
+    config_json = config_json or safetensors_metadata(data).get(CONFIG_META_KEY, "")
+    if config_json:
+        (tmp / "config.json").write_text(config_json)
+    (tmp / "model.safetensors").write_bytes(data)
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    return final
+
+
+# ---------------------------------------------------------------------------------------------
+# the weight-update group
+# ---------------------------------------------------------------------------------------------
+
+
+def group_store(store: Any, group_name: str, backend: str = "gloo") -> Any:
+    """The store a ``backend`` process group of ``group_name`` uses inside torch.distributed."""
+    from torch.distributed import PrefixStore
+
+    device = "cuda" if backend == "nccl" else "cpu"
+    return PrefixStore(f"{device}/", PrefixStore(f"{group_name}/", store))
+
+
+def broadcast(pg: Any, tensor: Any) -> None:
+    """Broadcast ``tensor`` from rank 0 over ``pg`` (receive into it on the other ranks)."""
+    import torch.distributed as dist
+
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    opts.rootTensor = 0
+    pg.broadcast([tensor], opts).wait()
+
+
+class WeightSender:
+    """Trainer side (rank 0) of SGLang's distributed weight update, over gloo or nccl.
+
+    Usage: ``sender = WeightSender(world_size=1 + n_engines)`` binds the rendezvous store on a
+    free port (``sender.port``); ``await init_weight_group(session, urls, sender)`` makes every
+    engine join; ``await push_weights_distributed(session, urls, sender, named, version)`` sends
+    a set of tensors (call it per bucket); ``sender.close()`` at the end. The same sender works
+    with SGLang servers started with the same backend.
+    """
+
+    def __init__(
+        self,
+        world_size: int = 2,
+        master_address: str = "127.0.0.1",
+        master_port: int = 0,
+        group_name: str = "weight_update_group",
+        timeout_s: float = 300.0,
+        backend: str = "gloo",
+    ):
+        import torch.distributed as dist
+
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"backend must be gloo or nccl, got {backend!r}")
+        self.world_size = world_size
+        self.master_address = master_address
+        self.group_name = group_name
+        self.backend = backend
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self.store = dist.TCPStore(
+            master_address,
+            master_port,
+            world_size,
+            is_master=True,
+            timeout=self.timeout,
+            wait_for_workers=False,
+        )
+        self.port = int(self.store.port)
+        self.pg: Any = None
+
+    def connect(self) -> None:
+        """Join the group as rank 0 (blocks until every engine has joined)."""
+        import torch.distributed as dist
+
+        store = group_store(self.store, self.group_name, self.backend)
+        if self.backend == "nccl":  # pragma: no cover - GPU only
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = self.timeout
+            self.pg = dist.ProcessGroupNCCL(store, 0, self.world_size, opts)
+        else:
+            self.pg = dist.ProcessGroupGloo(store, 0, self.world_size, self.timeout)
+
+    def init_request(self, rank_offset: int = 1) -> dict[str, Any]:
+        """The ``/init_weights_update_group`` body for the engine at ``rank_offset``."""
+        return {
+            "master_address": self.master_address,
+            "master_port": self.port,
+            "rank_offset": rank_offset,
+            "world_size": self.world_size,
+            "group_name": self.group_name,
+            "backend": self.backend,
+        }
+
+    def update_request(
+        self,
+        named: Sequence[tuple[str, Any]],
+        weight_version: str | None = None,
+        flush_cache: bool = True,
+    ) -> dict[str, Any]:
+        """The ``/update_weights_from_distributed`` body announcing ``named``."""
+        return {
+            "names": [n for n, _ in named],
+            "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in named],
+            "shapes": [list(t.shape) for _, t in named],
+            "group_name": self.group_name,
+            "weight_version": weight_version,
+            "flush_cache": flush_cache,
+        }
+
+    def send(self, named: Sequence[tuple[str, Any]]) -> None:
+        """Broadcast the tensors in order (the engines receive them in the announced order)."""
+        if self.backend == "nccl":  # pragma: no cover - GPU only
+            import torch
+
+            for _, t in named:
+                broadcast(self.pg, t.detach().contiguous().cuda())
+            torch.cuda.synchronize()
+            return
+        for _, t in named:
+            broadcast(self.pg, t.detach().contiguous().cpu())
+
+    def close(self) -> None:
+        self.pg = None
+        self.store = None
+
+
+async def init_weight_group(session: Any, urls: Sequence[str], sender: WeightSender) -> None:
+    """POST ``/init_weights_update_group`` to every engine while joining as rank 0."""
+
+    async def post(i: int, url: str) -> None:
+        async with session.post(
+            f"{url}/init_weights_update_group", json=sender.init_request(1 + i)
+        ) as r:
+            body = await r.json()
+            if r.status != 200 or not body.get("success"):
+                raise RuntimeError(f"{url}: init_weights_update_group failed: {body}")
+
+    await asyncio.gather(
+        asyncio.to_thread(sender.connect), *(post(i, u) for i, u in enumerate(urls))
+    )
+
+
+async def push_weights_distributed(
+    session: Any,
+    urls: Sequence[str],
+    sender: WeightSender,
+    named: Sequence[tuple[str, Any]],
+    weight_version: str | None = None,
+    flush_cache: bool = True,
+) -> list[dict[str, Any]]:
+    """Announce ``named`` to every engine and broadcast it; return the engines' replies."""
+    body = sender.update_request(named, weight_version, flush_cache)
+
+    async def post(url: str) -> dict[str, Any]:
+        async with session.post(f"{url}/update_weights_from_distributed", json=body) as r:
+            reply = await r.json()
+            reply["status"] = r.status
+            return reply
+
+    posts = [asyncio.ensure_future(post(u)) for u in urls]
+    await asyncio.to_thread(sender.send, named)
+    return list(await asyncio.gather(*posts))

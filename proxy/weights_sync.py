@@ -1,0 +1,201 @@
+"""Weight sync, engine side: apply the versions the learner broadcasts to one engine.
+
+``WeightUpdater`` (``harnessrl weights-sync``, or built into an engine) consumes WeightsReady in
+order and applies the newest waiting version newer than the engine's: for ``stream`` it reads
+every chunk of that version, checks count, size and digest, writes an HF folder and calls the
+engine's ``update_weights_from_disk`` with the version; for ``disk`` it hands the folder's path
+itself to the engine; a ``distributed`` version was already pushed by the learner and is only
+recorded. **A version that is not completely and correctly received is never applied** (it is
+counted and skipped; the engine keeps serving the previous weights until a complete newer
+version arrives). The formats are ``common.weights``; the publishers are ``learner.weights``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import shutil
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from common import metrics
+from common.bus import Bus
+from common.layout import weights_folder
+from common.records import WeightChunk, WeightsReady
+from common.weights import IncompleteVersion, join_chunks, write_hf_folder
+
+log = logging.getLogger("harnessrl.weights")
+
+M_SYNC_VERSION = metrics.gauge(
+    "hrl_weights_sync_version", "Weight version the updater last applied", ("engine",)
+)
+M_SYNC_SECONDS = metrics.histogram(
+    "hrl_weights_sync_seconds", "Receive + verify + write + apply of one version", ("engine",)
+)
+M_SYNC_REJECTED = metrics.counter(
+    "hrl_weights_sync_rejected_total", "Versions never applied, by reason", ("engine", "reason")
+)
+M_SYNC_SKIPPED = metrics.counter(
+    "hrl_weights_sync_skipped_total",
+    "Versions skipped (older, or superseded while waiting)",
+    ("engine",),
+)
+
+
+ApplyFn = Callable[[str, int], Awaitable[None]]
+"""``apply(model_path, version)``: load an HF folder into the engine as ``version``."""
+
+
+def engine_apply(client: Any) -> ApplyFn:
+    """An ``ApplyFn`` for an ``EngineClient`` (SGLang ``update_weights_from_disk``)."""
+
+    async def apply(path: str, version: int) -> None:
+        await client.update_weights_from_disk(path, weight_version=version)
+
+    return apply
+
+
+def durable_name(engine_url: str) -> str:
+    """A consumer name derived from an engine URL (``http://h:30000`` -> ``weights-sync-h_30000``)."""
+    base = re.sub(r"^[a-z]+://", "", engine_url).rstrip("/")
+    return "weights-sync-" + (re.sub(r"[^A-Za-z0-9_-]", "_", base) or "engine")
+
+
+class WeightUpdater:
+    """Applies broadcast versions to one engine, newest first, never a partial one.
+
+    ``applied_version`` starts at the engine's current version (pass it in); versions at or
+    below it are skipped. Usable as a library (``poll``/``apply``) or as a loop (``run``).
+    """
+
+    def __init__(
+        self,
+        bus: Bus,
+        apply: ApplyFn,
+        work_dir: str | Path,
+        *,
+        durable: str,
+        applied_version: int = -1,
+        keep_local: int = 2,
+        base_model: str | Path | None = None,
+        read_retries: int = 3,
+        retry_delay_s: float = 0.5,
+        ack_wait: float = 120.0,
+        label: str = "",
+    ) -> None:
+        self.bus = bus
+        self._apply = apply
+        self.work_dir = Path(work_dir)
+        self.durable = durable
+        self.applied_version = applied_version
+        self.keep_local = keep_local
+        self.base_model = Path(base_model) if base_model else None
+        self.read_retries = read_retries
+        self.retry_delay_s = retry_delay_s
+        self.ack_wait = ack_wait
+        self.label = label or durable
+        self.consumer: Any = None
+        self.rejected: dict[int, str] = {}
+        """Versions never applied, with the reason."""
+
+    async def start(self) -> None:
+        if self.consumer is None:
+            self.consumer = await self.bus.consumer(
+                "WEIGHTS",
+                self.durable,
+                WeightsReady,
+                filter_subject=self.bus.subjects.weights_ready,
+                ack_wait=self.ack_wait,
+            )
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """``poll`` until ``stop`` is set (or forever)."""
+        await self.start()
+        while stop is None or not stop.is_set():
+            try:
+                await self.poll(timeout=1.0)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the engine or the bus is away: try again
+                log.warning("weight update failed: %r; retrying", e)
+                await asyncio.sleep(1.0)
+
+    async def poll(self, timeout: float = 1.0) -> int | None:
+        """Fetch waiting WeightsReady records and apply the newest newer one; return the
+        version applied (None if none was)."""
+        await self.start()
+        got = await self.consumer.fetch(64, timeout=timeout)
+        if not got:
+            return None
+        newest = max(got, key=lambda d: d.record.version)
+        for d in got:
+            if d is not newest:
+                M_SYNC_SKIPPED.labels(engine=self.label).inc()
+                await d.ack()
+        if newest.record.version <= self.applied_version:
+            M_SYNC_SKIPPED.labels(engine=self.label).inc()
+            await newest.ack()
+            return None
+        try:
+            async with newest.keepalive():
+                ok = await self.apply(newest.record)
+        except Exception:
+            with contextlib.suppress(Exception):
+                await newest.nak(delay=1.0)
+            raise
+        await newest.ack()
+        return newest.record.version if ok else None
+
+    async def apply(self, ready: WeightsReady) -> bool:
+        """Receive, verify and apply one version; False if it was rejected (never applied)."""
+        t0 = time.perf_counter()
+        if ready.transport == "distributed":  # already pushed by the learner
+            self._applied(ready.version, t0)
+            return True
+        if ready.transport == "disk":
+            path = Path(ready.path)
+        else:
+            data = await self.receive(ready)
+            if data is None:
+                return False
+            path = await asyncio.to_thread(
+                write_hf_folder, weights_folder(self.work_dir, ready.version), data, self.base_model
+            )
+        await self._apply(str(path), ready.version)
+        self._applied(ready.version, t0)
+        if ready.transport == "stream":
+            await asyncio.to_thread(self._clean_local)
+        return True
+
+    async def receive(self, ready: WeightsReady) -> bytes | None:
+        """All chunks of a stream version, verified; None (counted) if incomplete."""
+        subject = self.bus.subjects.weights_data(ready.version)
+        err: IncompleteVersion | None = None
+        for attempt in range(self.read_retries + 1):
+            chunks = await self.bus.read_subject(subject, WeightChunk)
+            try:
+                return await asyncio.to_thread(join_chunks, ready, chunks)
+            except IncompleteVersion as e:
+                err = e
+            if attempt < self.read_retries:
+                await asyncio.sleep(self.retry_delay_s)
+        assert err is not None
+        self.rejected[ready.version] = err.reason
+        M_SYNC_REJECTED.labels(engine=self.label, reason=err.reason).inc()
+        log.warning("version %d not applied: %s", ready.version, err)
+        return None
+
+    def _applied(self, version: int, t0: float) -> None:
+        self.applied_version = version
+        M_SYNC_VERSION.labels(engine=self.label).set(version)
+        M_SYNC_SECONDS.labels(engine=self.label).observe(time.perf_counter() - t0)
+        log.info("applied weight version %d (%.2f s)", version, time.perf_counter() - t0)
+
+    def _clean_local(self) -> None:
+        folders = sorted(p for p in self.work_dir.glob("v*") if p.is_dir())
+        for p in folders[: -self.keep_local]:
+            shutil.rmtree(p, ignore_errors=True)
