@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from common.procs import pid_alive
+from common.procs import group_members, kill_tree, pid_alive, popen_child, wait_group_dead
 from common.run.supervisor import ChildFailed, ChildSpec, Supervisor
 
 PY = sys.executable
@@ -196,3 +196,20 @@ def test_killed_supervisor_takes_children_down(tmp_path: Path) -> None:
     proc.wait()
     everyone = [*pids.values(), *grand]
     wait_for(lambda: not any(pid_alive(p) for p in everyone), what="children to die")
+
+
+def test_wait_group_dead_sees_grandchildren_until_they_are_gone() -> None:
+    """A killed group's members are listed until the kernel has ended every one of them."""
+    proc = popen_child(["sh", "-c", "sleep 60 & sleep 60 & wait"], new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while len(group_members(proc.pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(group_members(proc.pid)) == 3  # sh and its two sleeps
+        assert not wait_group_dead(proc.pid, timeout=0.2)  # alive: it says so, in time
+        kill_tree(proc.pid)
+        proc.wait()
+        assert wait_group_dead(proc.pid, timeout=5.0)
+        assert group_members(proc.pid) == []
+    finally:
+        kill_tree(proc.pid)

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from common.procs import kill_tree, pid_alive, popen_child
+from common.procs import kill_tree, pid_alive, popen_child, wait_group_dead
 
 OnExit = Literal["restart", "stop", "ignore"]
 
@@ -370,6 +370,7 @@ class Supervisor:
                 self._event(f"{k.name} (pid {k.pid}) ignored SIGTERM for {limit:.0f}s: SIGKILL")
             kill_tree(k.proc.pid)
             k.proc.wait()
+            wait_group_dead(k.proc.pid)  # what the child started dies with it, not after us
             k.last_exit = k.proc.returncode
 
     def stop_all(self, tiers: list[list[str]] | None = None, timeout: float | None = None) -> None:
