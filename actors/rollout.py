@@ -18,32 +18,47 @@ What must stay true:
   refused as too large counted, so the assembler sees the gap and tombstones it).
 * **Nothing outlives the rollout**, whatever happens, cancellation included: the sandbox is
   destroyed (every process in it killed), the proxy's socket closed and removed, the rollout's
-  TITO state dropped.
-* **One status per outcome** (``RolloutResult.status``):
+  TITO state, recorder state and engine outcome dropped.
+* **One status per outcome** (``RolloutResult.status``, the taxonomy of
+  ``common.records.RolloutStatus``: ``ok`` is scored, every other status is an infrastructure
+  outcome, tombstoned and never trained). Every failed status comes with a ``reason`` (the
+  label of ``hrl_actor_failures_total``) and the cause in ``error``:
 
-  - ``ok``: the verifier scored the final workspace;
-  - ``timeout``: the harness outlived its limit and was killed (with ``timeout_scoring =
-    "score"`` the workspace is verified anyway and the status is the verifier's);
-  - ``sandbox_error``: the sandbox failed (create, run, file copy, during verification too);
-  - ``harness_error``: the harness could not run — unknown or missing task, unknown harness,
-    task changed under the request (``task_hash``), install failure, launch files not
-    written, exit 126/127 (not executable / not found), or a non-zero exit before any model
-    call. A harness that exits non-zero *after* calling the model is the model's failure and
-    is scored like any other run. When the *request* itself can never run anywhere (unknown
-    task, suite or harness, changed task) `RolloutReport.bad_request` says why, so the actor
-    dead-letters the task after publishing the failed result;
-  - ``verifier_error``: the checker crashed, timed out or printed garbage.
+  - ``ok``: the verifier scored the final workspace (a harness that exits non-zero *after*
+    calling the model is the model's failure and is scored like any other run);
+  - ``timeout`` (reason ``timeout``): the harness outlived its limit and was killed (with
+    ``timeout_scoring = "score"`` the workspace is verified anyway and the status is the
+    verifier's);
+  - ``sandbox_error`` (``sandbox_create``, ``sandbox_run``, ``sandbox_verify``): the sandbox
+    failed (create, run, file copy, during verification too);
+  - ``harness_error``: the harness could not run — unknown or missing task
+    (``task_not_found``), unknown harness (``unknown_harness``), task changed under the request
+    (``task_changed``), ``command`` without a command (``no_command``), not installed
+    (``not_installed``), install failure (``install_failed``), launch spec or files not made
+    (``prepare_failed``, ``launch_files``), exit 126/127 (not executable / not found) or a
+    non-zero exit before any model call (``harness_exit``). When the *request* itself can never
+    run anywhere (unknown task, suite or harness, changed task, no command)
+    `RolloutReport.bad_request` says why, so the actor dead-letters the task after publishing
+    the failed result;
+  - ``verifier_error`` (``verifier``, ``verifier_bug``): the verifier produced no score;
+  - ``engine_error`` (``engine_unreachable``, ``engine_unavailable``, ``engine_failed``): a
+    model call failed for infrastructure reasons (engine refused or unreachable, 5xx, an
+    unexpected reply; see ``proxy.stack.failure_reason``) and no call generated after the last
+    such failure, whatever the harness did then. A transient failure followed by calls that
+    generate is not one; neither is a 400 the harness caused nor a call it abandoned. This is
+    judged first, before the harness's exit or timeout: a harness that gave up (or hung) on a
+    dead engine is never scored.
 
-Shared state: one `RolloutDeps` per process (engine router, tokenizer/renderer, ModelCaller,
-Recorder, sandbox backend, judge); one `ProxyServer` per rollout, listening on its own unix
-socket, which the sandbox's forwarder exposes at ``127.0.0.1:<proxy_port>`` inside.
+Shared state: one `RolloutDeps` per process (the proxy stack of ``proxy.stack`` — engine
+router, renderer, ModelCaller, Recorder — the sandbox backend and the judge); one `ProxyServer`
+per rollout, listening on its own unix socket, which the sandbox's forwarder exposes at
+``127.0.0.1:<proxy_port>`` inside.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import secrets
@@ -57,7 +72,13 @@ from pathlib import Path
 from typing import Any
 
 from actors.config import RolloutSettings
-from actors.harnesses import HarnessContext, HarnessNotInstalled, LaunchSpec, get_adapter
+from actors.harnesses import (
+    HarnessContext,
+    HarnessNotInstalled,
+    LaunchSpec,
+    get_adapter,
+    harness_version,
+)
 from actors.harnesses.base import HarnessAdapter, default_cache_dir, write_launch_files
 from actors.sandbox import Limits, Sandbox, SandboxBackend, SandboxError, SandboxSpec
 from actors.sandbox.base import ExecResult, MiB
@@ -124,8 +145,8 @@ class RolloutDeps:
     """What every rollout of one process shares. Build it with `RolloutDeps.open`."""
 
     bus: Bus
-    caller: Any
-    """``proxy.calls.ModelCaller`` over the engine router, renderer, parser and recorder."""
+    proxy: Any
+    """``proxy.stack.ProxyStack``: engine router, renderer, ModelCaller, Recorder."""
     backend: SandboxBackend
     settings: RolloutSettings
     socket_dir: Path
@@ -134,12 +155,25 @@ class RolloutDeps:
     """``actors.verifier.RubricJudge`` or None."""
     actor: str = ""
     """Name put in results and sandbox owners."""
-    max_context: int = 0
-    """The engines' context window (0: unknown)."""
+
+    @property
+    def caller(self) -> Any:
+        """``proxy.calls.ModelCaller`` over the engine router, renderer, parser and recorder."""
+        return self.proxy.caller
 
     @property
     def recorder(self) -> Any:
-        return self.caller.recorder
+        return self.proxy.recorder
+
+    @property
+    def router(self) -> Any:
+        """``proxy.stack.TrackingRouter``: the engines, and each rollout's engine outcome."""
+        return self.proxy.router
+
+    @property
+    def max_context(self) -> int:
+        """The engines' context window (0: unknown)."""
+        return self.proxy.max_context
 
     @property
     def cache_dir(self) -> Path:
@@ -156,37 +190,16 @@ class RolloutDeps:
         backend: SandboxBackend | None = None,
     ) -> AsyncIterator[RolloutDeps]:
         """Start the shared parts (engines checked, sandboxes swept); close them on exit."""
-        from common.records import SamplingParams
-        from proxy.calls import ModelCaller
-        from proxy.parsers import get_parser
-        from proxy.recorder import Recorder
-        from proxy.sglang import EngineRouter
-        from proxy.tito import ChatRenderer
+        from proxy.stack import open_proxy_stack
 
         async with contextlib.AsyncExitStack() as stack:
-            router = EngineRouter(
-                settings.engines, health_interval=settings.engine_health_interval_s
-            )
-            await router.start()
-            stack.push_async_callback(router.close)
-            max_context = settings.max_context or await _engine_context(router)
-            tokenizer = await asyncio.to_thread(_tokenizer, settings.model)
-            recorder = await Recorder(bus, capacity=settings.record_buffer).start()
-            stack.push_async_callback(recorder.close)
-            sampling = SamplingParams(
-                temperature=settings.temperature,
-                top_p=settings.top_p,
-                top_k=settings.top_k,
-                max_new_tokens=settings.max_new_tokens,
-            )
-            caller = ModelCaller(
-                router,
-                ChatRenderer(tokenizer),
-                get_parser(settings.parser),
-                recorder,
-                sampling=sampling,
-                max_context=max_context,
-                label_rules=_label_rules(),
+            proxy = await stack.enter_async_context(
+                open_proxy_stack(
+                    settings,
+                    bus,
+                    record_buffer=settings.record_buffer,
+                    health_interval_s=settings.engine_health_interval_s,
+                )
             )
             if backend is None:
                 backend = make_sandbox_backend(settings)
@@ -202,22 +215,13 @@ class RolloutDeps:
             stack.callback(shutil.rmtree, socket_dir, True)
             yield cls(
                 bus=bus,
-                caller=caller,
+                proxy=proxy,
                 backend=backend,
                 settings=settings,
                 socket_dir=socket_dir,
                 judge=judge,
                 actor=actor or default_actor_name(),
-                max_context=max_context,
             )
-
-
-@functools.lru_cache(maxsize=4)
-def _tokenizer(spec: str) -> Any:
-    """The tokenizer of ``spec``, loaded once per process (read-only once loaded)."""
-    from common.models import load_tokenizer
-
-    return load_tokenizer(spec)
 
 
 def default_actor_name() -> str:
@@ -235,37 +239,6 @@ def make_sandbox_backend(settings: RolloutSettings) -> SandboxBackend:
     if settings.sandbox == "docker" and settings.docker_image:
         kw["image"] = settings.docker_image
     return make_backend(settings.sandbox, **kw)
-
-
-async def _engine_context(router: Any) -> int:
-    try:
-        info = await router.model_info()
-    except Exception as e:  # an engine that does not say: context is not checked here
-        log.info("engine model info unavailable (%r): context length unchecked", e)
-        return 0
-    keys = ("context_length", "max_context_length", "max_position_embeddings")
-    return int(next((info[k] for k in keys if info.get(k)), 0))
-
-
-def _label_rules() -> Any:
-    """The proxy's default rules plus the reference agent's own ``x-hrl-call-label`` header."""
-    import dataclasses
-
-    from actors.harnesses.reference_agent import LABEL_HEADER
-    from proxy.labels import DEFAULT_RULES
-
-    header = LABEL_HEADER.lower()
-    if header in DEFAULT_RULES.subagent_headers:
-        return DEFAULT_RULES
-    return dataclasses.replace(
-        DEFAULT_RULES,
-        subagent_headers=(*DEFAULT_RULES.subagent_headers, header),
-        compaction_header_values={
-            **DEFAULT_RULES.compaction_header_values,
-            header: ("compaction",),
-        },
-        kept_headers=(*DEFAULT_RULES.kept_headers, header),
-    )
 
 
 def _new_socket_dir() -> Path:
@@ -386,7 +359,8 @@ class _Rollout:
             try:
                 await self._body()
             except _Fail as f:
-                res.status, res.error = f.status, f.error  # type: ignore[assignment]
+                res.status = f.status  # type: ignore[assignment]
+                res.reason, res.error = f.reason, f.error
                 M_FAILURES.labels(reason=f.reason).inc()
             finally:
                 await self._close_proxy()
@@ -394,6 +368,7 @@ class _Rollout:
         finally:
             self.deps.caller.tito.drop(self.rid)
             self.deps.recorder.forget(self.rid)
+            self.deps.router.forget(self.rid)
         self.durations["total"] = time.monotonic() - t0
         res.durations = {k: round(v, 4) for k, v in self.durations.items()}
         res.ended_at = time.time()
@@ -413,6 +388,7 @@ class _Rollout:
                 await self._keep(sandbox)
             await self._close_proxy()
             n_calls = await self._flush()
+            self._judge_engine(n_calls)
             if self._judge_exit(done, n_calls, timeout):
                 await self._verify(task, sandbox)
         finally:
@@ -467,6 +443,9 @@ class _Rollout:
         except (HarnessNotInstalled, ValueError, OSError) as e:
             raise _Fail("harness_error", "prepare_failed", f"{adapter.name}: {e}") from None
         self.report.launch = spec.redacted(self.token)
+        version = harness_version(adapter, cache)
+        self.result.harness_version = version
+        self.deps.recorder.register(self.rid, harness=adapter.name, harness_version=version)
         return spec
 
     def _context(self, adapter: HarnessAdapter, task: Task, timeout: float) -> HarnessContext:
@@ -489,6 +468,7 @@ class _Rollout:
             max_turns=s.max_turns or None,
             timeout_s=timeout,
             context_window=window or None,
+            max_output_tokens=s.max_new_tokens,
             cache_dir=self.deps.cache_dir,
             env=env,
             options=options,
@@ -565,6 +545,23 @@ class _Rollout:
         except (SandboxError, OSError) as e:
             log.warning("rollout %s: keeping the workspace in %s failed: %s", self.rid, dest, e)
 
+    def _judge_engine(self, n_calls: int) -> None:
+        """Raise `_Fail` (``engine_error``) when the engines failed the rollout: a model call
+        failed for an infrastructure reason and none generated after it."""
+        router = self.deps.router
+        o = router.outcome(self.rid)
+        if not o.failed:
+            return
+        where = f"engine {o.engine}" if o.engine else "engines " + ", ".join(router.urls)
+        what = {"engine_unreachable": "unreachable", "engine_unavailable": "unavailable"}
+        after = "" if o.since_ok == o.failures else f" ({o.since_ok} after the last one served)"
+        raise _Fail(
+            "engine_error",
+            o.reason,
+            f"{o.failures} of {max(n_calls, o.failures)} model calls failed{after}: {where} "
+            f"{what.get(o.reason, 'failed')}: {_tail(o.error, 500)}",
+        )
+
     def _judge_exit(self, done: ExecResult, n_calls: int, timeout: float) -> bool:
         """Whether the workspace is to be verified (raises `_Fail` for a failed run)."""
         if done.timed_out:
@@ -622,7 +619,7 @@ class _Rollout:
         server, self.server = self.server, None
         if server is None:
             return
-        router = self.deps.caller.engine
+        router = self.deps.router
         prefix = f"{self.rid}-"
         for rid in [r for r in getattr(router, "_inflight", {}) if r.startswith(prefix)]:
             with contextlib.suppress(Exception):

@@ -9,19 +9,27 @@ embedded nats-server is started in a temp dir for the CallRecords. The calls are
 from the bus and assembled with ``common.tree.assemble``, as the assembler would.
 
 The RolloutResult is printed, not published: a rollout run by hand never becomes a training
-sample, even when ``--nats`` points at a live run. Exit status: 0 when the rollout's status is
-``ok``, 1 for any other status, 2 for bad arguments.
+sample, even when ``--nats`` points at a live run.
 
-``--json`` prints one object: ``rollout_id``, ``task``, ``harness``, ``status``, ``reward``,
-``metrics``, ``n_calls``, ``durations``, ``error``, ``harness_exit``, ``timed_out``,
-``workspace``, ``tree`` {``n_calls``, ``n_leaves``, ``dropped``, ``unique_tokens``,
-``expanded_tokens``, ``model_tokens``, ``tito_misses``, ``n_nodes``, ``dropped_reason``}.
+Exit status (`EXIT_STATUS`): 0 the rollout was scored (status ``ok``); 1 it ended in an
+infrastructure failure (any other status: ``engine_error``, ``harness_error``, ...), with
+``harnessrl rollout: STATUS (REASON): ERROR`` on stderr (when no engine answers ``/health``
+the rollout is refused at once as ``engine_error (engine_unreachable)``); 2 bad arguments — a missing or
+unknown task, suite or harness, contradicting flags — refused in well under a second, before
+any nats-server, engine check, sandbox or proxy is started.
+
+``--json`` prints one object: ``rollout_id``, ``task``, ``harness``, ``harness_version``,
+``status``, ``reason``, ``reward``, ``metrics``, ``n_calls``, ``durations``, ``error``,
+``harness_exit``, ``timed_out``, ``workspace``, ``tree`` {``n_calls``, ``n_leaves``,
+``dropped``, ``unique_tokens``, ``expanded_tokens``, ``model_tokens``, ``tito_misses``,
+``false_forks``, ``n_nodes``, ``dropped_reason``}.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import json
 import logging
 import secrets
@@ -37,8 +45,15 @@ SECTION = "rollout"
 
 log = logging.getLogger("harnessrl.rollout")
 
+EXIT_STATUS = (
+    "exit status: 0 the rollout was scored (status ok); 1 an infrastructure failure (any other "
+    "status, printed on stderr as STATUS (REASON): ERROR); 2 bad arguments (unknown task, suite "
+    "or harness; contradicting flags), refused before anything starts"
+)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EXIT_STATUS
     g = parser.add_argument_group("the rollout")
     g.add_argument("--suite", default="", help="suite name or folder (omit with a task folder)")
     g.add_argument("--task", default="", help="task id within the suite, or a task folder")
@@ -65,10 +80,55 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def _harness(args: argparse.Namespace) -> str:
+    return args.harness or ("command" if args.harness_cmd else "reference")
+
+
+def bad_arguments(args: argparse.Namespace) -> str:
+    """Why the arguments can never make a rollout ("" when they can): checked before anything
+    starts. Names the bad value and what exists."""
+    from actors.harnesses import ADAPTERS, unknown_harness
+
+    if not args.task:
+        return "--task ID (or a task folder) is required"
+    harness = _harness(args)
+    if harness not in ADAPTERS:
+        return unknown_harness(harness)
+    if args.harness_cmd and harness != "command":
+        return "--harness-cmd goes with --harness command"
+    if harness == "command" and not args.harness_cmd.strip():
+        return "--harness command needs --harness-cmd 'COMMAND LINE'"
+    keep = args.keep_workspace
+    if keep is not None and keep.exists() and (not keep.is_dir() or any(keep.iterdir())):
+        return f"{keep} exists and is not an empty folder"
+    return _task_problem(args.suite, args.task)
+
+
+def _task_problem(suite: str, task_id: str) -> str:
+    """Why ``task_id`` (of ``suite``, or a folder) cannot be loaded, as the rollout loads it."""
+    from common.tasks import TaskError, load_task, load_task_path, suite_dir
+
+    try:
+        load_task(suite, task_id) if suite else load_task_path(task_id)
+        return ""
+    except TaskError as e:
+        why = str(e)
+    if not suite:
+        return f"{why} (give a task folder, or --suite SUITE --task ID)"
+    try:
+        root = suite_dir(suite)
+    except TaskError:
+        return why  # names the unknown suite and the known ones
+    names = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name[0] not in "._")
+    near = difflib.get_close_matches(task_id, names, n=5, cutoff=0.5) or names[:5]
+    more = f" ({len(names)} in all: harnessrl tasks list {suite})" if len(names) > len(near) else ""
+    return f"unknown task {task_id!r} in suite {suite!r}; nearest: {', '.join(near)}{more}"
+
+
 def _request(args: argparse.Namespace) -> Any:
     from common.records import TaskRequest
 
-    harness = args.harness or ("command" if args.harness_cmd else "reference")
+    harness = _harness(args)
     return TaskRequest(
         group_id="manual" + secrets.token_hex(4),
         k=0,
@@ -112,7 +172,9 @@ async def rollout(cfg: RolloutConfig, args: argparse.Namespace) -> dict[str, Any
         "rollout_id": res.rollout_id,
         "task": report.task.name if report.task is not None else req.task_id,
         "harness": res.harness,
+        "harness_version": res.harness_version,
         "status": res.status,
+        "reason": res.reason,
         "reward": res.reward,
         "metrics": res.metrics,
         "n_calls": res.n_calls,
@@ -131,6 +193,7 @@ async def rollout(cfg: RolloutConfig, args: argparse.Namespace) -> dict[str, Any
             "expanded_tokens": c.expanded_tokens,
             "model_tokens": c.model_tokens,
             "tito_misses": c.tito_misses,
+            "false_forks": c.false_forks,
             "n_nodes": len(sample.nodes),
             "dropped_reason": sample.dropped_reason,
         },
@@ -139,8 +202,10 @@ async def rollout(cfg: RolloutConfig, args: argparse.Namespace) -> dict[str, Any
 
 def format_report(r: dict[str, Any]) -> str:
     """The human-readable report."""
-    lines = [f"rollout {r['rollout_id']}: {r['task']} with {r['harness']}"]
-    status = r["status"] + (f" — {r['error']}" if r["error"] else "")
+    version = f" {r['harness_version']}" if r.get("harness_version") else ""
+    lines = [f"rollout {r['rollout_id']}: {r['task']} with {r['harness']}{version}"]
+    reason = f" ({r['reason']})" if r.get("reason") else ""
+    status = r["status"] + reason + (f" — {r['error']}" if r["error"] else "")
     lines.append(f"  status   {status}")
     if r["status"] == "ok":
         lines.append(f"  reward   {r['reward']:.4f}")
@@ -154,7 +219,8 @@ def format_report(r: dict[str, Any]) -> str:
     lines.append(
         f"  tree     {t['n_calls']} calls, {t['n_leaves']} leaves, {t['n_nodes']} nodes, "
         f"{t['unique_tokens']} unique / {t['expanded_tokens']} expanded tokens, "
-        f"{t['model_tokens']} model tokens, {t['tito_misses']} TITO misses"
+        f"{t['model_tokens']} model tokens, {t['tito_misses']} TITO misses, "
+        f"{t['false_forks']} false forks"
     )
     if t["dropped"]:
         dropped = ", ".join(f"{k} {v}" for k, v in sorted(t["dropped"].items()))
@@ -169,26 +235,54 @@ def format_report(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def failure_line(r: dict[str, Any]) -> str:
+    """The one stderr line of a failed rollout: status, reason and error."""
+    reason = f" ({r['reason']})" if r.get("reason") else ""
+    error = " ".join(str(r.get("error") or "no error text").split())
+    return f"harnessrl rollout: {r['rollout_id']} {r['status']}{reason}: {error}"
+
+
+async def engines_down(urls: list[str], timeout: float = 5.0) -> list[str]:
+    """The engines that do not answer ``/health`` within ``timeout`` (all of them: the rollout
+    cannot call the model, so it is refused at once instead of letting the harness retry each
+    call against a dead engine for minutes)."""
+    import asyncio
+
+    from proxy.sglang import EngineClient
+
+    async def down(url: str) -> bool:
+        async with EngineClient(url) as client:
+            return not await client.health(retries=0, timeout=timeout)
+
+    flags = await asyncio.gather(*(down(u) for u in urls))
+    return [u for u, d in zip(urls, flags, strict=True) if d]
+
+
 def main(cfg: RolloutConfig, args: argparse.Namespace) -> int:
     from common.aio import run, setup_logging
 
-    if not args.task:
-        print("harnessrl rollout: --task ID (or a task folder) is required", file=sys.stderr)
-        return 2
-    if args.harness and args.harness != "command" and args.harness_cmd:
-        print("harnessrl rollout: --harness-cmd goes with --harness command", file=sys.stderr)
-        return 2
-    keep = args.keep_workspace
-    if keep is not None and keep.exists() and (not keep.is_dir() or any(keep.iterdir())):
-        print(f"harnessrl rollout: {keep} exists and is not an empty folder", file=sys.stderr)
+    bad = bad_arguments(args)
+    if bad:
+        print(f"harnessrl rollout: {bad}", file=sys.stderr)
         return 2
     setup_logging(cfg.log_level, "rollout")
+    down = run(engines_down(cfg.engines))
+    if len(down) == len(cfg.engines):
+        print(
+            f"harnessrl rollout: engine_error (engine_unreachable): no engine answers /health at "
+            f"{', '.join(down)}",
+            file=sys.stderr,
+        )
+        return 1
     report = run(rollout(cfg, args))
     if args.json:
         print(json.dumps(report, sort_keys=True))
     else:
         print(format_report(report))
-    return 0 if report["status"] == "ok" else 1
+    if report["status"] != "ok":
+        print(failure_line(report), file=sys.stderr, flush=True)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":  # ``python -m actors.rollout_cmd`` is ``harnessrl rollout``

@@ -13,12 +13,14 @@ What must stay true:
   member. Nothing is acked before its result is stored; a result that could not be produced
   (the bus could not store the calls) naks the task for a retry.
 * **Failures are results, not silence.** Every rollout outcome is published, failed statuses
-  included (the assembler turns them into tombstones, so the learner's group never waits).
-  A request that can never run anywhere — unknown task, suite or harness, a task that changed
-  under it (``task_hash``), a ``command`` task without a command — is published as a
-  ``harness_error`` result *and then* dead-lettered (kept with the reason, never retried). A
-  task delivered more than ``max_attempts`` times (actors keep dying on it) ends the same
-  way. Only a request whose identity is unusable (a ``group_id`` that is not a subject token)
+  included (the assembler turns them into tombstones, so the learner's group never waits), and
+  the task is acked: an ``engine_error`` (the engines failed the rollout) or a
+  ``sandbox_error`` is this attempt's outcome, not a reason to run the member again. A request
+  that can never run anywhere — unknown task, suite or harness, a task that changed under it
+  (``task_hash``), a ``command`` task without a command — is published as a ``harness_error``
+  result *and then* dead-lettered (kept with the reason, never retried). A task delivered more
+  than ``max_attempts`` times (actors keep dying on it) ends the same way, with reason
+  ``given_up``. Only a request whose identity is unusable (a ``group_id`` that is not a subject token)
   cannot have a result: it is dead-lettered alone. An undecodable message is dead-lettered by
   the bus itself.
 * **Graceful shutdown** (``stop`` set, e.g. SIGTERM): no new tasks are fetched (any fetched
@@ -36,7 +38,7 @@ import logging
 import time
 
 from actors.config import ActorConfig
-from actors.rollout import RolloutDeps, RolloutReport, run_rollout
+from actors.rollout import M_FAILURES, M_ROLLOUTS, RolloutDeps, RolloutReport, run_rollout
 from common import metrics
 from common.bus import Bus, Consumer, Delivery
 from common.records import RolloutResult, TaskRequest, rollout_id
@@ -48,6 +50,8 @@ DURABLE = "actors"
 RETRY_DELAY_S = 5.0
 """Delay of the redelivery of a task whose rollout failed for a retryable reason."""
 FETCH_TIMEOUT_S = 1.0
+GIVEN_UP = "given_up"
+"""Reason of the result of a task delivered more than ``max_attempts`` times."""
 
 M_INFLIGHT = metrics.gauge("hrl_actor_rollouts_inflight", "Rollouts running now")
 M_TASKS = metrics.counter(
@@ -172,6 +176,7 @@ class ActorService:
             issued_version=req.issued_version,
             is_eval=req.is_eval,
             status="harness_error",
+            reason=GIVEN_UP,
             error=why,
             actor=self.deps.actor,
             started_at=now,
@@ -184,6 +189,8 @@ class ActorService:
             log.warning("rollout %s: publishing its give-up result failed: %r", rid, e)
             await self._nak(d, delay=RETRY_DELAY_S)
             return
+        M_ROLLOUTS.labels(status=res.status).inc()
+        M_FAILURES.labels(reason=GIVEN_UP).inc()
         await self._dead_letter(d, why)
 
     # -- acknowledgements (best effort: a lost ack means a redelivery, i.e. another attempt) --
@@ -223,12 +230,13 @@ class ActorService:
             )
             return
         log.warning(
-            "rollout %s %s/%s [%s]: %s (%s), %d calls, %.1f s%s",
+            "rollout %s %s/%s [%s]: %s (%s): %s, %d calls, %.1f s%s",
             res.rollout_id,
             res.suite,
             res.task_id,
             res.harness,
             res.status,
+            res.reason,
             res.error[:500],
             res.n_calls,
             total,

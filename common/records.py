@@ -211,6 +211,11 @@ class CallRecord(Record, kw_only=True):
     """Which API the harness used."""
     label: CallLabel = "main"
     """``main``, ``subagent``, ``compaction`` or ``aux`` (title generation and similar)."""
+    harness: str = ""
+    """Harness adapter that made the call (``claude-code``, ``codex``...; empty when unknown,
+    e.g. a standalone proxy started without ``--harness``)."""
+    harness_version: str = ""
+    """Version of that harness as installed (empty when unknown)."""
     parent_seq: int = -1
     """Earlier call whose input+output this call's input extends; -1 for none."""
     prefix_len: int = 0
@@ -260,7 +265,28 @@ class CallRecord(Record, kw_only=True):
         return f"call:{self.rollout_id}:{self.seq}"
 
 
-RolloutStatus = Literal["ok", "timeout", "sandbox_error", "harness_error", "verifier_error"]
+RolloutStatus = Literal[
+    "ok", "timeout", "sandbox_error", "harness_error", "verifier_error", "engine_error"
+]
+"""How a rollout ended. One taxonomy for every producer and consumer:
+
+* **scored** (the model's outcome, trained on): ``ok``, the verifier scored the final workspace
+  (a checker that rejects the output is a low score, not an error);
+* **infrastructure** (tombstoned with a reason, never trained as the model's failure):
+  ``timeout`` (the harness outlived its limit and ``timeout_scoring`` is ``discard``),
+  ``sandbox_error`` (sandbox create/run/copy failed or died), ``harness_error`` (the harness
+  could not run: unknown task or harness, install or launch failure, missing task environment),
+  ``verifier_error`` (the verifier itself failed: timeout, OOM, no readable score) and
+  ``engine_error`` (model calls failed for infrastructure reasons — engine unreachable, 5xx —
+  and the harness ended without a successful call after them).
+"""
+
+SCORED_STATUSES: frozenset[str] = frozenset({"ok"})
+"""Statuses whose reward is the model's outcome (trained on)."""
+INFRA_STATUSES: frozenset[str] = frozenset(
+    {"timeout", "sandbox_error", "harness_error", "verifier_error", "engine_error"}
+)
+"""Statuses that are infrastructure outcomes: tombstoned, never trained."""
 
 
 class RolloutResult(Record, kw_only=True):
@@ -278,6 +304,8 @@ class RolloutResult(Record, kw_only=True):
     """Task suite."""
     harness: str = ""
     """Harness adapter name."""
+    harness_version: str = ""
+    """Version of the harness as installed (empty when unknown)."""
     group_id: str
     """Group identity from the TaskRequest."""
     k: int
@@ -291,7 +319,11 @@ class RolloutResult(Record, kw_only=True):
     is_eval: bool = False
     """Held-out evaluation rollout (never trained on)."""
     status: RolloutStatus = "ok"
-    """``ok``, ``timeout``, ``sandbox_error``, ``harness_error`` or ``verifier_error``."""
+    """See `RolloutStatus`: ``ok`` is scored; every other status is an infrastructure outcome
+    (tombstoned, never trained)."""
+    reason: str = ""
+    """Machine-readable cause of a failed status (``engine_unreachable``, ``task_not_found``,
+    ``unknown_harness``...), the same label as the actor's failure metric; empty when ok."""
     reward: float = 0.0
     """Scalar reward in [0, 1] (meaningful when status is ``ok``)."""
     metrics: dict[str, float] = {}
@@ -346,7 +378,11 @@ class TreeCounters(msgspec.Struct, kw_only=True):
     model_tokens: int = 0
     """Tokens with loss mask 1."""
     tito_misses: int = 0
-    """Calls whose input was fully re-rendered instead of extending earlier ids."""
+    """Successful calls, after the first, whose input was fully re-rendered instead of
+    extending earlier ids (failed calls never count)."""
+    false_forks: int = 0
+    """Calls that continue an earlier call's conversation but keep only part of its sampled
+    output (the rest re-rendered): each leaves a dead-end branch."""
 
 
 class TreeSample(Record, kw_only=True):

@@ -76,7 +76,9 @@ rollout, ``no_calls``, ``missing_calls`` (a seq below ``result.n_calls`` is abse
 The sample's ``weight_version`` is the oldest among its model nodes (a call's version is its
 ``weight_version_start``, the older one when the engine swapped weights mid-call). Counters:
 ``n_calls`` distinct calls of this rollout read (records of other rollouts are ignored),
-``tito_misses`` calls after the first with ``tito_hit`` false, ``unique_tokens`` tokens in the
+``tito_misses`` successful calls after the first successful one with ``tito_hit`` false,
+``false_forks`` calls that kept part but not all of their turn parent's sampled output (see
+``_false_forks``), ``unique_tokens`` tokens in the
 nodes, ``expanded_tokens`` the sum of branch lengths, ``model_tokens`` tokens with mask 1.
 
 Large samples are split by nodes (``split_sample``): parts are consecutive slices of the node
@@ -546,6 +548,43 @@ def assemble(
     return assemble_detailed(calls, result, opts).sample
 
 
+def _tito_misses(recs: list[CallRecord]) -> int:
+    """Successful calls after the first successful one whose input was fully re-rendered."""
+    ok = [c for c in recs if c.status == "ok"]
+    return sum(1 for c in ok[1:] if not c.tito_hit)
+
+
+def _false_forks(built: list[_Call]) -> int:
+    """Calls that continue an earlier call's conversation but keep only part of its output.
+
+    For each successful call C, its *turn parent* P is the earlier successful call with the
+    longest input that is a proper prefix of C's input. C is a false fork when, after P's
+    input, C shares at least one but not all of P's output tokens: C kept P's reply, yet the
+    ids differ from what was sampled (a re-rendered turn end, a re-encoded reply), leaving a
+    dead-end branch. Computed on full inputs, so it does not depend on how deltas were encoded.
+    """
+    ok = [c for c in sorted(built, key=lambda c: c.seq) if c.rec.status == "ok"]
+    inputs = [RadixTree.path_ids(c.in_end) for c in ok]
+    forks = 0
+    for j, c_in in enumerate(inputs):
+        parent = -1
+        for i in range(j):
+            p_in = inputs[i]
+            longer = parent < 0 or len(p_in) > len(inputs[parent])
+            if longer and len(p_in) < len(c_in) and np.array_equal(c_in[: len(p_in)], p_in):
+                parent = i
+        if parent < 0:
+            continue
+        out = ok[parent].out_ids
+        rest = c_in[len(inputs[parent]) :]
+        n = min(len(out), len(rest))
+        diff = np.flatnonzero(out[:n] != rest[:n])
+        shared = int(diff[0]) if len(diff) else n
+        if 0 < shared < len(out):
+            forks += 1
+    return forks
+
+
 def assemble_detailed(
     calls: Iterable[CallRecord], result: RolloutResult, opts: AssembleOptions | None = None
 ) -> Assembly:
@@ -558,7 +597,7 @@ def assemble_detailed(
     try:
         recs = _dedupe(mine)
         counters.n_calls = len(recs)
-        counters.tito_misses = sum(1 for c in recs[1:] if not c.tito_hit)
+        counters.tito_misses = _tito_misses(recs)
         if not recs:
             raise _Reject("no_calls")
         have = {c.seq for c in recs}
@@ -567,6 +606,7 @@ def assemble_detailed(
         tree = RadixTree()
         try:
             built = _rebuild(tree, recs)
+            counters.false_forks = _false_forks(built)
             return _filter_and_emit(tree, built, result, opts, counters)
         finally:
             tree.release()

@@ -15,6 +15,9 @@ What must stay true:
 * Errors say what the harness should do: ``BadRequest`` (400, never retry: it cannot succeed),
   ``Unavailable`` (503 + Retry-After: engine down or paused, record buffer full),
   ``UpstreamError`` (502: the engine failed in an unexpected way).
+* Only a call that succeeded is committed to TITO (``TitoSession.commit``, which counts its
+  kind): a failed call (engine down -> 503, engine or parse error, abort, the harness going
+  away) is never a TITO miss and leaves no anchor, so it cannot change a later call's prompt.
 * Sampling is the run's, not the harness's; the harness's values are recorded in
   ``requested``. Only ``max_tokens`` is honoured, as an upper bound (a title request asking for
   50 tokens must not get 4000).

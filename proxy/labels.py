@@ -8,7 +8,10 @@ are checked in order; the first that matches wins, unknown is ``main``:
    sub-agents (Codex's value ``compact`` marks its compaction requests);
 2. compaction prompts — Claude Code's instruction asking for ``<analysis>`` and ``<summary>``
    blocks, Codex's "You are performing a CONTEXT CHECKPOINT COMPACTION";
-3. auxiliary calls — requests without tools whose *system* prompt asks for a title (opencode's
+3. compaction by system prompt — requests without tools whose *system* prompt makes the model
+   a summariser of the context (opencode's "You are a context summarization agent", OpenClaw's
+   "... context summarization assistant");
+4. auxiliary calls — requests without tools whose *system* prompt asks for a title (opencode's
    and Claude Code's session titles) or matches other configured patterns.
 
 A harness adapter can pass its own ``LabelRules`` (more headers, more patterns).
@@ -39,6 +42,9 @@ class LabelRules:
         ("You are performing a CONTEXT CHECKPOINT COMPACTION",),
     )
     """Each tuple: strings that together, in the last user turn, mark a compaction request."""
+    compaction_system_patterns: tuple[str, ...] = (r"\bcontext summarization (agent|assistant)\b",)
+    """Regexes (case-insensitive) over the system text of a tool-less request that mark a
+    compaction (harnesses that summarise with a dedicated system prompt)."""
     aux_patterns: tuple[str, ...] = (r"\btitle\b",)
     """Regexes (case-insensitive) over the system text of a tool-less request. Never the user
     text: a task may well mention a title, and harnesses without tools (mini-swe-agent) exist."""
@@ -81,6 +87,9 @@ def label_call(
             return "compaction", f"prompt contains {' + '.join(markers)}"
     if not tools:
         texts = [str(m.get("content") or "") for m in messages if m.get("role") == "system"]
+        for pattern in rules.compaction_system_patterns:
+            if any(re.search(pattern, t, re.IGNORECASE) for t in texts):
+                return "compaction", f"tool-less request matching {pattern!r}"
         for pattern in rules.aux_patterns:
             if any(re.search(pattern, t, re.IGNORECASE) for t in texts):
                 return "aux", f"tool-less request matching {pattern!r}"

@@ -68,6 +68,11 @@ class ProxyConfig(ServiceConfig, ProxySettings):
     """Rollout of the calls made with ``token``."""
     tokens: dict[str, str] = {}
     """More ``{token: rollout_id}`` pairs (JSON on the command line)."""
+    harness: str = Field("", max_length=200)
+    """Harness adapter whose calls this proxy serves (``claude-code``, ``opencode``...),
+    recorded on every CallRecord of every rollout of the token map; empty: unknown."""
+    harness_version: str = Field("", max_length=200)
+    """Version of that harness as installed, recorded on every CallRecord; empty: unknown."""
     record_buffer: int = Field(256, ge=1, le=1_000_000)
     """CallRecords that may wait for the bus before new calls are refused with 503."""
     health_interval_s: float = Field(2.0, gt=0, le=3600)

@@ -18,9 +18,14 @@ What must stay true:
 * A failed publish is retried with the same msg id until it succeeds (JetStream de-duplicates),
   except a record larger than the server accepts, which is counted as lost and makes
   ``flush`` of its rollout raise ``RecordLost``.
-* The input is a delta against the recorded call of the same rollout whose input+output shares
-  the longest prefix with it (ties: the earliest): ``full_input = (input_p + output_p)
-  [:prefix_len] + suffix_ids``; ``input_len`` and ``input_hash`` let the assembler verify it.
+* The input is a delta against the recorded call of the same rollout *with a smaller seq*
+  whose input+output shares the longest prefix with it (ties: the earliest): ``full_input =
+  (input_p + output_p)[:prefix_len] + suffix_ids``; ``input_len`` and ``input_hash`` let the
+  assembler verify it. Calls overlap (a harness's background title request may finish after
+  the main call that arrived later): a call that arrived later is never a parent, even when it
+  was recorded first, because the assembler rebuilds in seq order and rejects any other parent.
+* Every record carries its rollout's harness identity (``harness``, ``harness_version``) as
+  ``register`` set it; it is kept until ``forget`` drops the rollout's state.
 """
 
 from __future__ import annotations
@@ -84,15 +89,19 @@ class _Rollout:
     lost: list[str] = field(default_factory=list)
     seqs: dict[int, np.ndarray] = field(default_factory=dict)
     """Recorded calls' input+output ids (what later calls take deltas against)."""
+    harness: str = ""
+    harness_version: str = ""
 
 
 def longest_prefix(
-    ids: np.ndarray, earlier: dict[int, np.ndarray], hint: int = -1
+    ids: np.ndarray, earlier: dict[int, np.ndarray], hint: int = -1, below: int | None = None
 ) -> tuple[int, int]:
-    """``(parent_seq, prefix_len)``: the earlier sequence sharing the longest prefix with
-    ``ids`` (ties: the smallest seq); ``(-1, 0)`` when none shares a token."""
+    """``(parent_seq, prefix_len)``: the sequence sharing the longest prefix with ``ids`` (ties:
+    the smallest seq), among those of ``earlier`` with a seq smaller than ``below`` (all when
+    None); ``(-1, 0)`` when none shares a token."""
     best_seq, best = -1, 0
-    order = sorted(earlier, key=lambda s: (s != hint, -len(earlier[s]), s))
+    seqs = earlier if below is None else [s for s in earlier if s < below]
+    order = sorted(seqs, key=lambda s: (s != hint, -len(earlier[s]), s))
     for s in order:
         seq = earlier[s]
         if len(seq) < best or (len(seq) == best and s > best_seq >= 0):
@@ -167,6 +176,14 @@ class Recorder:
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
+    # -- identity ---------------------------------------------------------------------------
+
+    def register(self, rollout_id: str, harness: str = "", harness_version: str = "") -> None:
+        """Set the harness identity recorded on every call of ``rollout_id`` from now on (kept
+        until ``forget`` drops the rollout's state; registering again replaces it)."""
+        ro = self.rollouts.setdefault(rollout_id, _Rollout())
+        ro.harness, ro.harness_version = harness, harness_version
+
     # -- admission --------------------------------------------------------------------------
 
     def can_accept(self) -> bool:
@@ -212,19 +229,22 @@ class Recorder:
 
         ``result`` is the engine's reply (None when the call failed before or at the engine);
         ``parent_hint`` (the TITO anchor) is tried first when looking for the delta's parent.
+        The parent is always a call with a smaller seq (see the module docstring).
         """
         if ticket.done:
             raise RuntimeError(f"call {ticket.rollout_id}:{ticket.seq} was already recorded")
         ticket.done = True
         ro = self.rollouts.setdefault(ticket.rollout_id, _Rollout())
         ids = np.asarray(input_ids, dtype=np.int32)
-        parent, prefix = longest_prefix(ids, ro.seqs, parent_hint)
+        parent, prefix = longest_prefix(ids, ro.seqs, parent_hint, below=ticket.seq)
         out = np.asarray(result.output_ids if result else [], dtype=np.int32)
         rec = CallRecord(
             rollout_id=ticket.rollout_id,
             seq=ticket.seq,
             api=api,  # type: ignore[arg-type]
             label=label,  # type: ignore[arg-type]
+            harness=ro.harness,
+            harness_version=ro.harness_version,
             parent_seq=parent,
             prefix_len=prefix,
             suffix_ids=pack_ids(ids[prefix:]),

@@ -2,8 +2,13 @@
 
 Routes: ``HEAD/GET /`` (health), ``GET /v1/models``, ``POST /v1/chat/completions`` (OpenAI chat),
 ``POST /v1/messages`` (Anthropic, also with ``?beta=true``) and ``POST /v1/responses`` (OpenAI
-Responses, Codex), each streaming and not. Every call goes through ``proxy.calls.ModelCaller``; this module only
-converts between the API's shapes and the normalised call, authenticates, and streams.
+Responses, Codex), each streaming and not. Every call goes through ``proxy.calls.ModelCaller``;
+this module only authenticates, converts between the API's shapes and the normalised call, and
+streams. The three model APIs share one handler (``ProxyServer._serve``: auth -> parse -> call
+-> reply or stream -> errors) driven by a small descriptor per API (``Api``: ``CHAT``,
+``MESSAGES``, ``RESPONSES``), which names that API's parse, reply, stream and error-shape
+functions (OpenAI chat's below, the others' in ``proxy.messages_api`` and
+``proxy.responses_api``).
 
 What must stay true:
 
@@ -25,7 +30,8 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -59,7 +65,7 @@ from proxy.tito import normalize_messages
 
 log = logging.getLogger("harnessrl.proxy.server")
 
-__all__ = ["ProxyServer", "chat_request"]
+__all__ = ["CHAT", "MESSAGES", "RESPONSES", "Api", "ProxyServer", "chat_request"]
 
 _REQUESTED_KEYS = (
     "temperature",
@@ -191,6 +197,114 @@ def openai_error(e: CallError) -> web.Response:
     return web.json_response(body, status=e.status, headers=headers)
 
 
+def _sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
+
+
+def _named_sse(obj: dict[str, Any]) -> bytes:
+    """Anthropic's SSE framing: ``event: <type>`` then the data line."""
+    kind = str(obj.get("type", "message"))
+    return f"event: {kind}\n".encode() + _sse(obj)
+
+
+def _unauthorized() -> web.Response:
+    body = {"error": {"message": "invalid API key", "type": "authentication_error", "code": 401}}
+    return web.json_response(body, status=401)
+
+
+# ---------------------------------------------------------------------------------------------
+# the three APIs, as descriptors of one handler
+# ---------------------------------------------------------------------------------------------
+
+
+def _no_events(model: str, rid: str, pending: PendingCall) -> list[dict[str, Any]]:
+    return []
+
+
+@dataclass(frozen=True)
+class Api:
+    """What differs between the model APIs; ``ProxyServer`` runs one skeleton for all of them:
+    authenticate -> parse the JSON body -> ``convert`` -> admit (errors: ``error``) -> run ->
+    ``response``, or when the body asks to stream: ``opening`` events, pings, then ``events``
+    (a failure once the stream started: ``failed``, else ``error``'s body, as one event)."""
+
+    convert: Callable[[Any, str, Mapping[str, str]], CallRequest]
+    """``(body, rollout_id, headers) -> CallRequest``; raises ``BadRequest`` when invalid."""
+    error: Callable[[CallError], web.Response]
+    """A ``CallError`` as a response in the API's error shape (and status)."""
+    unauthorized: Callable[[], web.Response]
+    """The 401 response in the API's error shape."""
+    new_id: Callable[[], str]
+    """A fresh id of the reply (``chatcmpl-…``, ``msg_…``, ``resp_…``)."""
+    response: Callable[[CallReply, str, str], dict[str, Any]]
+    """``(reply, model, id) ->`` the non-streaming body."""
+    events: Callable[[CallReply, str, str, dict[str, Any]], list[dict[str, Any]]]
+    """``(reply, model, id, request body) ->`` the stream's events after the opening ones."""
+    opening: Callable[[str, str, PendingCall], list[dict[str, Any]]] = _no_events
+    """``(model, id, call) ->`` events sent as soon as the stream starts."""
+    sse: Callable[[dict[str, Any]], bytes] = _sse
+    """One event as SSE bytes."""
+    ping: bytes = b": ping\n\n"
+    """Keep-alive sent while the engine works."""
+    done: bytes = b"data: [DONE]\n\n"
+    """Sent after the last event of a successful stream (``b""``: nothing)."""
+    failed: Callable[[CallError, str, str], dict[str, Any]] | None = None
+    """``(error, model, id) ->`` the event of a failure after the stream started; None: the
+    body of ``error(e)``."""
+
+
+def _include_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and bool(options.get("include_usage"))
+
+
+def _anthropic_unauthorized() -> web.Response:
+    body = {
+        "type": "error",
+        "error": {"type": "authentication_error", "message": "invalid x-api-key"},
+    }
+    return web.json_response(body, status=401)
+
+
+CHAT = Api(
+    convert=chat_request,
+    error=openai_error,
+    unauthorized=_unauthorized,
+    new_id=lambda: f"chatcmpl-{uuid.uuid4().hex}",
+    response=chat_response,
+    events=lambda reply, model, cid, body: chat_chunks(reply, model, cid, _include_usage(body)),
+)
+"""OpenAI ``/v1/chat/completions``."""
+
+MESSAGES = Api(
+    convert=messages_request,
+    error=messages_error,
+    unauthorized=_anthropic_unauthorized,
+    new_id=new_message_id,
+    response=message_response,
+    events=lambda reply, model, mid, body: message_events(reply),
+    opening=lambda model, mid, pending: [message_start(model, mid, len(pending.input_ids))],
+    sse=_named_sse,
+    ping=_named_sse({"type": "ping"}),
+    done=b"",
+)
+"""Anthropic ``/v1/messages``."""
+
+RESPONSES = Api(
+    convert=responses_request,
+    error=openai_error,
+    unauthorized=_unauthorized,
+    new_id=new_response_id,
+    response=response_object,
+    events=lambda reply, model, rid, body: response_events(reply, model, rid),
+    opening=lambda model, rid, pending: [response_created(model, rid)],
+    sse=_named_sse,
+    done=b"",
+    failed=lambda e, model, rid: failed_event(e.message, model, rid),
+)
+"""OpenAI ``/v1/responses``."""
+
+
 # ---------------------------------------------------------------------------------------------
 # server
 # ---------------------------------------------------------------------------------------------
@@ -233,11 +347,14 @@ class ProxyServer:
         app = web.Application(client_max_size=256 * 1024 * 1024)
         app.router.add_get("/", self._health)  # HEAD too
         app.router.add_get("/v1/models", self._models)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_post("/chat/completions", self._chat)
-        app.router.add_post("/v1/messages", self._messages)
-        app.router.add_post("/v1/responses", self._responses)
-        app.router.add_post("/responses", self._responses)
+        for path, api in (
+            ("/v1/chat/completions", CHAT),
+            ("/chat/completions", CHAT),
+            ("/v1/messages", MESSAGES),
+            ("/v1/responses", RESPONSES),
+            ("/responses", RESPONSES),
+        ):
+            app.router.add_post(path, self._handler(api))
         return app
 
     async def start(self) -> ProxyServer:
@@ -279,76 +396,75 @@ class ProxyServer:
         model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "harnessrl"}
         return web.json_response({"object": "list", "data": [model]})
 
-    # -- chat completions -------------------------------------------------------------------
+    # -- the model APIs ---------------------------------------------------------------------
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
+    def _handler(self, api: Api) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            return await self._serve(request, api)
+
+        return handle
+
+    async def _serve(self, request: web.Request, api: Api) -> web.StreamResponse:
+        """One model call through ``api``: auth -> parse -> admit -> reply or stream."""
         rollout = self._rollout(request)
         if rollout is None:
-            return _unauthorized()
+            return api.unauthorized()
         try:
             body = await request.json()
         except (ValueError, LookupError):  # not JSON, or in an unknown charset
-            return openai_error(BadRequest("request body is not valid JSON"))
+            return api.error(BadRequest("request body is not valid JSON"))
         model = str(body.get("model") or self.model_name) if isinstance(body, dict) else ""
-        cid = f"chatcmpl-{uuid.uuid4().hex}"
+        rid = api.new_id()
         try:
-            pending = self.caller.admit(_convert(chat_request, body, rollout, request.headers))
+            pending = self.caller.admit(_convert(api.convert, body, rollout, request.headers))
         except CallError as e:
-            return openai_error(e)
+            return api.error(e)
         if not body.get("stream"):
             try:
                 reply = await self.caller.run(pending)
             except CallError as e:
-                return openai_error(e)
-            return web.json_response(chat_response(reply, model, cid))
-        options = body.get("stream_options")
-        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        return await self._pseudo_stream(
-            request,
-            pending,
-            lambda reply: chat_chunks(reply, model, cid, include_usage),
-            openai_error,
-        )
+                return api.error(e)
+            return web.json_response(api.response(reply, model, rid))
+        return await self._pseudo_stream(request, pending, api, model, rid, body)
 
     async def _pseudo_stream(
         self,
         request: web.Request,
         pending: PendingCall,
-        events: Callable[[CallReply], list[dict[str, Any]]],
-        error: Callable[[CallError], web.Response],
-        *,
-        sse: Callable[[dict[str, Any]], bytes] = lambda ev: _sse(ev),
-        opening: list[dict[str, Any]] = (),  # type: ignore[assignment]
-        ping: bytes = b": ping\n\n",
-        done: bytes = b"data: [DONE]\n\n",
-        failed: Callable[[CallError], dict[str, Any]] | None = None,
+        api: Api,
+        model: str,
+        rid: str,
+        body: dict[str, Any],
     ) -> web.StreamResponse:
         """Run the call; stream its complete reply as SSE events (see the module docstring)."""
         task = asyncio.ensure_future(self.caller.run(pending))
         await asyncio.wait({task}, timeout=self.stream_grace_s)
         if task.done() and isinstance(task.exception(), CallError):
-            return error(task.exception())  # type: ignore[arg-type]
+            return api.error(task.exception())  # type: ignore[arg-type]
         resp = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         try:
             await resp.prepare(request)
-            for ev in opening:
-                await resp.write(sse(ev))
+            for ev in api.opening(model, rid, pending):
+                await resp.write(api.sse(ev))
             while not task.done():
                 await asyncio.wait({task}, timeout=self.ping_s)
                 if not task.done():
-                    await resp.write(ping)
+                    await resp.write(api.ping)
             try:
                 reply = task.result()
             except CallError as e:  # too late for a status: the API's error event
-                ev = failed(e) if failed else json.loads(error(e).body)  # type: ignore[arg-type]
-                await resp.write(sse(ev))
+                if api.failed is not None:
+                    ev = api.failed(e, model, rid)
+                else:
+                    ev = json.loads(api.error(e).body)  # type: ignore[arg-type]
+                await resp.write(api.sse(ev))
             else:
-                for ev in events(reply):
-                    await resp.write(sse(ev))
-                if done:
-                    await resp.write(done)
+                for ev in api.events(reply, model, rid, body):
+                    await resp.write(api.sse(ev))
+                if api.done:
+                    await resp.write(api.done)
             await resp.write_eof()
         except (ConnectionResetError, asyncio.CancelledError):
             task.cancel()  # the harness went away: abort the engine call, record it aborted
@@ -356,76 +472,6 @@ class ProxyServer:
                 await task
             raise
         return resp
-
-    # -- Anthropic messages -----------------------------------------------------------------
-
-    async def _messages(self, request: web.Request) -> web.StreamResponse:
-        rollout = self._rollout(request)
-        if rollout is None:
-            body = {
-                "type": "error",
-                "error": {"type": "authentication_error", "message": "invalid x-api-key"},
-            }
-            return web.json_response(body, status=401)
-        try:
-            body = await request.json()
-        except (ValueError, LookupError):  # not JSON, or in an unknown charset
-            return messages_error(BadRequest("request body is not valid JSON"))
-        model = str(body.get("model") or self.model_name) if isinstance(body, dict) else ""
-        mid = new_message_id()
-        try:
-            pending = self.caller.admit(_convert(messages_request, body, rollout, request.headers))
-        except CallError as e:
-            return messages_error(e)
-        if not body.get("stream"):
-            try:
-                reply = await self.caller.run(pending)
-            except CallError as e:
-                return messages_error(e)
-            return web.json_response(message_response(reply, model, mid))
-        return await self._pseudo_stream(
-            request,
-            pending,
-            message_events,
-            messages_error,
-            sse=_named_sse,
-            opening=[message_start(model, mid, len(pending.input_ids))],
-            ping=_named_sse({"type": "ping"}),
-            done=b"",
-        )
-
-    # -- OpenAI responses -------------------------------------------------------------------
-
-    async def _responses(self, request: web.Request) -> web.StreamResponse:
-        rollout = self._rollout(request)
-        if rollout is None:
-            return _unauthorized()
-        try:
-            body = await request.json()
-        except (ValueError, LookupError):  # not JSON, or in an unknown charset
-            return openai_error(BadRequest("request body is not valid JSON"))
-        model = str(body.get("model") or self.model_name) if isinstance(body, dict) else ""
-        rid = new_response_id()
-        try:
-            pending = self.caller.admit(_convert(responses_request, body, rollout, request.headers))
-        except CallError as e:
-            return openai_error(e)
-        if not body.get("stream"):
-            try:
-                reply = await self.caller.run(pending)
-            except CallError as e:
-                return openai_error(e)
-            return web.json_response(response_object(reply, model, rid))
-        return await self._pseudo_stream(
-            request,
-            pending,
-            lambda reply: response_events(reply, model, rid),
-            openai_error,
-            sse=_named_sse,
-            opening=[response_created(model, rid)],
-            done=b"",
-            failed=lambda e: failed_event(e.message, model, rid),
-        )
 
 
 def _convert(
@@ -442,18 +488,3 @@ def _convert(
         raise
     except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError) as e:
         raise BadRequest(f"malformed request: {type(e).__name__}: {e}") from None
-
-
-def _sse(obj: Any) -> bytes:
-    return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
-
-
-def _named_sse(obj: dict[str, Any]) -> bytes:
-    """Anthropic's SSE framing: ``event: <type>`` then the data line."""
-    kind = str(obj.get("type", "message"))
-    return f"event: {kind}\n".encode() + _sse(obj)
-
-
-def _unauthorized() -> web.Response:
-    body = {"error": {"message": "invalid API key", "type": "authentication_error", "code": 401}}
-    return web.json_response(body, status=401)

@@ -6,30 +6,45 @@ templates rewrite earlier turns), and training on re-encoded ids would train on 
 sampled. So, per rollout, TITO keeps every earlier call (its request messages, its input ids,
 its output ids and its parsed reply) and builds call *i*'s input as::
 
-    input_k + output_k (+ the template's closing) + encode(render(new messages only))
+    input_k + output_k + encode(the template's closing + render(new messages only))
 
 where *k* is the earliest-started, longest earlier call whose request messages plus its own reply
 are a prefix of call *i*'s messages (see ``TitoSession.prepare``). Where no reply matches (a fork,
 a compaction) the prompt is rendered from the longest prefix known in ids (an earlier request's
-input, else nothing) and counted as a miss. A request identical to an earlier one (a harness
-retry) gets exactly that request's ids.
+input, else nothing) and counted as a miss. A request identical to an earlier successful one (a
+harness regenerating a reply) gets exactly that request's ids; the retry of a failed call is
+built like the failed call was, from the same anchors.
 
 Invariants (tested):
 
-* On a conversation nobody re-serialised, the TITO ids equal the ids of a full render.
+* Sampled ids are never altered or dropped: the input of call *i* starts with ``input_k +
+  output_k`` exactly, every sampled id of ``output_k`` included (and its log-prob stays on the
+  record), followed by exactly what the template writes to close that turn (see below). So the
+  recorded output and the next render agree, and a linear conversation is one branch of the
+  assembled tree (one leaf), never a dead end at every turn.
+* On a conversation nobody re-serialised, the TITO ids equal the ids of a full render, except
+  right after an output that stopped on a stop token the template does not write
+  (``<|endoftext|>``): that sampled token is kept, followed by the template's turn end.
 * Whatever the harness does to earlier turns that keeps their meaning (reordered JSON keys,
   renamed tool-call ids, whitespace in arguments, a dropped reasoning field), the input of call
-  *i* starts with ``input_k + output_k`` exactly (minus a final stop token the template would not
-  have written, see below).
+  *i* still starts with ``input_k + output_k`` exactly.
 * The new part is rendered by the template and encoded on its own, starting at its first special
   token, so BPE never merges across the boundary with sampled ids.
+* A prompt whose messages reuse an earlier call's request and reply (by meaning) but whose ids
+  do not start with that call's ``input + output`` is a **false fork** (a dead-end branch in the
+  tree): it is never a hit (``kind`` ``miss``, ``false_fork`` set) and is counted on its own
+  (``hrl_proxy_false_forks_total``) besides the miss. A hit always extends its anchor's ids.
+* Only calls that succeeded count: ``prepare`` changes no state and counts nothing; ``commit``
+  (called once the engine answered) remembers the call and counts its kind. A failed call (engine
+  down, error, abort) is never committed, so it is neither a miss nor an anchor, and the next
+  call of a rollout whose first calls all failed is still its ``first``.
 
 Seams handled (DESIGN §4 hazards):
 
-* The engine stops on ``<|im_end|>`` without the ``\\n`` the template writes after it: exactly
-  that ``\\n`` is spliced in. An output that stopped on another stop token (``<|endoftext|>``)
-  has that token replaced by the template's turn end; an output cut off by ``max_new_tokens``
-  is closed with the template's turn end.
+* The engine stops on ``<|im_end|>`` without the ``\\n`` the template writes after it: every
+  sampled id is kept and exactly that ``\\n`` is spliced in. An output that stopped on another
+  stop token (``<|endoftext|>``) keeps that token and is followed by the template's whole turn end
+  (``<|im_end|>\\n``); an output cut off by ``max_new_tokens`` is closed the same way.
 * Templates group consecutive tool results into one turn: the new part is found by rendering
   the prefix and the whole conversation and checking that one is a string prefix of the other;
   when it is not, the next candidate is tried, and finally a full render.
@@ -60,6 +75,7 @@ Tools must be equal as canonical JSON.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -80,7 +96,14 @@ __all__ = [
 ]
 
 M_TITO = metrics.counter(
-    "hrl_proxy_tito_total", "Prompts built by token-in-token-out, by result", ("result",)
+    "hrl_proxy_tito_total",
+    "Successful calls by how token-in-token-out built their prompt (first, hit, miss)",
+    ("result",),
+)
+M_FALSE_FORKS = metrics.counter(
+    "hrl_proxy_false_forks_total",
+    "Successful calls whose messages reuse an earlier call's request and reply but whose ids "
+    "do not extend that call's input+output (a dead-end branch in the tree)",
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -250,19 +273,19 @@ class ChatRenderer:
         text = self.render(probe, None, gen=False)
         return text[text.rindex(marker) + len(marker) :]
 
-    def closing(self, output_ids: Sequence[int]) -> tuple[int, str]:
-        """How a sampled output becomes a finished turn: ``(ids kept, text to splice after)``.
+    def closing(self, output_ids: Sequence[int]) -> str:
+        """The text the template writes after a sampled output to close its turn; every sampled
+        id is kept before it (never altered or dropped).
 
-        Stopped on the token the template's turn end starts with: keep it, add the rest (``\\n``).
-        Stopped on another stop token: drop it, add the whole turn end. Cut off: add the turn end.
+        Stopped on the token the template's turn end starts with (``<|im_end|>``): the rest of
+        the turn end (``\\n``). Stopped on another stop token (``<|endoftext|>``) or cut off by
+        ``max_new_tokens``: the whole turn end (``<|im_end|>\\n``).
         """
-        n = len(output_ids)
-        if n and output_ids[-1] in self._stop_text:
+        if output_ids and output_ids[-1] in self._stop_text:
             stop = self._stop_text[output_ids[-1]]
             if stop and self.turn_end.startswith(stop):
-                return n, self.turn_end[len(stop) :]
-            return n - 1, self.turn_end
-        return n, self.turn_end
+                return self.turn_end[len(stop) :]
+        return self.turn_end
 
 
 # ---------------------------------------------------------------------------------------------
@@ -281,8 +304,10 @@ class _Anchor:
     reasoning: dict[int, str | None]
     """Reasoning (stripped) of each covered assistant message, by index."""
     ids: np.ndarray
-    """int32 ids of the prefix (a view into the call's input+output)."""
+    """int32 ids of the prefix: a ``reply`` anchor's are its call's whole input + output, a
+    ``request`` anchor's its call's input without the generation prompt."""
     closing: str
+    """Text the template writes after ``ids`` to close the turn (``reply``; ``""``: none)."""
     kind: Literal["reply", "request"]
 
 
@@ -295,9 +320,10 @@ class TitoPrompt:
 
     input_ids: list[int]
     kind: TitoKind
-    """``first``: the rollout's first call. ``hit``: every assistant turn of the prompt comes
-    from ids the engine sampled. ``miss``: some assistant turn had to be rendered from text (a
-    fork or edit of history, a compaction); the longest prefix known in ids is still reused."""
+    """``first``: no earlier call of the rollout succeeded. ``hit``: every assistant turn of the
+    prompt comes from ids the engine sampled (and the ids extend them). ``miss``: some assistant
+    turn had to be rendered from text (a fork or edit of history, a compaction, a false fork);
+    the longest prefix known in ids is still reused."""
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
     anchor_seq: int = -1
@@ -306,6 +332,9 @@ class TitoPrompt:
     """``reply`` (its input+output) or ``request`` (its input, for a retried/extended request)."""
     reused: int = 0
     """Number of leading ids taken from the anchor."""
+    false_fork: bool = False
+    """The messages reuse an earlier call's request and reply, but the ids do not extend that
+    call's input+output (see the module docstring). Never a hit."""
     digests: list[bytes] = field(default_factory=list, repr=False)
     tools_key: str = field(default="", repr=False)
 
@@ -315,7 +344,8 @@ class TitoPrompt:
 
 
 class TitoSession:
-    """TITO state of one rollout: ``prepare`` a prompt, then ``commit`` what the call produced."""
+    """TITO state of one rollout: ``prepare`` a prompt, then ``commit`` what the call produced
+    (only when it succeeded: a failed call leaves no trace, see the module docstring)."""
 
     def __init__(self, renderer: ChatRenderer, max_tries: int = 4) -> None:
         self.r = renderer
@@ -323,20 +353,26 @@ class TitoSession:
         """Candidate anchors tried (longest first) before rendering in full."""
         self.anchors: list[_Anchor] = []
         self.calls = 0
+        """Calls committed (succeeded)."""
         self.counts: dict[str, int] = {"hit": 0, "miss": 0, "first": 0}
+        """Committed calls by prompt kind."""
+        self.false_forks = 0
+        """Committed calls that were false forks."""
 
     def prepare(
         self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
     ) -> TitoPrompt:
         """The input ids for a call with these messages (normalised here if they are not yet:
-        OpenAI-chat-shaped input is accepted) and tools."""
+        OpenAI-chat-shaped input is accepted) and tools. Changes no state and counts nothing:
+        the call counts once ``commit`` says it succeeded."""
         msgs = normalize_messages(messages)
         tools_n = normalize_tools(tools)
         digests = _digests(msgs)
         tkey = _tools_key(tools_n)
         full = self.r.render(msgs, tools_n, gen=True)
+        found, sent = self._found(msgs, digests, tkey)
         prompt = None
-        for a in self._candidates(msgs, digests, tkey):
+        for a in itertools.islice(_matching(found, sent), self.max_tries):
             prompt = self._extend(a, msgs, tools_n, full)
             if prompt is not None:
                 break
@@ -344,15 +380,16 @@ class TitoSession:
             kind: TitoKind = "miss" if self.calls else "first"
             prompt = TitoPrompt(self.r.encode(full), kind, msgs, tools_n)
         prompt.digests, prompt.tools_key = digests, tkey
-        self.calls += 1
-        self.counts[prompt.kind] += 1
-        M_TITO.labels(result=prompt.kind).inc()
+        if self._false_fork(prompt, _matching(found, sent)):
+            prompt.false_fork = True
+            prompt.kind = "miss"
         return prompt
 
-    def _candidates(
+    def _found(
         self, msgs: list[dict[str, Any]], digests: list[bytes], tkey: str
-    ) -> Iterator[_Anchor]:
-        """Anchors that are a prefix of ``msgs`` by meaning: longest first, then earliest."""
+    ) -> tuple[list[_Anchor], list[tuple[int, str]]]:
+        """Anchors whose visible meaning and tools are a prefix of ``msgs`` (longest first, then
+        earliest), and the reasoning ``msgs`` sends (``_matching`` checks it lazily)."""
         found = [
             a
             for a in self.anchors
@@ -360,13 +397,27 @@ class TitoSession:
         ]
         found.sort(key=lambda a: (-a.n_msgs, a.seq, a.kind != "reply"))
         sent = [(i, r) for i, m in enumerate(msgs) if (r := _reasoning(m)) is not None]
-        tries = 0
-        for a in found:
-            if all(a.reasoning.get(i) == r for i, r in sent if i < a.n_msgs):
-                yield a
-                tries += 1
-                if tries >= self.max_tries:
-                    return
+        return found, sent
+
+    @staticmethod
+    def _false_fork(prompt: TitoPrompt, matching: Iterator[_Anchor]) -> bool:
+        """Whether ``prompt`` fails to extend the input+output of every call whose request and
+        reply its messages reuse most deeply (those calls' ``reply`` anchors)."""
+        deepest: list[_Anchor] = []
+        for a in matching:
+            if deepest and a.n_msgs < deepest[0].n_msgs:
+                break
+            if a.kind != "reply":
+                continue
+            if prompt.anchor_seq == a.seq and prompt.anchor_kind == "reply":
+                return False  # built as a.ids + closing + new part: extends it by construction
+            deepest.append(a)
+        ids = prompt.input_ids
+        for a in deepest:
+            n = len(a.ids)
+            if len(ids) >= n and np.array_equal(np.asarray(ids[:n], dtype=np.int32), a.ids):
+                return False
+        return bool(deepest)
 
     def _extend(
         self,
@@ -411,17 +462,26 @@ class TitoSession:
         output_ids: Sequence[int] | None = None,
         reply: dict[str, Any] | None = None,
     ) -> None:
-        """Remember a finished call: its request (always) and its reply (when it had one).
+        """Remember a call that succeeded, and count it: its request (always) and its reply
+        (when it had one). Never called for a failed call.
 
         ``reply`` is the parsed assistant message in the normalised format (what the harness
-        was sent); ``output_ids`` the ids the engine sampled for it.
+        was sent); ``output_ids`` the ids the engine sampled for it, all of which are kept.
         """
+        kind: TitoKind = prompt.kind
+        if kind == "first" and self.calls:  # an overlapping call succeeded first
+            kind = "miss"
+        self.calls += 1
+        self.counts[kind] += 1
+        M_TITO.labels(result=kind).inc()
+        if prompt.false_fork:
+            self.false_forks += 1
+            M_FALSE_FORKS.inc()
         msgs = prompt.messages
         reasoning = {i: _reasoning(m) for i, m in enumerate(msgs) if m.get("role") == "assistant"}
         n, gen = len(msgs), self.r.gen_ids
         out = list(output_ids or [])
-        keep, closing = self.r.closing(out) if reply is not None and out else (0, "")
-        ids = np.asarray(list(prompt.input_ids) + out[:keep], dtype=np.int32)
+        ids = np.asarray(list(prompt.input_ids) + out, dtype=np.int32)
         n_in = len(prompt.input_ids)
         if gen and list(prompt.input_ids[n_in - len(gen) :]) == gen:
             self.anchors.append(
@@ -446,10 +506,17 @@ class TitoSession:
                 prompt.tools_key,
                 {**reasoning, n: _reasoning(reply)},
                 ids,
-                closing,
+                self.r.closing(out),
                 "reply",
             )
         )
+
+
+def _matching(found: list[_Anchor], sent: list[tuple[int, str]]) -> Iterator[_Anchor]:
+    """The anchors of ``found`` that are a prefix by meaning, reasoning included (in order)."""
+    for a in found:
+        if all(a.reasoning.get(i) == r for i, r in sent if i < a.n_msgs):
+            yield a
 
 
 def _without_reasoning(m: dict[str, Any]) -> dict[str, Any]:

@@ -40,7 +40,7 @@ from actors.harnesses import (
 )
 from common.bus import Bus, connect
 from common.models import load_tokenizer
-from common.records import CallRecord, decode, encode, ids_hash, unpack_ids
+from common.records import CallRecord, SamplingParams, decode, encode, ids_hash, unpack_ids
 from proxy.calls import ModelCaller
 from proxy.parsers import HermesParser
 from proxy.recorder import Recorder
@@ -308,9 +308,18 @@ class Stack:
 
 @contextlib.asynccontextmanager
 async def proxy_stack(
-    nats_url: str, run: str, brain: Brain, tmp_path: Path, *, max_context: int = 0
+    nats_url: str,
+    run: str,
+    brain: Brain,
+    tmp_path: Path,
+    *,
+    max_context: int = 0,
+    max_new_tokens: int | None = None,
 ) -> AsyncIterator[Stack]:
-    """ScriptedEngine(brain) + EngineClient + Recorder on NATS + ProxyServer on a unix socket."""
+    """ScriptedEngine(brain) + EngineClient + Recorder on NATS + ProxyServer on a unix socket.
+
+    ``max_context`` is the window the proxy enforces (0: none); ``max_new_tokens`` the run's
+    output limit (``None``: ``SamplingParams``' default)."""
     sock = tmp_path / "proxy.sock"
     bus = await connect(nats_url, run)
     try:
@@ -319,8 +328,16 @@ async def proxy_stack(
             EngineClient(engine.url) as client,
             Recorder(bus) as recorder,
         ):
+            sampling = (
+                None if max_new_tokens is None else SamplingParams(max_new_tokens=max_new_tokens)
+            )
             caller = ModelCaller(
-                client, RENDERER, HermesParser(), recorder, max_context=max_context
+                client,
+                RENDERER,
+                HermesParser(),
+                recorder,
+                sampling=sampling,
+                max_context=max_context,
             )
             server = RecordingProxy(
                 caller, {TOKEN: ROLLOUT}, model_name=MODEL, unix_path=str(sock), ping_s=1.0
@@ -373,6 +390,7 @@ async def run_harness(
     read: tuple[str, ...] = (),
     timeout_s: float = 180.0,
     context_window: int | None = None,
+    max_output_tokens: int | None = None,
     max_turns: int | None = 8,
     options: dict[str, Any] | None = None,
     env: dict[str, str] | None = None,
@@ -391,6 +409,7 @@ async def run_harness(
         max_turns=max_turns,
         timeout_s=timeout_s,
         context_window=context_window,
+        max_output_tokens=max_output_tokens,
         cache_dir=cache,
         options=dict(options or {}),
         env=dict(env or {}),

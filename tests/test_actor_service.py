@@ -23,7 +23,7 @@ from common import cli, metrics
 from common.bus import Bus, connect
 from common.config import undocumented_fields
 from common.records import DeadLetter, RolloutResult, TaskRequest
-from proxy.scripted import ScriptedEngine
+from proxy.scripted import Reply, ScriptedEngine
 from tests.test_rollout import SOLVE, TOK, request, toy_solver
 
 REPO = Path(__file__).resolve().parents[1]
@@ -241,3 +241,42 @@ def test_config_fields_documented_and_engine_flag():
     assert cfg.engines == ["http://a:1", "http://b:2"] and cfg.heartbeat_interval == 20.0
     with pytest.raises(Exception, match="heartbeat_s"):
         ActorConfig(ack_wait_s=5, heartbeat_s=10)
+
+
+async def test_engine_error_is_published_and_acked(bus: Bus, nats_url, run_name, sandbox_root):
+    """A rollout the engine failed is published as an engine_error with its reason and acked
+    (it is this attempt's outcome, not a bad request): no dead letter, no retry."""
+    await bus.publish(bus.subjects.tasks, request("reference", group_id="ge"))
+    fail = lambda ids, body: Reply(status=500)  # noqa: E731
+    async with ScriptedEngine(TOK, fail) as eng:
+        opts = {"reference": {"retries": 0}}
+        cfg = actor_config(nats_url, run_name, eng.url, sandbox_root, harness_options=opts)
+        async with in_process_actor(cfg, bus):
+            (res,) = await results(bus, 1)
+            await asyncio.sleep(0.3)  # let the ack land
+    assert (res.rollout_id, res.status, res.reason, res.n_calls) == (
+        "ge-0-1",
+        "engine_error",
+        "engine_failed",
+        1,
+    )
+    assert await bus.stream_count("TASKS") == 0
+    assert await bus.read_subject(bus.subjects.dead("TASKS"), DeadLetter) == []
+
+
+async def test_given_up_task_has_a_reason(bus: Bus, nats_url, run_name, sandbox_root):
+    """A task delivered more than max_attempts times ends as a harness_error result with
+    reason given_up, and is dead-lettered."""
+    await bus.publish(bus.subjects.tasks, request(cmd="true", group_id="gg"))
+    consumer = await bus.consumer("TASKS", DURABLE, TaskRequest, ack_wait=3)
+    (d,) = await consumer.fetch(1, timeout=5)
+    await d.nak()  # as if an actor had died on it
+    before = metrics.sample_value("hrl_actor_failures_total", {"reason": "given_up"}) or 0
+    cfg = actor_config(nats_url, run_name, "http://127.0.0.1:9", sandbox_root, max_attempts=1)
+    async with in_process_actor(cfg, bus):
+        (res,) = await results(bus, 1)
+        await asyncio.sleep(0.3)
+    assert (res.rollout_id, res.status, res.reason) == ("gg-0-2", "harness_error", "given_up")
+    dead = await bus.read_subject(bus.subjects.dead("TASKS"), DeadLetter)
+    assert len(dead) == 1 and "given up" in dead[0].reason
+    assert metrics.sample_value("hrl_actor_failures_total", {"reason": "given_up"}) == before + 1

@@ -310,3 +310,18 @@ async def test_command_runs_and_stops_on_sigterm(nats_url: str, run_name: str) -
         _, err = proc.communicate(timeout=20)
         await b.close()
     assert proc.returncode == 0, err.decode()[-2000:]
+
+
+async def test_infrastructure_statuses_become_tombstones(bus: Bus) -> None:
+    """Every infrastructure status (``engine_error`` included) is a ``rollout_<status>``
+    tombstone, however complete its calls: an infrastructure failure is never trained."""
+    statuses = {f"gi-{i}-1": s for i, s in enumerate(sorted(r.INFRA_STATUSES))}
+    assert "engine_error" in statuses.values()
+    for rid, status in statuses.items():
+        await publish_rollout(bus, rid, status=status, reason=f"{status}_reason")
+    async with running(bus):
+        got = by_rid(await drain_samples(bus, len(statuses)))
+    assert {rid: s.dropped_reason for rid, s in got.items()} == {
+        rid: f"rollout_{status}" for rid, status in statuses.items()
+    }
+    assert all(s.is_tombstone and not s.nodes for s in got.values())

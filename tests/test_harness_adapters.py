@@ -317,6 +317,92 @@ def test_reference_spec(cache: Path):
 
 
 # ---------------------------------------------------------------------------------------------
+# Context window and output limit (the rule in actors/harnesses/__init__.py)
+
+
+def test_output_and_compaction_limits():
+    """``output_limit``: the option, else the run's limit, else the default; the compaction
+    limit keeps ``max(O, W/4)`` of the window free."""
+    ctx = HarnessContext("x", "t", context_window=32768, max_output_tokens=4096)
+    assert ctx.output_limit() == 4096 and ctx.compaction_limit() == 24576
+    assert dataclasses.replace(ctx, options={"max_output_tokens": 1000}).output_limit() == 1000
+    assert dataclasses.replace(ctx, max_output_tokens=16000).compaction_limit() == 16768
+    assert ctx.compaction_limit(20000) == 12768
+    bare = HarnessContext("x", "t")
+    assert bare.output_limit() is None and bare.output_limit(8192) == 8192
+    assert bare.compaction_limit() is None
+
+
+def limits_of(name: str, spec: LaunchSpec) -> tuple:
+    """(window, output limit, compaction limit) as a harness's spec tells them."""
+    if name == "claude-code":
+        e = spec.env
+        assert e.get("CLAUDE_CODE_AUTO_COMPACT_WINDOW") == e.get("CLAUDE_CODE_MAX_CONTEXT_TOKENS")
+        window = e.get("CLAUDE_CODE_MAX_CONTEXT_TOKENS")
+        return (window and int(window), e.get("CLAUDE_CODE_MAX_OUTPUT_TOKENS"), None)
+    if name == "codex":
+        cfg = tomllib.loads(spec.files["/home/hrl/.codex/config.toml"])
+        return (cfg.get("model_context_window"), None, cfg.get("model_auto_compact_token_limit"))
+    if name == "opencode":
+        cfg = json.loads(spec.files["/home/hrl/.config/opencode/opencode.json"])
+        limit = cfg["provider"]["hrl"]["models"]["qwen-tiny"]["limit"]
+        return (limit["context"], limit["output"], None)
+    if name == "openclaw":
+        cfg = json.loads(spec.files["/home/hrl/.openclaw/hrl.json5"])
+        model = cfg["models"]["providers"]["hrl"]["models"][0]
+        return (model["contextWindow"], model["maxTokens"], None)
+    if name == "mini-swe-agent":
+        cfg = json.loads(spec.files["/home/hrl/.config/mini-swe-agent/hrl.yaml"])
+        return (None, cfg["model"]["model_kwargs"].get("max_tokens"), None)
+    a = spec.argv
+    flags = [
+        int(a[a.index(f) + 1]) if f in a else None for f in ("--max-tokens", "--compact-tokens")
+    ]
+    return (None, *flags)
+
+
+@pytest.mark.parametrize(
+    ("name", "told", "untold"),
+    [
+        ("claude-code", (32768, "4096", None), (None, None, None)),
+        ("codex", (32768, None, 24576), (None, None, None)),
+        ("opencode", (32768, 4096, None), (32768, 8192, None)),
+        ("openclaw", (32768, 4096, None), (32768, 8192, None)),
+        ("mini-swe-agent", (None, 4096, None), (None, None, None)),
+        ("reference", (None, 4096, 24576), (None, None, None)),
+    ],
+)
+def test_window_and_output_limit_reach_the_harness(
+    cache: Path, name: str, told: tuple, untold: tuple
+):
+    """Told W=32768 and O=4096, each harness gets both through its own knobs (and the HRL_*
+    variables); told nothing, it keeps its defaults."""
+    spec = prepare(name, cache, context_window=32768, max_output_tokens=4096)
+    assert limits_of(name, spec) == told
+    assert spec.env["HRL_CONTEXT_WINDOW"] == "32768"
+    assert spec.env["HRL_MAX_OUTPUT_TOKENS"] == "4096"
+    plain = prepare(name, cache)
+    assert limits_of(name, plain) == untold
+    assert "HRL_CONTEXT_WINDOW" not in plain.env and "HRL_MAX_OUTPUT_TOKENS" not in plain.env
+
+
+def test_options_override_the_runs_output_limit(cache: Path):
+    """A per-harness ``max_output_tokens`` option wins over the run's limit, everywhere."""
+    kw = {"context_window": 32768, "max_output_tokens": 4096}
+    opts = {"max_output_tokens": 12000}
+    assert limits_of("opencode", prepare("opencode", cache, options=opts, **kw))[1] == 12000
+    assert limits_of("openclaw", prepare("openclaw", cache, options=opts, **kw))[1] == 12000
+    cc = prepare("claude-code", cache, options=opts, **kw)
+    assert cc.env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "12000"
+    codex = prepare("codex", cache, options=opts, **kw)
+    assert limits_of("codex", codex)[2] == 32768 - 12000
+    ref = prepare("reference", cache, options={"max_tokens": 10000}, **kw)
+    assert limits_of("reference", ref)[1:] == (10000, 32768 - 10000)
+    ref = prepare("reference", cache, options={"compact_tokens": 0}, **kw)
+    assert limits_of("reference", ref) == (None, 4096, None)
+
+
+# ---------------------------------------------------------------------------------------------
 # Installing: lock + temporary dir + rename
 
 

@@ -9,10 +9,18 @@ import subprocess
 
 import pytest
 
+from common import metrics
 from common.bus import MemoryBus, connect
 from common.models import load_tokenizer
 from common.records import CallRecord, SamplingParams, ids_hash, unpack_ids
-from proxy.calls import BadRequest, CallRequest, ContextTooLong, ModelCaller, Unavailable
+from proxy.calls import (
+    BadRequest,
+    CallError,
+    CallRequest,
+    ContextTooLong,
+    ModelCaller,
+    Unavailable,
+)
 from proxy.parsers import HermesParser
 from proxy.recorder import Recorder
 from proxy.scripted import Reply, ScriptedEngine
@@ -139,6 +147,47 @@ async def test_engine_errors_map_to_api_errors(bus) -> None:
     assert records[1].parent_seq == 0 and records[1].prefix_len == records[1].input_len  # retry
 
 
+async def test_failed_calls_are_not_tito_misses(bus) -> None:
+    """Calls that fail (engine 503, engine 500, engine unreachable) are recorded as errors but
+    never counted by TITO nor remembered by it: the miss counter does not move, the rollout's
+    first successful call is its ``first`` and the next one a hit extending it."""
+
+    def tito(kind: str) -> float:
+        return metrics.sample_value("hrl_proxy_tito_total", {"result": kind})
+
+    before = {k: tito(k) for k in ("first", "hit", "miss")}
+    script = [
+        Reply(status=503, error="paused"),
+        "Hello.",
+        Reply(status=503, error="paused"),
+        Reply(status=500, error="boom"),
+        "Bye.",
+    ]
+    async with stack(bus, script) as (eng, caller, rec):
+        with pytest.raises(Unavailable):
+            await caller.call(CallRequest("g-3-2", START, TOOLS))
+        first = await caller.call(CallRequest("g-3-2", START, TOOLS))
+        msgs = START + [first.message, {"role": "user", "content": "again"}]
+        for err in (Unavailable, CallError):
+            with pytest.raises(err):
+                await caller.call(CallRequest("g-3-2", msgs, TOOLS))
+        await eng.stop()  # the engine goes away: connection refused
+        with pytest.raises(Unavailable):
+            await caller.call(CallRequest("g-3-2", msgs, TOOLS))
+        await eng.start()
+        last = await caller.call(CallRequest("g-3-2", msgs, TOOLS))
+        session = caller.tito.session("g-3-2")
+        await rec.flush("g-3-2")
+    assert (first.prompt.kind, last.prompt.kind) == ("first", "hit")
+    assert session.counts == {"first": 1, "hit": 1, "miss": 0} and len(session.anchors) == 4
+    assert {k: tito(k) - before[k] for k in before} == {"first": 1, "hit": 1, "miss": 0}
+    records = await bus.read_subject(bus.subjects.calls("g-3-2"), CallRecord)
+    assert [r.status for r in sorted(records, key=lambda r: r.seq)] == [
+        "error", "ok", "error", "error", "error", "ok",
+    ]  # fmt: skip
+    assert [r.tito_hit for r in records if r.status == "ok"] == [False, True]
+
+
 async def test_engine_abort_is_retryable_and_recorded_as_aborted(bus) -> None:
     """An abort nobody retried (not a weight swap) answers 503; the record says aborted."""
     async with stack(bus, [Reply(ids=[], finish="abort")], router=True) as (_, caller, rec):
@@ -234,9 +283,8 @@ async def test_loop_against_embedded_engine(embedded_engine: str, bus) -> None:
             msgs = msgs + [echo, {"role": "user", "content": f"continue {turn}"}]
         await rec.flush("g-8-1")
     for a, b in zip(replies, replies[1:], strict=False):
-        head = a.prompt.input_ids + a.result.output_ids
-        keep = len(head) - (a.result.output_ids[-1:] == [0])  # <|endoftext|> is replaced
-        assert b.prompt.input_ids[:keep] == head[:keep] and b.prompt.hit
+        head = a.prompt.input_ids + a.result.output_ids  # every sampled id is kept
+        assert b.prompt.input_ids[: len(head)] == head and b.prompt.hit
     records = await bus.read_subject(bus.subjects.calls("g-8-1"), CallRecord)
     full = rebuild(records)
     assert [full[i] for i in range(3)] == [r.prompt.input_ids for r in replies]

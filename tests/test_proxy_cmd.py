@@ -32,7 +32,8 @@ def test_config_is_documented_and_checked() -> None:
 
 
 async def test_proxy_process_serves_records_and_flushes(nats_url: str, run_name: str) -> None:
-    """Start the proxy, make a call with the OpenAI SDK, SIGTERM it: exit 0, record stored."""
+    """Start the proxy, make a call with the OpenAI SDK, SIGTERM it: exit 0, record stored,
+    carrying the harness identity the proxy was started with."""
     tok = load_tokenizer("tiny-1m")
     async with ScriptedEngine(tok, ["Hello from the engine."]) as eng:
         eng.model_path = "scripted"
@@ -41,6 +42,7 @@ async def test_proxy_process_serves_records_and_flushes(nats_url: str, run_name:
             "--nats", nats_url, "--run", run_name, "--engines", eng.url,
             "--model", "tiny-1m", "--token", "secret", "--rollout-id", "g-9-1",
             "--max-context", "4096", "--metrics-port", "-1",
+            "--harness", "opencode", "--harness-version", "0.15.2",
         ]  # fmt: skip
         proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, text=True)
         try:
@@ -67,3 +69,4 @@ async def test_proxy_process_serves_records_and_flushes(nats_url: str, run_name:
         "ok",
         4096 - record.input_len,
     )
+    assert (record.harness, record.harness_version) == ("opencode", "0.15.2")

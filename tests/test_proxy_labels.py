@@ -58,3 +58,14 @@ def test_custom_rules_and_kept_headers() -> None:
     assert label_call([{"role": "system", "content": "quota check"}], None, {}, rules)[0] == "aux"
     headers = {"X-Claude-Code-Session-Id": "s", "Authorization": "Bearer t"}
     assert kept_headers(headers) == {"x-claude-code-session-id": "s"}
+
+
+def test_summariser_system_prompts_are_compaction() -> None:
+    """opencode's and OpenClaw's compaction requests: tool-less, a summariser system prompt."""
+    for system in (
+        "You are a context summarization agent. Summarize the conversation ...",
+        "You are a helpful context summarization assistant.",
+    ):
+        msgs = [{"role": "system", "content": system}, {"role": "user", "content": "..."}]
+        assert label_call(msgs, None, {})[0] == "compaction"
+        assert label_call(msgs, TOOLS, {})[0] == "main"  # with tools: an agent turn

@@ -6,9 +6,19 @@ import asyncio
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from common.bus import Bus, MemoryBus, PayloadTooLarge, connect
-from common.records import CallRecord, SamplingParams, ids_hash, unpack_f32, unpack_ids
+from common.records import (
+    CallRecord,
+    RolloutResult,
+    SamplingParams,
+    ids_hash,
+    unpack_f32,
+    unpack_ids,
+)
+from common.tree import assemble_detailed
 from proxy.recorder import Recorder, RecorderFull, RecordLost, longest_prefix
 from proxy.sglang import GenerateResult
 
@@ -55,6 +65,9 @@ def test_longest_prefix_prefers_longest_then_earliest() -> None:
     assert longest_prefix(np.array([1, 2]), earlier) == (0, 2)
     assert longest_prefix(np.array([8]), earlier) == (-1, 0)
     assert longest_prefix(np.array([], dtype=np.int32), earlier) == (-1, 0)
+    assert longest_prefix(np.array([1, 2, 3, 4, 5, 6]), earlier, below=1) == (0, 3)
+    assert longest_prefix(np.array([1, 2, 3, 4, 5, 6]), earlier, hint=1, below=1) == (0, 3)
+    assert longest_prefix(np.array([1, 2]), earlier, below=0) == (-1, 0)
 
 
 async def test_records_are_deltas_that_rebuild_exactly(bus: Bus) -> None:
@@ -104,6 +117,100 @@ async def test_seq_is_arrival_order_and_errors_are_recorded(bus: Bus) -> None:
     stored = await bus.read_subject(bus.subjects.calls("g-2-1"), CallRecord)
     assert [(r.seq, r.status) for r in stored] == [(1, "ok"), (0, "error")]
     assert stored[1].error == "engine unavailable" and stored[1].output_ids == b""
+    assert stored[1].parent_seq == -1  # call 1 finished first but arrived later: never a parent
+    rebuild(sorted(stored, key=lambda r: r.seq))
+
+
+def rollout_result(rid: str, n_calls: int) -> RolloutResult:
+    group, k, attempt = rid.rsplit("-", 2)
+    return RolloutResult(
+        rollout_id=rid, task_id="t", group_id=group, k=int(k), attempt=int(attempt),
+        n_calls=n_calls, reward=1.0,
+    )  # fmt: skip
+
+
+async def test_overlapping_calls_assemble_into_a_sample(bus: Bus) -> None:
+    """opencode: its background title request (seq 0) finishes after the main call (seq 1)
+    that shares its system prompt. The title's delta parent is never the later call, so the
+    rollout assembles into a sample (not a ``bad_delta`` tombstone) that keeps the main call."""
+    rid = "g-2-2"
+    system = [7, 7, 7, 7]
+    async with Recorder(bus) as rec:
+        title, main = rec.begin(rid), rec.begin(rid)
+        r_main = rec.record(main, system + [1, 2], result([3, 4, 2]))
+        r_title = rec.record(title, system + [9], result([5, 2]), label="aux")
+        nxt = rec.begin(rid)  # the harness continues the main conversation
+        r_next = rec.record(nxt, system + [1, 2, 3, 4, 2, 6], result([8, 2]))
+        await rec.flush(rid)
+    assert (r_title.parent_seq, r_main.parent_seq) == (-1, -1)
+    assert (r_next.parent_seq, r_next.prefix_len) == (1, 9)
+    stored = await bus.read_subject(bus.subjects.calls(rid), CallRecord)
+    done = assemble_detailed(stored, rollout_result(rid, 3))
+    assert not done.sample.is_tombstone, done.sample.dropped_reason
+    assert done.retained == (1, 2) and done.sample.counters.n_leaves == 1
+
+
+@st.composite
+def overlapping_calls(draw) -> tuple[list[list[int]], list[int], list[int]]:
+    """N inputs of one rollout, each extending an earlier one's input+output, a fork of it, or
+    a fresh start; their outputs; and the order the calls finish in (arrival order is seq)."""
+    n = draw(st.integers(1, 7))
+    token = st.integers(3, 40)
+    inputs: list[list[int]] = []
+    outputs: list[list[int]] = []
+    for i in range(n):
+        how = draw(st.sampled_from(["fresh", "extend", "fork"])) if i else "fresh"
+        if how == "fresh":
+            ids = draw(st.lists(token, min_size=1, max_size=6))
+        else:
+            j = draw(st.integers(0, i - 1))
+            base = inputs[j] + (outputs[j] if how == "extend" else [])
+            cut = draw(st.integers(1, len(base)))
+            ids = base[:cut] + draw(st.lists(token, max_size=4))
+        inputs.append(ids)
+        outputs.append(draw(st.lists(token, min_size=1, max_size=4)) + [2])
+    order = draw(st.permutations(range(n)))
+    return inputs, outputs, list(order)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(overlapping_calls())
+def test_any_completion_order_assembles_exactly(calls) -> None:
+    """N calls of one rollout (some sharing prefixes) admitted in seq order and finishing in any
+    order: every delta names an earlier call, every full input rebuilds to exactly what was
+    sent, and the rollout assembles into a sample (never ``bad_delta``)."""
+    inputs, outputs, order = calls
+    rid = "g-3-2"
+    rec = Recorder(MemoryBus("prop"))  # record() only queues: no publisher needed
+    tickets = [rec.begin(rid) for _ in inputs]
+    records = [rec.record(tickets[i], inputs[i], result(outputs[i]), label="main") for i in order]
+    for r in records:
+        assert r.parent_seq < r.seq
+    records.sort(key=lambda r: r.seq)
+    full = rebuild(records)
+    assert [full[i] for i in range(len(inputs))] == inputs
+    done = assemble_detailed(records, rollout_result(rid, len(inputs)))
+    assert not done.sample.is_tombstone, done.sample.dropped_reason
+    assert done.sample.counters.n_calls == len(inputs)
+
+
+async def test_registered_harness_is_on_every_record(bus: Bus) -> None:
+    """``register`` sets the harness identity of a rollout's records until ``forget``."""
+    async with Recorder(bus) as rec:
+        rec.register("g-9-1", "opencode", "0.15.2")
+        a = rec.record(rec.begin("g-9-1"), [1], result([2]))
+        b = rec.record(rec.begin("g-9-1"), [1, 2, 5], None, status="error", error="down")
+        other = rec.record(rec.begin("g-9-2"), [1], result([2]))
+        await rec.flush()
+        rec.forget("g-9-1")
+        assert "g-9-1" not in rec.rollouts  # the identity goes with the rollout's state
+    assert [(r.harness, r.harness_version) for r in (a, b)] == [("opencode", "0.15.2")] * 2
+    assert (other.harness, other.harness_version) == ("", "")
+    stored = await bus.read_subject(bus.subjects.calls("g-9-1"), CallRecord)
+    assert [(r.seq, r.harness, r.harness_version) for r in stored] == [
+        (0, "opencode", "0.15.2"),
+        (1, "opencode", "0.15.2"),
+    ]
 
 
 async def test_flush_waits_for_calls_in_flight(bus: Bus) -> None:

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from common import metrics
 from common.models import CHAT_TEMPLATE, load_tokenizer
 from proxy.parsers import HermesParser
 from proxy.tito import ChatRenderer, Tito, TitoSession, canonical_json, normalize_messages
@@ -126,15 +127,42 @@ def test_hazard_output_cut_by_length_is_closed_like_the_template() -> None:
     assert p1.input_ids[n : n + 2] == [IM_END, *enc("\n")]
 
 
-def test_hazard_other_stop_token_is_replaced_by_turn_end() -> None:
-    """Stopped on <|endoftext|>: the template would have written <|im_end|>\\n instead."""
+def test_hazard_other_stop_token_is_kept_then_turn_end() -> None:
+    """Stopped on <|endoftext|> (a stop id the template does not write): the sampled token is
+    kept (never altered or dropped) and the template's whole turn end (<|im_end|>\\n) follows,
+    so the next input extends input+output; only that token differs from a full render."""
     s = TitoSession(R)
     out = enc("Done.") + [EOT]
     p0, reply = call(s, 0, START, out)
+    assert reply["content"] == "Done."
     msgs = START + [reply, {"role": "user", "content": "ok"}]
     p1 = s.prepare(msgs, TOOLS)
-    assert p1.hit and p1.reused == len(p0.input_ids) + len(out) - 1
-    assert p1.input_ids == full_ids(msgs)
+    n = len(p0.input_ids) + len(out)
+    assert p1.hit and not p1.false_fork and p1.reused == n
+    assert p1.input_ids[:n] == p0.input_ids + out
+    assert p1.input_ids[n : n + 2] == [IM_END, *enc("\n")]
+    assert p1.input_ids[: n - 1] + p1.input_ids[n:] == full_ids(msgs)
+
+
+@pytest.mark.parametrize("end", ["im_end", "endoftext", "length"])
+def test_every_turn_end_extends_input_and_output(end: str) -> None:
+    """Over a few turns ending each way, every call's ids start with the previous call's
+    input + output exactly, followed by exactly what the template writes to close the turn."""
+    s = TitoSession(R)
+    msgs, prev = list(START), None
+    for seq in range(4):
+        p = s.prepare(msgs, TOOLS)
+        if prev is not None:
+            head, closing = prev
+            assert p.hit and not p.false_fork and p.input_ids[: len(head)] == head
+            assert p.input_ids[len(head) : len(head) + len(closing)] == closing
+        text = enc(f"Answer number {seq}.")
+        out = {"im_end": text + [IM_END], "endoftext": text + [EOT], "length": text}[end]
+        reply = P.parse(R.decode(out)).message()
+        s.commit(seq, p, out, reply)
+        prev = (p.input_ids + out, enc("\n") if end == "im_end" else [IM_END, *enc("\n")])
+        msgs = msgs + [reply, {"role": "user", "content": f"go on {seq}"}]
+    assert s.counts == {"first": 1, "hit": 3, "miss": 0} and s.false_forks == 0
 
 
 def test_hazard_consecutive_tool_results_form_one_turn() -> None:
@@ -231,9 +259,53 @@ def test_changed_reasoning_or_content_is_a_miss() -> None:
     assert p1.kind == "miss" and p1.input_ids == full_ids(
         START + [other, {"role": "user", "content": "x"}]
     )
+    s.commit(1, p1)
     edited = dict(reply, content="Sure!")
-    assert s.prepare(START + [edited, {"role": "user", "content": "x"}], TOOLS).kind == "miss"
-    assert s.counts == {"first": 1, "miss": 2, "hit": 0}
+    p2 = s.prepare(START + [edited, {"role": "user", "content": "x"}], TOOLS)
+    assert p2.kind == "miss" and not p2.false_fork  # a real fork: the meaning changed
+    s.commit(2, p2)
+    assert s.counts == {"first": 1, "miss": 2, "hit": 0} and s.false_forks == 0
+
+
+def test_prepare_counts_nothing_failed_calls_leave_no_trace() -> None:
+    """Only committed (successful) calls count: prompts prepared for calls that then failed
+    (engine down, error) are neither misses nor anchors, and when every earlier call failed
+    the next one is still the rollout's first."""
+    s = TitoSession(R)
+    before = metrics.sample_value("hrl_proxy_tito_total", {"result": "miss"})
+    assert s.prepare(START, TOOLS).kind == "first"  # failed: never committed
+    p = s.prepare(START, TOOLS)  # the harness retries
+    assert p.kind == "first" and s.counts == {"first": 0, "miss": 0, "hit": 0}
+    out = out_text("Hi.")
+    reply = P.parse(R.decode(out)).message()
+    s.commit(1, p, out, reply)
+    msgs = START + [reply, {"role": "user", "content": "x"}]
+    for _ in range(3):  # three failed attempts of the next call
+        assert s.prepare(msgs, TOOLS).kind == "hit"
+    assert s.counts == {"first": 1, "miss": 0, "hit": 0} and len(s.anchors) == 2
+    assert metrics.sample_value("hrl_proxy_tito_total", {"result": "miss"}) == before
+
+
+def test_hit_is_never_a_false_fork() -> None:
+    """Call 1 re-rendered call 0's reply (the harness changed its reasoning): a real fork.
+    Call 2 sends call 0's reply again without reasoning; the longest anchor is call 1's request,
+    whose ids do not extend call 0's input+output: a false fork, counted, never a hit."""
+    s = TitoSession(R)
+    forks = metrics.sample_value("hrl_proxy_false_forks_total")
+    out = out_text("<think>\nA\n</think>\n\nSure.")
+    p0, reply = call(s, 0, START, out)
+    edited = START + [dict(reply, reasoning_content="B"), {"role": "user", "content": "x"}]
+    p1 = s.prepare(edited, TOOLS)
+    assert p1.kind == "miss" and not p1.false_fork
+    s.commit(1, p1)
+    dropped = START + [{"role": "assistant", "content": "Sure."}, {"role": "user", "content": "x"}]
+    p2 = s.prepare(dropped, TOOLS)
+    assert (p2.anchor_seq, p2.anchor_kind) == (1, "request")
+    assert p2.input_ids[: len(p0.input_ids) + len(out)] != p0.input_ids + out
+    assert p2.false_fork and p2.kind == "miss" and not p2.hit
+    s.commit(2, p2)
+    assert s.false_forks == 1 and s.counts["miss"] == 2
+    assert metrics.sample_value("hrl_proxy_false_forks_total") == forks + 1
 
 
 def test_changed_tools_is_a_miss() -> None:
@@ -252,7 +324,7 @@ def test_retry_of_same_request_reuses_its_input() -> None:
     _, reply = call(s, 0, START, out_text("Hi."))
     msgs = START + [reply, {"role": "user", "content": "x"}]
     p1 = s.prepare(msgs, TOOLS)
-    s.commit(1, p1)  # failed: no reply
+    s.commit(1, p1)  # answered without a reply the harness kept: it sends the request again
     p2 = s.prepare(msgs, TOOLS)
     assert (p2.anchor_seq, p2.anchor_kind, p2.input_ids) == (1, "request", p1.input_ids)
 

@@ -191,3 +191,78 @@ async def test_unknown_task_is_a_bad_request(nats_url, run_name, bwrap):
     assert res.status == "harness_error" and "nope" in report.bad_request
     assert res2.status == "harness_error" and "changed" in changed.bad_request
     assert sandbox_dirs(bwrap) == []
+
+
+QUICK_RETRIES = {"reference": {"retries": 1, "retry_base": 0.05}}
+"""The reference agent retries a failed call once, at once (its default waits ~30 s)."""
+
+
+async def test_engine_failing_every_call_is_engine_error(nats_url, run_name, bwrap):
+    """An engine that fails every call (HTTP 500): the harness gives up after calling the model,
+    which is no model failure but an engine_error with its reason and cause, never verified,
+    and a tombstone downstream. The records carry the harness identity of the result."""
+    script = lambda ids, body: Reply(status=500, error="engine on fire")  # noqa: E731
+    opts = dict(script=script, harness_options=QUICK_RETRIES)
+    async with rollout_env(nats_url, run_name, bwrap, **opts) as (deps, eng, bus):
+        report = RolloutReport()
+        res = await run_rollout(request("reference"), 1, deps, report=report)
+        calls = await bus.read_subject(bus.subjects.calls(res.rollout_id), CallRecord)
+    assert (res.status, res.reason, res.n_calls, len(eng.requests)) == (
+        "engine_error",
+        "engine_failed",
+        2,
+        2,
+    )
+    assert res.error.startswith("2 of 2 model calls failed: engine http://")
+    assert eng.url in res.error and "engine on fire" in res.error
+    assert report.harness_exit not in (None, 0) and "verify" not in res.durations
+    assert res.harness_version and res.reward == 0.0
+    assert {(c.status, c.harness, c.harness_version) for c in calls} == {
+        ("error", "reference", res.harness_version)
+    }
+    assert assemble(calls, res).dropped_reason == "rollout_engine_error"
+    assert sandbox_dirs(bwrap) == []
+
+
+async def test_transient_engine_failure_is_scored(nats_url, run_name, bwrap):
+    """A failed call followed by calls that generate is scored as usual."""
+    solver, first = toy_solver(), []
+
+    def script(ids, body):
+        if not first:
+            first.append(1)
+            return Reply(status=500)
+        return solver(ids, body)
+
+    opts = dict(script=script, harness_options=QUICK_RETRIES)
+    async with rollout_env(nats_url, run_name, bwrap, **opts) as (deps, _, _):
+        res = await run_rollout(request("reference"), 1, deps)
+    assert (res.status, res.reason, res.reward, res.n_calls) == ("ok", "", 1.0, 3)
+
+
+async def test_engine_refusing_the_request_is_the_models_failure(nats_url, run_name, bwrap):
+    """A 400 (the request can never succeed) is no infrastructure failure: the harness that
+    stops on it is scored."""
+    script = lambda ids, body: Reply(status=400, error="prompt too long")  # noqa: E731
+    async with rollout_env(nats_url, run_name, bwrap, script=script) as (deps, _, _):
+        res = await run_rollout(request("reference"), 1, deps)
+    assert (res.status, res.reason, res.n_calls) == ("ok", "", 1) and res.reward < 1.0
+
+
+async def test_failed_statuses_carry_their_reason(nats_url, run_name, bwrap):
+    """Every failure names its reason: the metric's label, in the result."""
+    async with rollout_env(nats_url, run_name, bwrap) as (deps, _, _):
+        missing = await run_rollout(request(cmd="true", task_id="nope"), 1, deps)
+        unknown = await run_rollout(request("nope-harness"), 1, deps)
+        no_cmd = await run_rollout(request(cmd=""), 1, deps)
+        exit127 = await run_rollout(request(cmd="no-such-harness-xyz"), 1, deps)
+        slow = await run_rollout(request(cmd="sleep 4244", timeout_s=1.0), 1, deps)
+    got = [(r.status, r.reason) for r in (missing, unknown, no_cmd, exit127, slow)]
+    assert got == [
+        ("harness_error", "task_not_found"),
+        ("harness_error", "unknown_harness"),
+        ("harness_error", "no_command"),
+        ("harness_error", "harness_exit"),
+        ("timeout", "timeout"),
+    ]
+    assert (exit127.harness_version, slow.harness_version) == ("", "")

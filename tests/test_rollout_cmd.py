@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import socket
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from actors import rollout_cmd
 from actors.config import RolloutConfig
@@ -16,6 +20,11 @@ from proxy.scripted import ScriptedEngine
 from tests.test_rollout import TASK, TOK, toy_solver
 
 REPO = Path(__file__).resolve().parents[1]
+ENTRY = (
+    ["-m", "common.cli", "rollout"]
+    if cli.COMMANDS["rollout"].module
+    else ["-m", "actors.rollout_cmd"]
+)
 TREE_KEYS = {"n_calls", "n_leaves", "dropped", "unique_tokens", "expanded_tokens", "model_tokens"}
 
 
@@ -30,11 +39,7 @@ def parse(argv: list[str]) -> tuple[RolloutConfig, argparse.Namespace]:
 async def test_json_output_of_a_reference_rollout(sandbox_root: Path, tmp_path: Path):
     """As a process with an embedded nats-server: one JSON object with the score, the calls
     and the assembled tree's counters; the kept workspace holds the answer."""
-    entry = (
-        ["-m", "common.cli", "rollout"]
-        if cli.COMMANDS["rollout"].module
-        else ["-m", "actors.rollout_cmd"]
-    )
+    entry = ENTRY
     async with ScriptedEngine(TOK, toy_solver()) as eng:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -63,6 +68,8 @@ async def test_json_output_of_a_reference_rollout(sandbox_root: Path, tmp_path: 
     assert proc.returncode == 0, err.decode()[-3000:]
     report = json.loads(out.decode().strip().splitlines()[-1])
     assert (report["status"], report["reward"], report["n_calls"]) == ("ok", 1.0, 2)
+    assert (report["reason"], report["harness"]) == ("", "reference")
+    assert report["harness_version"]  # the reference agent ships with harnessrl: its version
     assert report["metrics"] == {"written": 1.0, "correct": 1.0}
     assert set(report["tree"]) >= TREE_KEYS
     tree = report["tree"]
@@ -109,3 +116,69 @@ def test_config_documented_and_bad_arguments():
     assert rollout_cmd.main(cfg, args) == 2
     cfg, args = parse([])
     assert rollout_cmd.main(cfg, args) == 2
+
+
+async def run_cli(*argv: str, timeout: float = 120) -> tuple[int, str, str, float]:
+    """``harnessrl rollout ARGV`` as a process: (exit status, stdout, stderr, seconds)."""
+    t0 = time.monotonic()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *ENTRY,
+        *argv,
+        cwd=REPO,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    return proc.returncode, out.decode(), err.decode(), time.monotonic() - t0
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--suite", "toy", "--task", "concat_dir_1"], ["'concat_dir_1'", "concat_dir_01"]),
+        (["--suite", "toy", "--task", "copy_01", "--harness", "claude"], ["'claude'", "codex"]),
+        (["--suite", "no-such-suite", "--task", "copy_01"], ["'no-such-suite'", "toy"]),
+        (["--suite", "toy", "--task", "copy_01", "--harness", "command"], ["--harness-cmd"]),
+    ],
+)
+async def test_bad_arguments_exit_2_at_once(argv: list[str], says: list[str], tmp_path: Path):
+    """An unknown task, suite or harness is refused with exit 2 and one line naming it and
+    what exists, before any nats-server, engine check, sandbox or proxy (the engine here is
+    a port nobody listens on: checking it alone would take seconds)."""
+    engine = ["--engine", "http://127.0.0.1:9", "--sandbox-root", str(tmp_path / "sb")]
+    rc, out, err, seconds = await run_cli(*argv, *engine)
+    assert (rc, out) == (2, ""), err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("harnessrl rollout: ")
+    assert all(s in err for s in says), err
+    assert seconds < 3.0
+    assert not (tmp_path / "sb").exists()
+
+
+async def test_dead_engine_is_refused_at_once(tmp_path: Path, sandbox_root: Path):
+    """An engine nobody listens on: refused before any sandbox starts, as an engine_error
+    (reason engine_unreachable) naming the URL, exit 1, in seconds rather than after the
+    harness retried every call (the in-rollout path is tested in test_rollout.py)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    rc, out, err, seconds = await run_cli(
+        *("--suite", "toy", "--task", "copy_01", "--harness", "reference", "--engine", dead),
+        *("--model", "tiny-1m", "--sandbox-root", str(sandbox_root), "--json"),
+    )
+    assert (rc, out) == (1, ""), err[-3000:]
+    (line,) = err.strip().splitlines()
+    assert line.startswith("harnessrl rollout: engine_error (engine_unreachable): ")
+    assert dead in line
+    assert seconds < 10.0
+    assert not sandbox_root.exists() or not any(sandbox_root.iterdir())
+
+
+def test_help_documents_exit_status(capsys):
+    """``--help`` says what each exit status means, as the module docstring does."""
+    with pytest.raises(SystemExit):
+        cli.main(["rollout", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for part in ("0 the rollout was scored", "1 an infrastructure failure", "2 bad arguments"):
+        assert part in text
+    assert "Exit status" in rollout_cmd.__doc__ and "2 bad arguments" in rollout_cmd.__doc__

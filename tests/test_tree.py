@@ -295,6 +295,23 @@ def test_partial_reuse_is_a_fork() -> None:
     ]
 
 
+def test_false_forks_and_tito_misses_are_counted_apart() -> None:
+    """A call that rewrites part of its parent's sampled output is a false fork (not a miss);
+    a failed call is neither a miss nor the first call; a linear chain has neither."""
+    partial = [Spec(X, A + [5, 5]), Spec(X + A + E, B)]
+    c = assemble(make_calls(partial, mode="lcp"), result_for(2)).counters
+    assert (c.false_forks, c.tito_misses, c.n_leaves) == (1, 0, 2)
+    linear = [Spec(X, A), Spec(X + A + E, B), Spec(X + A + E + B + E, C)]
+    c = assemble(make_calls(linear), result_for(3)).counters
+    assert (c.false_forks, c.tito_misses, c.n_leaves) == (0, 0, 1)
+    failed_first = [Spec(X, [], status="error", tito=False), Spec(X, A, tito=False)]
+    failed_first += [Spec(X + A + E, B, tito=False)]
+    c = assemble(make_calls(failed_first), result_for(3)).counters
+    assert (c.false_forks, c.tito_misses) == (0, 1)  # only the third call re-rendered
+    retry = [Spec(X, A), Spec(X, B)]  # same prompt sampled again: a real fork
+    assert assemble(make_calls(retry), result_for(2)).counters.false_forks == 0
+
+
 def test_continuation_credits_earliest_generator() -> None:
     """A later call prefilled with part of an earlier reply: shared tokens keep the first call's
     log-probs; only the new tail belongs to the continuation."""

@@ -92,7 +92,14 @@ class HarnessContext:
     timeout_s: float = 1800.0
     """Wall-clock limit for the whole harness run (enforced by the sandbox)."""
     context_window: int | None = None
-    """Context size to tell the harness (its compaction threshold follows); ``None``: default."""
+    """The engine's real context window in tokens (prompt + reply), told to the harness as its
+    model's window, so that it compacts as it would against a real deployment of that size
+    (see the table in ``actors.harnesses``); ``None``: the harness's own default."""
+    max_output_tokens: int | None = None
+    """The run's per-call output limit (its ``max_new_tokens``), told to the harness as its
+    model's output limit: what it requests as ``max_tokens`` and reserves from the window for
+    a reply; ``None``: the harness's own default (Claude Code's is 32,000 for a model it does
+    not know, which against a 32k window makes it compact from its second call on)."""
     cache_dir: Path = field(default_factory=default_cache_dir)
     """Host folder holding installs (``<cache_dir>/<name>``)."""
     env: dict[str, str] = field(default_factory=dict)
@@ -108,6 +115,25 @@ class HarnessContext:
     def in_home(self, rel: str) -> str:
         """An absolute path inside the sandbox's home."""
         return posixpath.join(self.home, rel)
+
+    def output_limit(self, default: int | None = None) -> int | None:
+        """The output limit to tell the harness: ``options["max_output_tokens"]`` when given
+        (an explicit per-harness override), else ``max_output_tokens``, else ``default``."""
+        value = self.options.get("max_output_tokens", self.max_output_tokens)
+        return default if value is None else int(value)
+
+    def compaction_limit(self, output: int | None = None) -> int | None:
+        """Where an adapter that sets the compaction threshold itself (Codex, reference) puts
+        it: ``W - max(O, W // 4)`` for window ``W`` and output limit ``O``, so the input that
+        triggers compaction still leaves room for a full reply *and* the tool results that
+        arrive before the harness checks again (both check only after a reply). That is 3/4 of
+        the window unless the output limit is larger than a quarter of it; ``None`` without a
+        window. ``output`` replaces ``output_limit()`` (an adapter's own option)."""
+        if not self.context_window:
+            return None
+        window = self.context_window
+        out = self.output_limit() if output is None else output
+        return window - max(out or 0, window // 4)
 
 
 @dataclass(slots=True)
@@ -190,7 +216,8 @@ class HarnessAdapter:
         raise NotImplementedError
 
     def base_env(self, ctx: HarnessContext) -> dict[str, str]:
-        """Variables every harness gets: HOME, the task in HRL_* form, no colours, no pager."""
+        """Variables every harness gets: HOME, the task in HRL_* form (with
+        ``HRL_CONTEXT_WINDOW``/``HRL_MAX_OUTPUT_TOKENS`` when known), no colours, no pager."""
         env = {
             "HOME": ctx.home,
             "HRL_MODEL": ctx.model,
@@ -203,6 +230,10 @@ class HarnessAdapter:
         }
         if ctx.max_turns is not None:
             env["HRL_MAX_TURNS"] = str(ctx.max_turns)
+        if ctx.context_window:
+            env["HRL_CONTEXT_WINDOW"] = str(ctx.context_window)
+        if ctx.output_limit() is not None:
+            env["HRL_MAX_OUTPUT_TOKENS"] = str(ctx.output_limit())
         return env
 
     def finish(self, ctx: HarnessContext, spec: LaunchSpec) -> LaunchSpec:

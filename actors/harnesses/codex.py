@@ -25,12 +25,28 @@ Launch (task on stdin via ``-``)::
         --color never [--json] -C <ws> -   < instruction
     env: HOME=<home> CODEX_HOME=<home>/.codex HRL_API_KEY=<token>
 
-``context_window`` sets ``model_context_window`` and ``model_auto_compact_token_limit``
-(3/4 of it). Codex has no turn limit: only the sandbox's wall clock bounds it (and it has no
-guard against compaction loops, so the proxy must never report inflated usage).
+Context window and output limit (measured with codex-cli 0.171.0):
+
+* ``model_context_window = W`` (``ctx.context_window``);
+* ``model_auto_compact_token_limit = W - max(O, W // 4)`` (``ctx.compaction_limit()``; O is
+  ``ctx.output_limit()``): 24,576 (3/4) for W=32,768 and O=4,096. Codex compacts once the last
+  reply's reported input + output, plus an estimate of the items since, reaches the limit, but
+  it checks only after a reply: the next request goes out with the new tool output unchecked
+  (measured: a limit of W - O = 28,672 let a 30,021-token request through, leaving 2.7k for
+  the reply). The quarter of the window kept free covers a reply and a turn's tool output.
+* Output: Codex sends no ``max_output_tokens`` and has no setting for it; its replies are cut
+  by the run's ``max_new_tokens`` alone, and a cut reply (``status: incomplete``) fails the
+  turn ("Incomplete response returned, reason: max_output_tokens": ``codex exec`` exits 1).
+* Its own prompt is ~12.5k tokens, so against a 32k window about 12k of work fits between
+  compactions.
+
+Codex has no turn limit: only the sandbox's wall clock bounds it (and it has no guard against
+compaction loops, so the proxy must never report inflated usage).
 
 Options: ``json`` (bool, default True: JSONL events on stdout), ``request_max_retries``,
-``stream_max_retries``, ``extra_args`` (list), ``config`` (dict of extra top-level keys).
+``stream_max_retries``, ``max_output_tokens`` (overrides ``ctx.max_output_tokens`` in the
+compaction limit), ``extra_args`` (list), ``config`` (dict of extra top-level keys, applied
+last: ``model_auto_compact_token_limit`` there wins).
 
 API: OpenAI Responses ``POST /v1/responses``, always streaming. Call labels: sub-agents carry
 ``x-openai-subagent`` (and ``x-codex-parent-thread-id``); compaction is a request without tools
@@ -89,7 +105,7 @@ class CodexAdapter(NpmAdapter):
         }
         if ctx.context_window:
             top["model_context_window"] = ctx.context_window
-            top["model_auto_compact_token_limit"] = ctx.context_window * 3 // 4
+            top["model_auto_compact_token_limit"] = ctx.compaction_limit()
         top |= ctx.options.get("config", {})
         provider: dict[str, Any] = {
             "name": "harnessrl",

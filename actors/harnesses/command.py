@@ -7,6 +7,7 @@ proxy's URLs and the rollout's token in the variables every SDK and most CLIs re
     OPENAI_BASE_URL=<proxy>/v1   OPENAI_API_KEY=<token>   OPENAI_MODEL=<model>
     ANTHROPIC_BASE_URL=<proxy>   ANTHROPIC_API_KEY=<token>
     HRL_MODEL=<model>  HRL_WORKSPACE=<ws>  HRL_PROXY_URL=<proxy>  [HRL_MAX_TURNS=N]
+    [HRL_CONTEXT_WINDOW=W]  [HRL_MAX_OUTPUT_TOKENS=O]   (the engine's window, the run's limit)
     HRL_INSTRUCTION=<the task text>  HRL_INSTRUCTION_FILE=<home>/.hrl/instruction.md
     HOME=<home>
 

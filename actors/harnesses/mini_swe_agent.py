@@ -7,7 +7,8 @@ Files: ``<home>/.config/mini-swe-agent/hrl.yaml`` (JSON, which YAML reads) holdi
 endpoint and key, the step limit and the working directory — so the token never appears on a
 command line::
 
-    {"model": {"model_kwargs": {"api_base": "<proxy>/v1", "api_key": "<token>"}},
+    {"model": {"model_kwargs": {"api_base": "<proxy>/v1", "api_key": "<token>",
+                                "max_tokens": O}},
      "agent": {"step_limit": N, "cost_limit": 0},
      "environment": {"cwd": "<ws>", "timeout": S}}
 
@@ -23,7 +24,13 @@ Launch::
 One ``bash`` tool; the run ends when the model runs ``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``.
 ``LITELLM_LOCAL_MODEL_COST_MAP`` stops litellm fetching its price list from the internet.
 
-Options: ``command_timeout`` (seconds per bash command), ``config`` (extra ``-c`` entries).
+Context window and output limit: ``max_tokens`` is ``ctx.output_limit()`` (left out when
+unknown), sent with every request. mini-swe-agent keeps no count of its context and never
+compacts, so ``ctx.context_window`` is not told to it: a prompt past the window gets the
+proxy's 400 ``context_length_exceeded``, which ends the run.
+
+Options: ``command_timeout`` (seconds per bash command), ``max_output_tokens`` (overrides
+``ctx.max_output_tokens``), ``config`` (extra ``-c`` entries).
 
 API: OpenAI chat completions, never streaming. No sub-agents, no compaction: every call is main.
 """
@@ -53,8 +60,11 @@ class MiniSweAgentAdapter(PipVenvAdapter):
         environment: dict = {"cwd": ctx.workspace}
         if ctx.options.get("command_timeout") is not None:
             environment["timeout"] = int(ctx.options["command_timeout"])
+        model_kwargs: dict = {"api_base": ctx.openai_base_url, "api_key": ctx.token}
+        if (out := ctx.output_limit()) is not None:
+            model_kwargs["max_tokens"] = out
         config = {
-            "model": {"model_kwargs": {"api_base": ctx.openai_base_url, "api_key": ctx.token}},
+            "model": {"model_kwargs": model_kwargs},
             "agent": agent,
             "environment": environment,
         }

@@ -21,9 +21,20 @@ Launch (task on stdin)::
         --timeout <s> --json --message-file -   < instruction
     env: HOME=<home> OPENCLAW_NO_AUTO_UPDATE=1 OPENCLAW_DISABLE_BONJOUR=1 OPENCLAW_OFFLINE=1
 
-Exit 0 ok, 1 error, 2 timeout; ~5 s start-up. Options: ``api``, ``max_output_tokens`` (default
-8192), ``extra_args``. OpenClaw retries 5xx 8 times and rewrites tool-call ids on replay
-(``call_abc`` → ``callabc``): never match its history by id alone.
+Context window and output limit: ``contextWindow`` is ``ctx.context_window`` (32768 when
+unknown) and ``maxTokens`` is ``ctx.output_limit()`` (8192 when unknown), sent as
+``max_completion_tokens`` (its compaction requests ask for 2048). Measured (2026.9.6, W=32,768,
+O=4,096): ``agent exec`` never compacts on its threshold (``contextWindow`` less a reserve of
+20,000 capped at a quarter of the window: 24,576), which it checks only when a prompt ends; it
+runs until the proxy refuses a prompt past the window (400 ``context_length_exceeded``: at
+34,395 tokens, after calls of up to 31,538), then compacts (a tool-less request whose system
+prompt begins "You are a context summarization assistant") and retries with ~20k of recent
+history kept. Its first prompt alone is ~11.5k tokens.
+
+Exit 0 ok, 1 error, 2 timeout; ~5 s start-up. Options: ``api``, ``max_output_tokens``
+(overrides ``ctx.max_output_tokens``), ``extra_args``. OpenClaw retries 5xx 8 times and
+rewrites tool-call ids on replay (``call_abc`` → ``callabc``): never match its history by id
+alone.
 """
 
 from __future__ import annotations
@@ -59,7 +70,7 @@ class OpenclawAdapter(NpmAdapter):
             "id": ctx.model,
             "name": ctx.model,
             "contextWindow": ctx.context_window or 32768,
-            "maxTokens": int(ctx.options.get("max_output_tokens", 8192)),
+            "maxTokens": ctx.output_limit(8192),
         }
         provider = {"baseUrl": base, "apiKey": ctx.token, "api": _OPENCLAW_API[api]}
         return {

@@ -20,8 +20,16 @@ Launch::
     env: HOME=<home> OPENCODE_CONFIG=<file> OPENCODE_DISABLE_MODELS_FETCH=1
          OPENCODE_DISABLE_AUTOUPDATE=1 OPENCODE_DISABLE_LSP_DOWNLOAD=1
 
-Options: ``format`` (``json`` default, or ``default``), ``max_output_tokens`` (default 8192),
-``extra_args`` (list), ``config`` (dict merged into the top level).
+Context window and output limit: ``limit.context`` is ``ctx.context_window`` (32768 when
+unknown) and ``limit.output`` is ``ctx.output_limit()`` (8192 when unknown), sent as
+``max_tokens`` (capped at 32,000 by opencode). opencode compacts once the last reply's reported
+input + output reaches ``context - output``: 28,672 for 32,768 and 4,096. It checks after a
+reply, so the call before its compaction may pass that (measured with 1.18.33: 29,475 tokens,
+leaving 3.3k of the window for the reply). Its compaction request is tool-less, with a system
+prompt beginning "You are a context summarization agent" (the proxy labels it ``main`` today).
+
+Options: ``format`` (``json`` default, or ``default``), ``max_output_tokens`` (overrides
+``ctx.max_output_tokens``), ``extra_args`` (list), ``config`` (dict merged into the top level).
 
 API: OpenAI chat completions, streaming with ``include_usage``. Call labels: a concurrent
 title-generation request is an ``aux`` call.
@@ -58,7 +66,7 @@ class OpencodeAdapter(NpmAdapter):
     def config(self, ctx: HarnessContext) -> dict[str, Any]:
         limit = {
             "context": ctx.context_window or 32768,
-            "output": int(ctx.options.get("max_output_tokens", 8192)),
+            "output": ctx.output_limit(8192),
         }
         cfg: dict[str, Any] = {
             "$schema": "https://opencode.ai/config.json",

@@ -10,9 +10,15 @@ Launch (inside the sandbox)::
 The script is stdlib-only and bound read-only as a single file, so it runs with the host's
 ``/usr/bin/python3`` and needs no venv inside the sandbox.
 
-Options (``ctx.options``): ``compact_tokens`` (int; default: 3/4 of ``ctx.context_window``
-when that is set, else off), ``subagent`` (bool), ``subagent_max_turns``, ``cmd_timeout``,
-``max_tokens``, ``temperature``, ``python`` (interpreter inside the sandbox).
+Context window and output limit: ``--max-tokens`` is ``ctx.output_limit()`` (unset when
+unknown) and ``--compact-tokens`` is ``ctx.compaction_limit()``, ``W - max(O, W // 4)``: 24,576
+for W=32,768 and O=4,096. The agent compacts when the last reply's prompt + completion tokens
+exceed it, checked after each reply (as Codex does, so the same reserve).
+
+Options (``ctx.options``): ``compact_tokens`` (int, overrides the above; 0: never),
+``subagent`` (bool), ``subagent_max_turns``, ``cmd_timeout``, ``max_tokens`` (or
+``max_output_tokens``; either overrides ``ctx.max_output_tokens``), ``temperature``,
+``python`` (interpreter inside the sandbox).
 
 Call labels: the ``x-hrl-call-label`` header (``compaction``, ``subagent``); none means main.
 """
@@ -28,7 +34,6 @@ SCRIPT = Path(reference_agent.__file__).resolve()
 _FLAGS = {
     "subagent_max_turns": "--subagent-max-turns",
     "cmd_timeout": "--cmd-timeout",
-    "max_tokens": "--max-tokens",
     "temperature": "--temperature",
     "retries": "--retries",
     "retry_base": "--retry-base",
@@ -51,13 +56,16 @@ class ReferenceAdapter(HarnessAdapter):
         argv += ["--task-file", task_file]
         if ctx.max_turns is not None:
             argv += ["--max-turns", str(ctx.max_turns)]
+        max_tokens = opts.get("max_tokens", ctx.output_limit())
         compact = opts.get("compact_tokens")
-        if compact is None and ctx.context_window:
-            compact = ctx.context_window * 3 // 4
+        if compact is None:
+            compact = ctx.compaction_limit(max_tokens)
         if compact:
             argv += ["--compact-tokens", str(int(compact))]
         if opts.get("subagent"):
             argv.append("--subagent")
+        if max_tokens is not None:
+            argv += ["--max-tokens", str(int(max_tokens))]
         for key, flag in _FLAGS.items():
             if opts.get(key) is not None:
                 argv += [flag, str(opts[key])]
