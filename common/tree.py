@@ -76,7 +76,8 @@ rollout, ``no_calls``, ``missing_calls`` (a seq below ``result.n_calls`` is abse
 The sample's ``weight_version`` is the oldest among its model nodes (a call's version is its
 ``weight_version_start``, the older one when the engine swapped weights mid-call). Counters:
 ``n_calls`` distinct calls of this rollout read (records of other rollouts are ignored),
-``tito_misses`` successful calls after the first successful one with ``tito_hit`` false,
+``tito_misses`` successful calls after the first successful one of their label with
+``tito_hit`` false,
 ``false_forks`` calls that kept part but not all of their turn parent's sampled output (see
 ``_false_forks``), ``unique_tokens`` tokens in the
 nodes, ``expanded_tokens`` the sum of branch lengths, ``model_tokens`` tokens with mask 1.
@@ -549,9 +550,15 @@ def assemble(
 
 
 def _tito_misses(recs: list[CallRecord]) -> int:
-    """Successful calls after the first successful one whose input was fully re-rendered."""
-    ok = [c for c in recs if c.status == "ok"]
-    return sum(1 for c in ok[1:] if not c.tito_hit)
+    """Successful calls, after the first successful one of their track (label), whose input
+    was fully re-rendered (a title request before the first main call is no miss of it)."""
+    seen: set[str] = set()
+    misses = 0
+    for c in recs:
+        if c.status == "ok":
+            misses += c.label in seen and not c.tito_hit
+            seen.add(c.label)
+    return misses
 
 
 def _false_forks(built: list[_Call]) -> int:

@@ -217,7 +217,8 @@ class ModelCaller:
             "headers": kept_headers(req.headers, self.label_rules),
         }
         try:
-            pending.prompt = self.tito.session(req.rollout_id).prepare(req.messages, req.tools)
+            session = self.tito.session(req.rollout_id)
+            pending.prompt = session.prepare(req.messages, req.tools, track=label)
             pending.base["tito_hit"] = pending.prompt.hit
             pending.base["parent_hint"] = pending.prompt.anchor_seq
             n = len(pending.prompt.input_ids)

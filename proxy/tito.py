@@ -337,6 +337,8 @@ class TitoPrompt:
     call's input+output (see the module docstring). Never a hit."""
     digests: list[bytes] = field(default_factory=list, repr=False)
     tools_key: str = field(default="", repr=False)
+    track: str = "main"
+    """The call's label: ``first`` and misses are counted per track."""
 
     @property
     def hit(self) -> bool:
@@ -352,15 +354,19 @@ class TitoSession:
         self.max_tries = max_tries
         """Candidate anchors tried (longest first) before rendering in full."""
         self.anchors: list[_Anchor] = []
-        self.calls = 0
-        """Calls committed (succeeded)."""
+        self.calls: dict[str, int] = {}
+        """Calls committed (succeeded), by track (the call's label): a rollout's first ``main``
+        call is its ``first`` even when a title (``aux``) request succeeded before it."""
         self.counts: dict[str, int] = {"hit": 0, "miss": 0, "first": 0}
         """Committed calls by prompt kind."""
         self.false_forks = 0
         """Committed calls that were false forks."""
 
     def prepare(
-        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        track: str = "main",
     ) -> TitoPrompt:
         """The input ids for a call with these messages (normalised here if they are not yet:
         OpenAI-chat-shaped input is accepted) and tools. Changes no state and counts nothing:
@@ -377,9 +383,9 @@ class TitoSession:
             if prompt is not None:
                 break
         if prompt is None:
-            kind: TitoKind = "miss" if self.calls else "first"
+            kind: TitoKind = "miss" if self.calls.get(track) else "first"
             prompt = TitoPrompt(self.r.encode(full), kind, msgs, tools_n)
-        prompt.digests, prompt.tools_key = digests, tkey
+        prompt.digests, prompt.tools_key, prompt.track = digests, tkey, track
         if self._false_fork(prompt, _matching(found, sent)):
             prompt.false_fork = True
             prompt.kind = "miss"
@@ -469,9 +475,10 @@ class TitoSession:
         was sent); ``output_ids`` the ids the engine sampled for it, all of which are kept.
         """
         kind: TitoKind = prompt.kind
-        if kind == "first" and self.calls:  # an overlapping call succeeded first
+        track = prompt.track
+        if kind == "first" and self.calls.get(track):  # an overlapping call succeeded first
             kind = "miss"
-        self.calls += 1
+        self.calls[track] = self.calls.get(track, 0) + 1
         self.counts[kind] += 1
         M_TITO.labels(result=kind).inc()
         if prompt.false_fork:

@@ -91,6 +91,21 @@ def test_first_call_is_a_full_render() -> None:
     assert (p.kind, p.anchor_seq) == ("first", -1)
 
 
+def test_first_is_per_track() -> None:
+    """A title (aux) request that succeeded first does not make the first main call a miss;
+    a second, unrelated main call is one."""
+    s = TitoSession(R)
+    title = [{"role": "system", "content": "Generate a title."}, {"role": "user", "content": "x"}]
+    t = s.prepare(title, None, track="aux")
+    assert t.kind == "first"
+    s.commit(0, t, R.encode("Title<|im_end|>"))
+    main = s.prepare(START, TOOLS)
+    assert main.kind == "first"
+    s.commit(1, main, R.encode("ok<|im_end|>"))
+    other = [{"role": "user", "content": "something else entirely"}]
+    assert s.prepare(other, TOOLS).kind == "miss"
+
+
 def test_echoed_history_extends_input_and_output() -> None:
     """Call 1's ids are call 0's input + output + "\\n" + the new turn + generation prompt."""
     s = TitoSession(R)

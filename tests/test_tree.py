@@ -310,6 +310,9 @@ def test_false_forks_and_tito_misses_are_counted_apart() -> None:
     assert (c.false_forks, c.tito_misses) == (0, 1)  # only the third call re-rendered
     retry = [Spec(X, A), Spec(X, B)]  # same prompt sampled again: a real fork
     assert assemble(make_calls(retry), result_for(2)).counters.false_forks == 0
+    title_first = [Spec([9, 9], [9], label="aux", tito=False), Spec(X, A, tito=False)]
+    c = assemble(make_calls(title_first, mode="full"), result_for(2)).counters
+    assert c.tito_misses == 0  # the first main call is its track's first, not a miss
 
 
 def test_continuation_credits_earliest_generator() -> None:
