@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +41,16 @@ from actors.harnesses import (
 )
 from common.bus import Bus, connect
 from common.models import load_tokenizer
-from common.records import CallRecord, SamplingParams, decode, encode, ids_hash, unpack_ids
+from common.records import (
+    CallRecord,
+    RolloutResult,
+    SamplingParams,
+    decode,
+    encode,
+    ids_hash,
+    unpack_ids,
+)
+from common.tree import leaves
 from proxy.calls import ModelCaller
 from proxy.parsers import HermesParser
 from proxy.recorder import Recorder
@@ -483,3 +493,19 @@ def load_calls(name: str) -> tuple[list[CallRecord], dict[str, Any]]:
 
 def saving_fixtures() -> bool:
     return os.environ.get("HRL_SAVE_CALL_FIXTURES") == "1"
+
+
+def result_for(records: list[CallRecord]) -> RolloutResult:
+    """The RolloutResult a fixture's records belong to (status ok, every seq accounted)."""
+    n = 1 + max((r.seq for r in records), default=-1)
+    return RolloutResult(rollout_id=ROLLOUT, task_id="fixture", group_id="g", k=0, n_calls=n)
+
+
+def leaves_per_root(sample) -> list[int]:
+    """Leaves under each root (in root order)."""
+    root_of: list[int] = []
+    for n in sample.nodes:
+        root_of.append(len(root_of) if n.parent < 0 else root_of[n.parent])
+    roots = [i for i, n in enumerate(sample.nodes) if n.parent < 0]
+    per = Counter(root_of[i] for i in leaves(sample))
+    return [per[r] for r in roots]

@@ -38,19 +38,20 @@ import numpy as np
 import pytest
 
 from actors.harnesses import default_cache_dir, get_adapter
-from common.records import CallRecord, RolloutResult, encode
-from common.tree import AssembleOptions, Assembly, assemble_detailed, leaves
+from common.records import CallRecord, encode
+from common.tree import AssembleOptions, Assembly, assemble_detailed
 from tests.harness_env import (
     FIXTURES,
     RENDERER,
-    ROLLOUT,
     SUBTASK,
     WRITE_TEXT,
     ScenarioBrain,
     extends,
     full_inputs,
+    leaves_per_root,
     load_calls,
     proxy_stack,
+    result_for,
     run_harness,
     save_calls,
     saving_fixtures,
@@ -129,21 +130,6 @@ SCENARIOS = {
 # shapes
 
 
-def result_for(records: list[CallRecord]) -> RolloutResult:
-    n = 1 + max((r.seq for r in records), default=-1)
-    return RolloutResult(rollout_id=ROLLOUT, task_id="fixture", group_id="g", k=0, n_calls=n)
-
-
-def _leaves_per_root(sample) -> list[int]:
-    """Leaves under each root (in root order)."""
-    root_of: list[int] = []
-    for n in sample.nodes:
-        root_of.append(len(root_of) if n.parent < 0 else root_of[n.parent])
-    roots = [i for i, n in enumerate(sample.nodes) if n.parent < 0]
-    per = Counter(root_of[i] for i in leaves(sample))
-    return [per[r] for r in roots]
-
-
 def shape_of(records: list[CallRecord]) -> dict[str, Any]:
     """What the records are, and what they assemble into (default options and with side calls
     exported)."""
@@ -156,8 +142,8 @@ def shape_of(records: list[CallRecord]) -> dict[str, Any]:
         "n_calls": s.counters.n_calls,
         "labels": dict(sorted(Counter(r.label for r in records).items())),
         "statuses": dict(sorted(Counter(r.status for r in records).items())),
-        "segments": len(_leaves_per_root(s)),
-        "leaves_per_segment": _leaves_per_root(s),
+        "segments": len(leaves_per_root(s)),
+        "leaves_per_segment": leaves_per_root(s),
         "n_leaves": s.counters.n_leaves,
         "dropped": dict(s.counters.dropped),
         "retained": list(done.retained),

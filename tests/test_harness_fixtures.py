@@ -43,21 +43,22 @@ from typing import Any
 import pytest
 
 from actors.harnesses import default_cache_dir, get_adapter
-from common.records import CallRecord, RolloutResult, encode, unpack_ids
-from common.tree import AssembleOptions, Assembly, assemble_detailed, leaves
+from common.records import CallRecord, encode, unpack_ids
+from common.tree import AssembleOptions, Assembly, assemble_detailed
 from proxy.scripted import Reply
 from tests.harness_env import (
     FIXTURES,
     RENDERER,
-    ROLLOUT,
     SUBMIT,
     TOKENIZER,
     Brain,
     Prompt,
     extends,
     full_inputs,
+    leaves_per_root,
     load_calls,
     proxy_stack,
+    result_for,
     run_harness,
     save_calls,
     saving_fixtures,
@@ -162,21 +163,6 @@ class WorkspaceBrain(Brain):
 
 # ---------------------------------------------------------------------------------------------
 # shapes
-
-
-def result_for(records: list[CallRecord]) -> RolloutResult:
-    n = 1 + max((r.seq for r in records), default=-1)
-    return RolloutResult(rollout_id=ROLLOUT, task_id="fixture", group_id="g", k=0, n_calls=n)
-
-
-def leaves_per_root(sample) -> list[int]:
-    """Leaves under each root (in root order)."""
-    root_of: list[int] = []
-    for n in sample.nodes:
-        root_of.append(len(root_of) if n.parent < 0 else root_of[n.parent])
-    roots = [i for i, n in enumerate(sample.nodes) if n.parent < 0]
-    per = Counter(root_of[i] for i in leaves(sample))
-    return [per[r] for r in roots]
 
 
 def overlaps(records: list[CallRecord]) -> list[list[int]]:
