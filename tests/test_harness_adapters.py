@@ -280,6 +280,16 @@ def test_openclaw_spec(cache: Path, api: str, kind: str, base: str):
         prepare("openclaw", cache, options={"api": "gemini"})
 
 
+def test_openclaw_session_tools_denied_unless_asked(cache: Path):
+    """OpenClaw's session tools (whose runtime-context message rewrites its history) are
+    denied by default; ``session_tools: true`` keeps them."""
+    path = "/home/hrl/.openclaw/hrl.json5"
+    cfg = json.loads(prepare("openclaw", cache).files[path])
+    assert cfg["tools"]["deny"] == ["process", "sessions_spawn", "sessions_yield"]
+    cfg = json.loads(prepare("openclaw", cache, options={"session_tools": True}).files[path])
+    assert "tools" not in cfg
+
+
 def test_command_spec(cache: Path, tmp_path: Path):
     """command: sh -c, proxy URLs and token in the usual variables, task in env and a file."""
     solve = tmp_path / "solve.py"

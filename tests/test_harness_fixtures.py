@@ -24,16 +24,15 @@ What every fixture must assemble into (always checked, no harness needed): a sam
 tombstone, in particular no ``bad_delta``); exactly one leaf per segment; zero false forks;
 every record carries the harness's adapter name and version; the same sample whatever the
 order of the records. ``tito_misses`` is 0 where the history is unchanged: one segment, each
-call extending the previous one exactly. OpenClaw as the adapter configures it is the exception
-(``history="edited"``): it moves its runtime-context message ("Active exec sessions", "Active
-Subagents") to the end of every request, so every call is a miss and a segment of its own;
-``openclaw_nocontext_workspace`` denies the tools that message reports on, and is unchanged.
+call extending the previous one exactly. OpenClaw with its session tools (``session_tools:
+true``, off by default) is the exception (``history="edited"``): it moves its runtime-context
+message ("Active exec sessions", "Active Subagents") to the end of every request, so every call
+is a miss and a segment of its own; as the adapter configures it by default it is unchanged.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 from collections import Counter
 from dataclasses import dataclass, field
@@ -84,8 +83,6 @@ class Scenario:
     harness: str
     run: dict[str, Any] = field(default_factory=dict)
     """``run_harness`` arguments."""
-    config: dict[str, Any] = field(default_factory=dict)
-    """Merged into the harness's JSON config file (OpenClaw's ``hrl.json5``)."""
     history: str = "kept"
     """``kept``: every request repeats the earlier ones verbatim and appends to them (one
     segment, every call after the first a TITO hit). ``edited``: the harness rewrites earlier
@@ -96,11 +93,11 @@ class Scenario:
 SCENARIOS = {
     "mini_swe_agent_workspace": Scenario("mini-swe-agent"),
     "opencode_workspace": Scenario("opencode"),
-    "openclaw_workspace": Scenario("openclaw", history="edited"),
-    # the same without the tools whose state OpenClaw reports in its runtime-context message
-    # (``process``, ``sessions_spawn``): no such message, an unchanged history
-    "openclaw_nocontext_workspace": Scenario(
-        "openclaw", config={"tools": {"deny": ["process", "sessions_spawn", "sessions_yield"]}}
+    "openclaw_workspace": Scenario("openclaw"),
+    # with the tools whose state OpenClaw reports in a runtime-context message it moves to the
+    # end of every request (``process``, ``sessions_spawn``): an edited history
+    "openclaw_session_tools_workspace": Scenario(
+        "openclaw", run={"options": {"session_tools": True}}, history="edited"
     ),
     "claude_code_workspace": Scenario("claude-code"),
     "codex_workspace": Scenario("codex"),
@@ -367,30 +364,12 @@ def test_opencode_title_call_is_aux_and_out_of_order() -> None:
 # recording (real harnesses)
 
 
-def _with_config(monkeypatch: pytest.MonkeyPatch, harness: str, extra: dict[str, Any]) -> None:
-    """Merge ``extra`` into the JSON config file the adapter writes (top-level keys)."""
-    cls = type(get_adapter(harness))
-    prepare = cls.prepare
-
-    def patched(self: Any, ctx: Any) -> Any:
-        spec = prepare(self, ctx)
-        (path,) = [p for p in spec.files if p.endswith((".json", ".json5"))]
-        spec.files[path] = json.dumps(json.loads(spec.files[path]) | extra, indent=2) + "\n"
-        return spec
-
-    monkeypatch.setattr(cls, "prepare", patched)
-
-
 @pytest.mark.harness
 @pytest.mark.parametrize("name", NAMES)
-async def test_record_workspace(
-    name: str, nats_url: str, run_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_record_workspace(name: str, nats_url: str, run_name: str, tmp_path: Path) -> None:
     """Run the workspace task for real; its records must meet the invariants (saved on
     request)."""
     sc = SCENARIOS[name]
-    if sc.config:
-        _with_config(monkeypatch, sc.harness, sc.config)
     brain = WorkspaceBrain()
     async with proxy_stack(nats_url, run_name, brain, tmp_path) as st:
         version = get_adapter(sc.harness).installed_version(default_cache_dir()) or ""
@@ -410,7 +389,7 @@ async def test_record_workspace(
     check_record_order(records)
     if saving_fixtures():
         meta = {"harness": sc.harness, "harness_version": version, "scenario": name}
-        meta |= {"events": brain.events, "run": sc.run, "config": sc.config}
+        meta |= {"events": brain.events, "run": sc.run}
         meta |= {"history": sc.history, "instruction": INSTRUCTION}
         path = save_calls(name, records, {**meta, "shape": shape})
         assert path.stat().st_size < MAX_FIXTURE_BYTES

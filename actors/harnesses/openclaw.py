@@ -31,8 +31,15 @@ runs until the proxy refuses a prompt past the window (400 ``context_length_exce
 prompt begins "You are a context summarization assistant") and retries with ~20k of recent
 history kept. Its first prompt alone is ~11.5k tokens.
 
+Session tools are denied by default (``tools.deny: process, sessions_spawn, sessions_yield``):
+with them OpenClaw appends a runtime-context user message ("Active exec sessions", "Active
+Subagents") and moves it to the end of *every* request, which rewrites its own history, so every
+call is a TITO miss and a segment of its own — measured on a 5-call workspace task: 5 segments
+and 58,860 unique tokens, against 1 segment and 10,458 without them. Option ``session_tools:
+true`` keeps them.
+
 Exit 0 ok, 1 error, 2 timeout; ~5 s start-up. Options: ``api``, ``max_output_tokens``
-(overrides ``ctx.max_output_tokens``), ``extra_args``. OpenClaw retries 5xx 8 times and
+(overrides ``ctx.max_output_tokens``), ``session_tools`` (bool), ``extra_args``. OpenClaw retries 5xx 8 times and
 rewrites tool-call ids on replay (``call_abc`` → ``callabc``): never match its history by id
 alone.
 """
@@ -51,6 +58,11 @@ _OPENCLAW_API = {
     "responses": "openai-responses",
     "messages": "anthropic-messages",
 }
+
+
+SESSION_TOOLS = ("process", "sessions_spawn", "sessions_yield")
+"""Tools whose state OpenClaw reports in a runtime-context message it moves to the end of every
+request (denied unless ``session_tools``: see the module docstring)."""
 
 
 class OpenclawAdapter(NpmAdapter):
@@ -73,12 +85,15 @@ class OpenclawAdapter(NpmAdapter):
             "maxTokens": ctx.output_limit(8192),
         }
         provider = {"baseUrl": base, "apiKey": ctx.token, "api": _OPENCLAW_API[api]}
-        return {
+        config: dict[str, Any] = {
             "models": {"providers": {"hrl": provider | {"models": [model]}}},
             "agents": {
                 "defaults": {"model": {"primary": f"hrl/{ctx.model}"}, "workspace": ctx.workspace}
             },
         }
+        if not ctx.options.get("session_tools", False):
+            config["tools"] = {"deny": list(SESSION_TOOLS)}
+        return config
 
     def prepare(self, ctx: HarnessContext) -> LaunchSpec:
         api: Api = ctx.options.get("api", self.api)
