@@ -117,19 +117,16 @@ async def test_two_step_task_through_the_proxy(
 async def test_openclaw_two_step_task_through_the_proxy(
     nats_url: str, run_name: str, tmp_path: Path
 ) -> None:
-    """OpenClaw writes the file through the proxy; its second input is NOT an extension.
+    """OpenClaw writes the file through the proxy; its second input extends the first.
 
-    OpenClaw keeps an "internal context" user message at the *end* of every request, so the
-    first call's messages + reply are never a prefix of the second call's: the history is
-    edited, TITO renders it (a miss) and the two calls are two branches. Recorded here as the
-    known behaviour (xfail; it passes once either side changes)."""
+    With its session tools (``session_tools: true``) OpenClaw keeps an "internal context" user
+    message at the *end* of every request, so no call would extend the one before it; the
+    adapter denies those tools by default, and the message is gone."""
     run, records, requests = await two_step("openclaw", nats_url, run_name, tmp_path)
     assert run.returncode == 0, run.tail()
     assert run.files["hello.txt"] == WRITE_TEXT.encode(), run.tail()
     check_transport("openclaw", records, requests)
     first, second = check_two_main_calls(records)
-    body = requests[0]["body"]["messages"]
-    assert "OPENCLAW_INTERNAL_CONTEXT" in str(body[-1]["content"])
-    if not extends(records, first.seq, second.seq):
-        pytest.xfail("OpenClaw moves its internal-context message to the end of each request")
+    last = requests[0]["body"]["messages"][-1]
+    assert "OPENCLAW_INTERNAL_CONTEXT" not in str(last["content"])  # the instruction is last
     check_extension(records, first, second)
