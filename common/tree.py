@@ -568,27 +568,28 @@ def _false_forks(built: list[_Call]) -> int:
     longest input that is a proper prefix of C's input. C is a false fork when, after P's
     input, C shares at least one but not all of P's output tokens: C kept P's reply, yet the
     ids differ from what was sampled (a re-rendered turn end, a re-encoded reply), leaving a
-    dead-end branch. Computed on full inputs, so it does not depend on how deltas were encoded.
+    dead-end branch. Read off the tree (node ends are stable positions), so it does not depend
+    on how deltas were encoded and costs a few parent hops per call.
     """
-    ok = [c for c in sorted(built, key=lambda c: c.seq) if c.rec.status == "ok"]
-    inputs = [RadixTree.path_ids(c.in_end) for c in ok]
+    opened: dict[int, _Call] = {}  # id(input end node) -> the earliest call ending its input there
     forks = 0
-    for j, c_in in enumerate(inputs):
-        parent = -1
-        for i in range(j):
-            p_in = inputs[i]
-            longer = parent < 0 or len(p_in) > len(inputs[parent])
-            if longer and len(p_in) < len(c_in) and np.array_equal(c_in[: len(p_in)], p_in):
-                parent = i
-        if parent < 0:
-            continue
-        out = ok[parent].out_ids
-        rest = c_in[len(inputs[parent]) :]
-        n = min(len(out), len(rest))
-        diff = np.flatnonzero(out[:n] != rest[:n])
-        shared = int(diff[0]) if len(diff) else n
-        if 0 < shared < len(out):
-            forks += 1
+    for c in sorted((c for c in built if c.rec.status == "ok"), key=lambda c: c.seq):
+        node, parent = c.in_end.parent, None
+        while node is not None and parent is None:
+            parent = opened.get(id(node))
+            node = node.parent
+        if parent is not None and len(parent.out_ids):
+            output_nodes = set()
+            n = parent.out_end
+            while n is not parent.in_end:
+                output_nodes.add(id(n))
+                n = n.parent
+            n = c.in_end
+            while n is not parent.in_end and id(n) not in output_nodes:
+                n = n.parent
+            shared = n.end - parent.in_end.end
+            forks += 0 < shared < len(parent.out_ids)
+        opened.setdefault(id(c.in_end), c)
     return forks
 
 

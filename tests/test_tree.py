@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import msgspec
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from common import records as r
@@ -618,6 +618,32 @@ def histories(draw, max_calls: int = 12) -> list[Spec]:
 
 
 PROPS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def reference_false_forks(specs: list[Spec]) -> int:
+    """The definition on full inputs: a successful call keeping some but not all of the output
+    of its turn parent (the earlier successful call with the longest proper-prefix input)."""
+    forks = 0
+    for j, c in enumerate(specs):
+        if c.status != "ok":
+            continue
+        earlier = [p for p in specs[:j] if p.status == "ok" and len(p.inp) < len(c.inp)]
+        prefixes = [p for p in earlier if c.inp[: len(p.inp)] == p.inp]
+        if not prefixes:
+            continue
+        p = max(prefixes, key=lambda p: len(p.inp))  # ties: the earliest (max keeps the first)
+        shared = lcp(c.inp[len(p.inp) :], p.out)
+        forks += 0 < shared < len(p.out)
+    return forks
+
+
+@PROPS
+@given(histories(), st.sampled_from(["tito", "lcp", "random", "full"]), st.integers(0, 9))
+def test_false_forks_match_the_definition(specs: list[Spec], mode: str, seed: int) -> None:
+    """``false_forks`` is the definition's count, whatever delta encoding was chosen."""
+    s = assemble(make_calls(specs, mode, seed), result_for(len(specs)))
+    assume(not s.dropped_reason)
+    assert s.counters.false_forks == reference_false_forks(specs)
 
 
 @PROPS
