@@ -56,8 +56,9 @@ class EvalConfig(HrlModel):
     """Rollouts run at once per policy."""
     temperature: float = Field(1.0, ge=0.0, le=5.0)
     """Sampling temperature (0: greedy)."""
-    max_new_tokens: int = Field(512, ge=1, le=1_000_000)
-    """Most tokens one model call may generate."""
+    max_new_tokens: int = Field(0, ge=0, le=1_000_000)
+    """Most tokens one model call may generate; 0: each policy's own limit (its
+    ``generation_config.json`` ``max_new_tokens``; ``tiny-agent``: 256), else 4096."""
     max_turns: int = Field(10, ge=0, le=100_000)
     """Most model turns per rollout, for harnesses that take a limit (0: harness default)."""
     harness_timeout_s: float = Field(300.0, ge=0, le=86_400)

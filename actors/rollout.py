@@ -468,7 +468,7 @@ class _Rollout:
             max_turns=s.max_turns or None,
             timeout_s=timeout,
             context_window=window or None,
-            max_output_tokens=s.max_new_tokens,
+            max_output_tokens=s.output_limit(),
             cache_dir=self.deps.cache_dir,
             env=env,
             options=options,

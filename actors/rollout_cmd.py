@@ -8,6 +8,9 @@ as an actor runs it (``actors.rollout.run_rollout``, same settings); without ``-
 embedded nats-server is started in a temp dir for the CallRecords. The calls are then read back
 from the bus and assembled with ``common.tree.assemble``, as the assembler would.
 
+While it runs, a progress line goes to stderr every 2 s (elapsed, model calls, tokens
+generated, the last call's prompt/output size and finish reason); ``--quiet`` turns them off.
+
 The RolloutResult is printed, not published: a rollout run by hand never becomes a training
 sample, even when ``--nats`` points at a live run.
 
@@ -28,6 +31,7 @@ any nats-server, engine check, sandbox or proxy is started.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import difflib
 import json
@@ -35,6 +39,7 @@ import logging
 import secrets
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +83,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--keep-workspace", type=Path, metavar="DIR", help="copy the final workspace to DIR"
     )
     g.add_argument("--json", action="store_true", help="print one JSON object")
+    g.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress lines on stderr (by default one every 2 s: elapsed, calls, tokens)",
+    )
 
 
 def _harness(args: argparse.Namespace) -> str:
@@ -142,12 +152,41 @@ def _request(args: argparse.Namespace) -> Any:
     )
 
 
+def progress_line(elapsed: float, calls: list[Any]) -> str:
+    """One progress line: elapsed time, model calls so far, tokens in the last prompt and
+    generated in all, and how the last call ended."""
+    from common.records import unpack_ids
+
+    done = [c for c in calls if c.status == "ok"]
+    out = sum(len(unpack_ids(c.output_ids)) for c in done)
+    last = ""
+    if calls:
+        c = calls[-1]
+        why = c.finish_reason or c.status
+        last = f", last: {c.label} {c.input_len} in / {len(unpack_ids(c.output_ids))} out ({why})"
+    return f"rollout: {elapsed:5.1f}s, {len(calls)} calls, {out} tokens generated{last}"
+
+
+async def progress(bus: Any, rid: str, every: float = 2.0, out: Any = None) -> None:
+    """Print `progress_line` to stderr every ``every`` seconds while the rollout runs (reads
+    the rollout's CallRecords back from the bus, as the assembler would)."""
+    from common.records import CallRecord
+
+    out = out or sys.stderr
+    t0 = time.monotonic()
+    subject = bus.subjects.calls(rid)
+    while True:
+        await asyncio.sleep(every)
+        calls = await bus.read_subject(subject, CallRecord)
+        print(progress_line(time.monotonic() - t0, calls), file=out, flush=True)
+
+
 async def rollout(cfg: RolloutConfig, args: argparse.Namespace) -> dict[str, Any]:
     """Run the rollout and assemble its tree; the report as a JSON-able dict."""
     from actors.rollout import RolloutDeps, RolloutReport, run_rollout
     from common.bus import connect
     from common.natsd import NatsServer
-    from common.records import CallRecord
+    from common.records import CallRecord, rollout_id
     from common.tree import assemble
 
     req = _request(args)
@@ -158,11 +197,20 @@ async def rollout(cfg: RolloutConfig, args: argparse.Namespace) -> dict[str, Any
             url = stack.enter_context(NatsServer(store)).url
         bus = await connect(url, cfg.run, name="harnessrl-rollout")
         try:
-            async with RolloutDeps.open(cfg, bus, actor="rollout") as deps:
-                report = RolloutReport()
-                res = await run_rollout(
-                    req, 1, deps, keep_workspace=args.keep_workspace, report=report
-                )
+            watch = None
+            if not getattr(args, "quiet", False):
+                watch = asyncio.create_task(progress(bus, rollout_id(req.group_id, req.k, 1)))
+            try:
+                async with RolloutDeps.open(cfg, bus, actor="rollout") as deps:
+                    report = RolloutReport()
+                    res = await run_rollout(
+                        req, 1, deps, keep_workspace=args.keep_workspace, report=report
+                    )
+            finally:
+                if watch is not None:
+                    watch.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await watch
             calls = await bus.read_subject(bus.subjects.calls(res.rollout_id), CallRecord)
         finally:
             await bus.close()

@@ -56,6 +56,14 @@ COMMANDS: dict[str, Command] = {
     ),
     "eval": Command("evaluate policies on a task suite across harnesses", "actors.eval_cmd"),
     "tasks": Command("list, show, import and lint tasks", "actors.tasks_cmd"),
+    "teacher-data": Command(
+        "offline toy-teacher trajectories through the reference agent (SFT data)",
+        "actors.teacher_data",
+    ),
+    "pretrain": Command(
+        "the warm-start recipe: language warm-up + SFT on teacher data -> tiny-agent",
+        "learner.pretrain_cmd",
+    ),
     "harness": Command("install and list harness adapters", "actors.harness_cmd"),
     "weights-sync": Command(
         "apply broadcast weight versions to an SGLang engine", "proxy.weights_sync_cmd"

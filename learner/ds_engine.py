@@ -22,6 +22,7 @@ Checkpoints are atomic: DeepSpeed state and ``client_state.json`` are written un
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -57,7 +58,14 @@ class DeepSpeedConfig(HrlModel):
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Training precision; ``bfloat16`` keeps fp32 master weights in DeepSpeed's optimiser."""
     lr: float = Field(1e-6, gt=0.0)
-    """AdamW learning rate (constant)."""
+    """AdamW peak learning rate (see the schedule below)."""
+    lr_warmup_steps: int = Field(0, ge=0)
+    """Linear warmup from ``lr / (warmup + 1)`` to ``lr`` over this many optimiser steps."""
+    lr_decay_steps: int = Field(0, ge=0)
+    """Cosine decay from ``lr`` at the end of warmup to ``lr * lr_min_ratio`` at this step
+    (held there after); 0: constant ``lr`` after warmup."""
+    lr_min_ratio: float = Field(0.1, ge=0.0, le=1.0)
+    """Floor of the cosine decay, as a fraction of ``lr``."""
     weight_decay: float = Field(0.0, ge=0.0)
     """AdamW decoupled weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)
@@ -75,6 +83,18 @@ class DeepSpeedConfig(HrlModel):
     """Sampling temperature of the engines; log-probs are of ``softmax(logits / T)``."""
     seed: int = 0
     """Seed for value-head init and anything random in the learner."""
+
+
+def lr_at(cfg: DeepSpeedConfig, step: int) -> float:
+    """Learning rate of optimiser step ``step`` (0-based): linear warmup, then cosine decay."""
+    if step < cfg.lr_warmup_steps:
+        return cfg.lr * (step + 1) / (cfg.lr_warmup_steps + 1)
+    if cfg.lr_decay_steps <= cfg.lr_warmup_steps:
+        return cfg.lr
+    span = cfg.lr_decay_steps - cfg.lr_warmup_steps
+    t = min(1.0, (step - cfg.lr_warmup_steps) / span)
+    floor = cfg.lr * cfg.lr_min_ratio
+    return floor + (cfg.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * t))
 
 
 def init_distributed() -> None:
@@ -257,6 +277,9 @@ class LearnerEngine:
             self.engine.backward(loss, scale_wrt_gas=False)
             stats.append(st)
         before = self._grad_norm_before_step()
+        lr = lr_at(self.cfg, self.global_steps)
+        for group in self.engine.optimizer.param_groups:
+            group["lr"] = lr
         self.engine.step()
         gn = self.engine.get_global_grad_norm()  # None where DeepSpeed keeps no norm (ZeRO-0)
         grad_norm = float(gn) if gn is not None else before
@@ -272,6 +295,7 @@ class LearnerEngine:
                 "tokens_per_s": tokens / dt,
                 "micro_batches": float(len(micro)),
                 "policy_weight": policy_weight,
+                "lr": lr,
             }
         )
         return metrics

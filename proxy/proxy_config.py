@@ -11,6 +11,9 @@ from pydantic import Field, field_validator, model_validator
 from common.config import HrlModel, ServiceConfig
 from common.records import check_token
 
+DEFAULT_MAX_NEW_TOKENS = 4096
+"""Output limit per call when neither the run nor the model says."""
+
 
 class SamplingSettings(HrlModel):
     """How the engines sample every call of a rollout (set by the run, never by the harness;
@@ -22,8 +25,10 @@ class SamplingSettings(HrlModel):
     """Nucleus sampling mass."""
     top_k: int = Field(-1, ge=-1, le=1_000_000)
     """Top-k sampling; -1 disables it."""
-    max_new_tokens: int = Field(4096, ge=1, le=1_000_000)
-    """Most tokens one call may generate (a harness's max_tokens can only lower it)."""
+    max_new_tokens: int = Field(0, ge=0, le=1_000_000)
+    """Most tokens one call may generate (a harness's max_tokens can only lower it); 0: the
+    model's own limit (``max_new_tokens`` in its ``generation_config.json``; ``tiny-agent``
+    declares 256), else 4096."""
 
 
 class ProxySettings(SamplingSettings):
@@ -43,6 +48,14 @@ class ProxySettings(SamplingSettings):
     prompts and tools by it."""
     max_context: int = Field(0, ge=0, le=10_000_000)
     """Context window in tokens; 0 asks the engine (``/get_model_info``)."""
+
+    def output_limit(self) -> int:
+        """``max_new_tokens``, or when 0 the model's own limit (else `DEFAULT_MAX_NEW_TOKENS`)."""
+        if self.max_new_tokens:
+            return self.max_new_tokens
+        from common.models import model_max_new_tokens
+
+        return model_max_new_tokens(self.model) or DEFAULT_MAX_NEW_TOKENS
 
     @field_validator("engines")
     @classmethod

@@ -245,7 +245,7 @@ async def open_proxy_stack(
             temperature=settings.temperature,
             top_p=settings.top_p,
             top_k=settings.top_k,
-            max_new_tokens=settings.max_new_tokens,
+            max_new_tokens=settings.output_limit(),
         )
         caller = ModelCaller(
             router,

@@ -24,6 +24,7 @@ from common.run.demo import (
     train_suite,
 )
 from common.run.plan import resolve
+from common.tasks.toy import FAMILIES
 
 REPO = Path(__file__).resolve().parents[1]
 HRL = [sys.executable, "-m", "common.cli"]
@@ -65,7 +66,7 @@ def test_training_suite_is_generated_once_and_holds_out_toy_eval(tmp_path: Path)
     assert train_suite(DemoConfig(train_per_family=6), tmp_path) == "toy"
     path = train_suite(DemoConfig(train_per_family=8), tmp_path)
     tasks = list_tasks(path, split="train")
-    assert len(tasks) == 8 * 18
+    assert len(tasks) == 8 * len(FAMILIES)
     builtin = {t.id: t for t in list_tasks("toy")}
     mine = {t.id: t for t in tasks}
     assert set(builtin) < set(mine)  # the built-in tasks come first, unchanged
@@ -136,7 +137,7 @@ def test_tiny_demo_runs_every_phase(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     t0 = time.monotonic()
     proc = subprocess.run(
-        [*HRL, "demo", "--algo", "ppo", "--sft-steps", "2", "--steps", "1"]
+        [*HRL, "demo", "--from-scratch", "--algo", "ppo", "--sft-steps", "2", "--steps", "1"]
         + ["--eval-limit", "2", "--no-dashboard", "--out", str(out)],
         capture_output=True,
         text=True,

@@ -182,3 +182,40 @@ def test_help_documents_exit_status(capsys):
     for part in ("0 the rollout was scored", "1 an infrastructure failure", "2 bad arguments"):
         assert part in text
     assert "Exit status" in rollout_cmd.__doc__ and "2 bad arguments" in rollout_cmd.__doc__
+
+
+async def test_progress_lines_count_calls_and_tokens(run_name: str):
+    """While a rollout runs, stderr gets lines with its calls and tokens so far, read back
+    from the bus as the proxy records them."""
+    import contextlib
+    import io
+
+    from common.bus import connect
+    from common.records import CallRecord, pack_ids
+
+    bus = await connect(f"memory://{run_name}", run_name)
+    rid = "manual1-0-1"
+    buf = io.StringIO()
+    watch = asyncio.create_task(rollout_cmd.progress(bus, rid, every=0.05, out=buf))
+    try:
+        await asyncio.sleep(0.12)
+        assert "0 calls, 0 tokens generated" in buf.getvalue().splitlines()[-1]
+        for seq, n_out in enumerate((3, 5)):
+            rec = CallRecord(
+                rollout_id=rid,
+                seq=seq,
+                suffix_ids=pack_ids(range(10)),
+                input_len=10 + 8 * seq,
+                output_ids=pack_ids(range(n_out)),
+                finish_reason="length" if seq else "stop",
+            )
+            await bus.publish(bus.subjects.calls(rid), rec)
+        await asyncio.sleep(0.15)
+    finally:
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
+        await bus.close()
+    last = buf.getvalue().splitlines()[-1]
+    assert "2 calls, 8 tokens generated" in last, last
+    assert "last: main 18 in / 5 out (length)" in last, last

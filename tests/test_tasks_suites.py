@@ -141,7 +141,7 @@ def test_teacher_solves_toy_task(task: Task, tmp_path: Path):
     out = ws / expected["output"]
     assert out.is_file() and norm(out.read_text()) == norm(expected["expected"])
     turns = [m for m in messages if m["role"] == "assistant"]
-    assert 3 <= len(turns) <= 8
+    assert (2 if task.metadata["toy"]["family"] == "write_word" else 3) <= len(turns) <= 8
     assert turns[-1]["tool_calls"][0]["function"]["name"] == "finish"
     names = {t["function"]["name"] for t in TOOLS}
     for m in turns:

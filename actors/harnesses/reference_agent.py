@@ -46,10 +46,8 @@ LABEL_HEADER = "x-hrl-call-label"
 EXIT_FINISHED, EXIT_ERROR, EXIT_MAX_TURNS = 0, 1, 2
 
 SYSTEM_PROMPT = """\
-You are a careful software agent working in the directory {workspace}.
-Use the tools to inspect and change files and to run shell commands there.
-Work step by step. When the task is complete, call `finish` with a short summary.
-Paths are relative to {workspace} unless absolute."""
+You are a software agent in {workspace}. Use the tools to read, write and run things there.
+When the task is done, call `finish`."""
 
 SUBAGENT_SYSTEM_PROMPT = """\
 You are a sub-agent: another agent delegated one focused task to you, in the directory
@@ -65,7 +63,9 @@ what remains to be done, and anything needed to continue. Reply with the summary
 NUDGE = "Continue with the task using the tools. Call `finish` with a summary when done."
 
 
-def _fn(name: str, description: str, **params: str) -> dict:
+def _fn(name: str, description: str, *params: str) -> dict:
+    """A tool in OpenAI form. Kept terse on purpose: the schema is part of every prompt
+    (rendered ~190 tokens with the tiny tokenizer, was ~430 with per-parameter descriptions)."""
     return {
         "type": "function",
         "function": {
@@ -73,7 +73,7 @@ def _fn(name: str, description: str, **params: str) -> dict:
             "description": description,
             "parameters": {
                 "type": "object",
-                "properties": {k: {"type": "string", "description": v} for k, v in params.items()},
+                "properties": {k: {"type": "string"} for k in params},
                 "required": list(params),
             },
         },
@@ -81,17 +81,13 @@ def _fn(name: str, description: str, **params: str) -> dict:
 
 
 TOOLS = [
-    _fn("read_file", "Read a text file.", path="file path"),
-    _fn("write_file", "Create or overwrite a text file.", path="file path", content="full text"),
-    _fn("list_dir", "List a directory (directories end with /).", path="directory path"),
-    _fn(
-        "run", "Run a shell command in the workspace; returns exit code and output.", cmd="command"
-    ),
-    _fn("finish", "Finish the task.", summary="what was done"),
+    _fn("read_file", "Read a file.", "path"),
+    _fn("write_file", "Write a file.", "path", "content"),
+    _fn("list_dir", "List a directory.", "path"),
+    _fn("run", "Run a shell command.", "cmd"),
+    _fn("finish", "End the task.", "summary"),
 ]
-DELEGATE_TOOL = _fn(
-    "delegate", "Give a focused sub-task to a sub-agent; returns its summary.", task="sub-task"
-)
+DELEGATE_TOOL = _fn("delegate", "Give a sub-task to a sub-agent; returns its summary.", "task")
 
 
 def log(msg: str) -> None:

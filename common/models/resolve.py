@@ -17,17 +17,59 @@ from typing import Any
 
 from .build import build_tiny_model, parse_tiny_spec
 
+SHIPPED = {"tiny-agent": Path(__file__).resolve().parent / "tiny-agent"}
+"""Models committed with the project (spec -> folder): ``tiny-agent`` is the warm-start policy
+made by ``harnessrl pretrain --config deploy/pretrain-tiny-agent.toml``."""
+_VERIFIED: set[Path] = set()
+
+
+def _shipped(name: str) -> Path:
+    """The shipped model's folder, its files checked once per process against ``SHA256SUMS``."""
+    import hashlib
+
+    folder = SHIPPED[name]
+    if folder in _VERIFIED:
+        return folder
+    sums = folder / "SHA256SUMS"
+    if not sums.is_file():
+        raise ValueError(f"shipped model {name!r} is missing ({sums} not found)")
+    for line in sums.read_text().splitlines():
+        digest, _, fname = line.partition("  ")
+        path = folder / fname
+        if not path.is_file():
+            raise ValueError(f"shipped model {name!r}: {fname} is missing")
+        if hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+            raise ValueError(
+                f"shipped model {name!r}: {fname} does not match SHA256SUMS (a Git LFS pointer "
+                "or a partial checkout?)"
+            )
+    _VERIFIED.add(folder)
+    return folder
+
+
+def model_max_new_tokens(spec: str | os.PathLike[str]) -> int | None:
+    """The model's own output limit: ``max_new_tokens`` in its ``generation_config.json``."""
+    try:
+        gen = resolve_model(spec) / "generation_config.json"
+        value = json.loads(gen.read_text()).get("max_new_tokens") if gen.is_file() else None
+    except (ValueError, OSError):
+        return None
+    return int(value) if isinstance(value, int) and value > 0 else None
+
 
 def resolve_model(spec: str | os.PathLike[str], cache_dir: Path | str | None = None) -> Path:
     """Turn a model spec into a local folder holding a Hugging Face model + tokenizer.
 
-    ``spec`` is ``tiny`` / ``tiny-1m`` / ``tiny-8m`` / ``tiny-30m`` (optionally ``@seedN``; built on
+    ``spec`` is ``tiny-agent`` (the shipped warm-start policy, see `SHIPPED`), ``tiny`` /
+    ``tiny-1m`` / ``tiny-8m`` / ``tiny-30m`` (random weights, optionally ``@seedN``; built on
     first use into the cache) or a path to an existing local model folder. Raises ValueError for
     anything else. A folder whose name starts with ``tiny`` must be given with a path separator
     (``./tiny-foo``). The tiny cache key is a hash of the build recipe (shapes, vocabulary,
     corpus parameters, word lists, chat template, :data:`RECIPE_VERSION`).
     """
     if isinstance(spec, str):
+        if spec.strip() in SHIPPED:
+            return _shipped(spec.strip())
         tiny = parse_tiny_spec(spec)
         if tiny is not None:
             return build_tiny_model(tiny[0], tiny[1], cache_dir)
@@ -35,7 +77,8 @@ def resolve_model(spec: str | os.PathLike[str], cache_dir: Path | str | None = N
             raise ValueError("empty model spec")
         if spec.strip().startswith("tiny") and os.sep not in spec:
             raise ValueError(
-                f"unknown tiny model spec {spec!r}: expected tiny, tiny-1m, tiny-8m or tiny-30m, "
+                f"unknown tiny model spec {spec!r}: expected tiny-agent, tiny, tiny-1m, tiny-8m or "
+                "tiny-30m, "
                 "optionally followed by @seedN (e.g. tiny-8m@seed3)"
             )
     path = Path(spec).expanduser()

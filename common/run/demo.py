@@ -76,9 +76,13 @@ class DemoConfig(HrlModel):
     harnesses: list[str] = ["reference"]
     """Harnesses (``--harness``, repeat to mix: one group per task and harness). The teacher
     speaks the reference harness's tools, so SFT data always comes from ``reference``."""
-    model: str = "tiny-1m"
-    """Model to train (tiny spec or folder). ``tiny-1m`` by default: on a 2-core CPU the 8M
-    ``tiny`` trains ~3-4x slower, which leaves the 15-minute demo too few SFT steps."""
+    model: str = "tiny-agent"
+    """Policy the RL phase starts from: ``tiny-agent``, the shipped warm start (made by
+    ``harnessrl pretrain --config deploy/pretrain-tiny-agent.toml``), or any model folder.
+    With ``from_scratch`` the model the SFT phase trains instead (a random ``tiny…`` spec)."""
+    from_scratch: bool = False
+    """Start from random weights: a cold-start SFT phase on live teacher trajectories first
+    (``model`` then defaults to ``tiny-1m``); slow on 2 cores, see the module docstring."""
     nats: str = ""
     """An existing NATS server; empty: each phase starts its own."""
     engines: list[str] = []
@@ -143,9 +147,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+def scratch_model(cfg: DemoConfig) -> str:
+    """The model the from-scratch SFT phase trains (``tiny-1m`` unless ``model`` names one)."""
+    return "tiny-1m" if cfg.model == "tiny-agent" else cfg.model
+
+
 def _actor(cfg: DemoConfig) -> dict[str, Any]:
     return {
-        "model": cfg.model,
+        "model": scratch_model(cfg),
         "concurrency": cfg.concurrency,
         "max_turns": cfg.max_turns,
         "max_new_tokens": cfg.max_new_tokens,
@@ -222,7 +231,7 @@ def sft_run_file(cfg: DemoConfig, name: str, suite: str = "toy") -> dict[str, An
             "actor": {**_actor(cfg), "temperature": 1.0},
             "assembler": {},
             "learner": {
-                "model": cfg.model,
+                "model": scratch_model(cfg),
                 "sft": True,
                 "sft_min_reward": 1.0,
                 "group_size": 1,
@@ -347,15 +356,26 @@ class Demo:
         t0 = time.monotonic()
         self.say(f"folder {self.dir}")
         try:
-            n_sft = sft_steps(cfg)
             suite = train_suite(cfg, self.dir)
-            self.say(f"phase 1/3: cold-start SFT on teacher trajectories ({n_sft} steps, {suite})")
-            sft_file = self.write("sft", sft_run_file(cfg, f"{self.tag}-sft", suite))
-            self.phase("sft", ["run", str(sft_file), "--out", str(self.dir / "sft")])
-            sft_policy = final_weights(self.dir / "sft", n_sft)
+            n = 3 if cfg.from_scratch else 2
+            if cfg.from_scratch:
+                n_sft = sft_steps(cfg)
+                self.say(
+                    f"phase 1/{n}: cold-start SFT on teacher trajectories ({n_sft} steps, {suite})"
+                )
+                sft_file = self.write("sft", sft_run_file(cfg, f"{self.tag}-sft", suite))
+                self.phase("sft", ["run", str(sft_file), "--out", str(self.dir / "sft")])
+                sft_policy = final_weights(self.dir / "sft", n_sft)
+            else:
+                from common.models import resolve_model
+
+                sft_policy = resolve_model(cfg.model)
             if cfg.engines:
                 load_into_engines(cfg.engines, sft_policy)
-            self.say(f"phase 2/3: {cfg.algo.upper()} from {sft_policy} ({cfg.steps} steps)")
+            self.say(
+                f"phase {n - 1}/{n}: {cfg.algo.upper()} from {sft_policy} ({cfg.steps} steps, "
+                f"at most {cfg.rl_minutes:g} min)"
+            )
             rl_file = self.write("rl", rl_run_file(cfg, f"{self.tag}-rl", sft_policy, suite))
             self.phase("rl", ["run", str(rl_file), "--out", str(self.dir / "rl")])
             try:
@@ -365,13 +385,15 @@ class Demo:
                 self.say("the RL phase took no step: every group it saw had equal rewards")
             report = None
             if cfg.eval:
-                self.say(f"phase 3/3: held-out evaluation on {cfg.eval_suite}")
+                self.say(
+                    f"phase {n}/{n}: held-out evaluation on {cfg.eval_suite}, before and after"
+                )
                 self.phase("eval", self.eval_argv(sft_policy, rl_policy))
                 report = json.loads((self.dir / "eval.json").read_text())
         except KeyboardInterrupt:
             self.say("interrupted")
             return 128 + (self.stop_signal or signal.SIGINT)
-        except (RuntimeError, ConfigError) as e:
+        except (RuntimeError, ConfigError, ValueError) as e:
             self.say(str(e))
             return 1
         self.timings["total"] = round(time.monotonic() - t0, 1)
@@ -410,10 +432,17 @@ class Demo:
             "phases": {k: line_object(ph) if ph else {} for k, ph in phases.items()},
             "algo": cfg.algo,
             "steps": cfg.steps,
-            "sft_steps": sft_steps(cfg),
+            "sft_steps": sft_steps(cfg) if cfg.from_scratch else 0,
+            "from_scratch": cfg.from_scratch,
             "timings_s": self.timings,
+            "rl_rollouts_per_s": rollouts_per_s(phases["rl"]),
             "before_after": {
-                h: {"before": b, "after": a, "delta_reward": a["reward"] - b["reward"]}
+                h: {
+                    "before": b,
+                    "after": a,
+                    "delta_reward": a["reward"] - b["reward"],
+                    "delta_success": a["success"] - b["success"],
+                }
                 for h, b, a in rows
             },
         }
@@ -431,7 +460,12 @@ class Demo:
             print(f"{'harness':<14}{'policy':<28}{'reward':>8}{'success':>9}", file=p)
             for h, b, a in rows:
                 after = f"after: {cfg.algo.upper()} v{v_rl}" + ("" if rl else " (no RL step)")
-                for label, c in ((f"before: cold-start SFT v{v_sft}", b), (after, a)):
+                first = (
+                    f"before: cold-start SFT v{v_sft}"
+                    if cfg.from_scratch
+                    else f"before: {cfg.model}"
+                )
+                for label, c in ((first, b), (after, a)):
                     print(f"{h:<14}{label:<28}{c['reward']:>8.3f}{c['success']:>9.3f}", file=p)
                     h = ""
                 dr, ds = a["reward"] - b["reward"], a["success"] - b["success"]
@@ -457,6 +491,13 @@ class Demo:
         )
         print(f"everything: {self.dir} (demo.json, sft/, rl/, eval.json)", file=p)
         p.flush()
+
+
+def rollouts_per_s(summary: SummaryLine | None) -> float | None:
+    """Rollouts finished per second over a run (every result status)."""
+    if summary is None or summary.elapsed_s <= 0:
+        return None
+    return round(sum(summary.results.values()) / summary.elapsed_s, 3)
 
 
 def run_summary(run_dir: Path) -> SummaryLine | None:

@@ -152,6 +152,11 @@ def make_sorted_words(rng: random.Random) -> tuple[dict[str, Any], dict[str, str
     return p, {p["input"]: as_lines(rng.sample(WORDS, rng.randint(4, 7)))}
 
 
+def make_say(rng: random.Random) -> tuple[dict[str, Any], dict[str, str]]:
+    p = {"output": rng.choice(OUTPUTS), "word": rng.choice(WORDS)}
+    return p, {"README.md": "# workspace\n"}
+
+
 def make_numbers(rng: random.Random) -> tuple[dict[str, Any], dict[str, str]]:
     p = _io(rng)
     return p, {p["input"]: as_lines([str(rng.randint(1, 50)) for _ in range(rng.randint(3, 6))])}
@@ -220,7 +225,24 @@ def _count_word(p: dict[str, Any], text: str) -> int:
 
 
 FAMILIES: tuple[Family, ...] = (
-    # level 1
+    # level 1 (the first two are the ladder's lowest rungs: one write, or one read then a
+    # one-line write, so a small warm-start policy solves them often but not always)
+    Family(
+        "write_word",
+        1,
+        "Write the word '{word}' to {output}.",
+        make_say,
+        lambda p, r, ls: f"{p['word']}\n",
+        'out = P["word"] + "\\n"',
+    ),
+    Family(
+        "first_line",
+        1,
+        "Write the first line of {input} to {output}.",
+        make_lines,
+        lambda p, r, ls: as_lines(lines_of(r(p["input"]))[:1]),
+        'out = read(P["input"]).splitlines()[0] + "\\n"',
+    ),
     Family(
         "copy",
         1,
@@ -401,7 +423,7 @@ FAMILY = {f.name: f for f in FAMILIES}
 def reads_needed(fam: Family, p: dict[str, Any], listing: list[str] | None) -> list[str]:
     """Files (relative) the family reads, given the directory listing for level 3."""
     if not fam.reads_dir:
-        return [p["input"]]
+        return [p["input"]] if "input" in p else []
     if listing is None:
         return []
     suffix = {"concat_dir": ".txt", "json_collect": ".json"}.get(fam.name, "")
@@ -452,7 +474,7 @@ def generate(seed: int = 0, per_family: dict[str, int] | None = None) -> list[To
     for split, count in per_family.items():
         for fam in FAMILIES:
             i = attempt = 0
-            while i < count:
+            while i < count and attempt < 20 * count + 200:  # small families run out
                 rng = random.Random(f"toy:{seed}:{split}:{fam.name}:{attempt}")
                 attempt += 1
                 params, files = fam.make(rng)

@@ -1,0 +1,153 @@
+"""``harnessrl teacher-data``: toy-teacher trajectories through the real reference agent, offline.
+
+    harnessrl teacher-data --out teacher.jsonl --per-family 1000 [--seed 0] [--family copy ...]
+
+Warm-start SFT data for the ``tiny-agent`` recipe (``harnessrl pretrain``). Each trajectory is
+the reference harness's own agent loop (``actors/harnesses/reference_agent.py``: its system
+prompt, tool schema, message echoing and tool implementations on a real workspace folder)
+with the scripted toy teacher (``common.tasks.teacher.teacher_step``) in place of the model's
+HTTP endpoint. So the messages are exactly those the harness sends through the proxy in a
+sandbox, with the workspace shown at the sandbox's mount (``/workspace``), and the policy
+trained on them sees the prompts and stop tokens it will see in RL — without a proxy, an
+engine or a sandbox per trajectory (~1 ms each instead of ~1 s).
+
+Tasks are fresh draws of the toy generator (``common.tasks.toy.train_tasks``): never equal to a
+held-out ``toy-eval`` task. With ``--split eval`` it writes the held-out tasks' trajectories
+instead (for a teacher-forced held-out loss; never trained on).
+
+Output: one JSON object per line: ``task``, ``family``, ``level``, ``split``, ``messages`` (the
+whole conversation: system, user, assistant/tool turns, ending with the teacher's ``finish``
+call) and ``tools`` (the schema the harness sent). Written atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from common.config import HrlModel
+from common.files import atomic_write
+from common.tasks.model import DEFAULT_MOUNT, Task
+from common.tasks.teacher import teacher_step
+from common.tasks.toy import FAMILY, ToyTask, generate, train_tasks
+
+
+class TeacherDataConfig(HrlModel):
+    """``harnessrl teacher-data``: offline teacher trajectories through the reference agent."""
+
+    out: Path = Path("teacher.jsonl")
+    """JSONL file to write (atomically)."""
+    per_family: int = Field(100, ge=1, le=1_000_000)
+    """Training tasks per toy family (``--split train``)."""
+    seed: int = 0
+    """Toy generator seed (the held-out split of the same seed is excluded)."""
+    split: str = Field("train", pattern="^(train|eval)$")
+    """``train``: fresh training tasks; ``eval``: the held-out ``toy-eval`` tasks."""
+    families: list[str] = []
+    """Toy families to include (``--family``, repeat); empty: all."""
+    max_turns: int = Field(12, ge=1, le=100)
+    """Model turns per trajectory (the teacher needs at most 7)."""
+
+
+CONFIG = TeacherDataConfig
+SECTION = "teacher_data"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--family", dest="cfg__families", action="append", metavar="F", help="family; repeat"
+    )
+
+
+class _TeacherClient:
+    """Stands where the reference agent's HTTP client stands: replies with the teacher."""
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+        self.calls = 0
+        self.last: list[dict[str, Any]] = []
+
+    def chat(self, messages: list, tools: list | None, label: str | None = None) -> dict:
+        self.calls += 1
+        msg = teacher_step(self.task, messages)
+        self.last = [*messages, msg]
+        return {"choices": [{"message": msg}], "usage": {}}
+
+
+def as_task(t: ToyTask) -> Task:
+    """The `Task` the teacher needs (instruction and ``metadata.toy``) for a generated task."""
+    meta = {"family": t.family.name, **{k: str(v) for k, v in t.params.items()}}
+    return Task(
+        id=t.id,
+        suite="toy-generated",
+        instruction=t.instruction,
+        split=t.split,
+        path=Path("."),
+        metadata={"toy": meta},
+    )
+
+
+def trajectory(t: ToyTask, max_turns: int = 12) -> dict[str, Any]:
+    """One teacher trajectory for ``t`` through the reference agent's loop and tools."""
+    from actors.harnesses import reference_agent as ra
+
+    with tempfile.TemporaryDirectory(prefix="hrl-teacher-") as tmp:
+        for rel, text in t.files.items():
+            (Path(tmp) / rel).parent.mkdir(parents=True, exist_ok=True)
+            (Path(tmp) / rel).write_text(text)
+        args = ra.parse_args(["--max-turns", str(max_turns)])
+        client = _TeacherClient(as_task(t))
+        agent = ra.Agent(client, ra.Workspace(tmp, 10.0, args.max_output), args)  # type: ignore[arg-type]
+        # the sandbox shows the workspace at its mount; the prompt must say so
+        agent.system = {
+            "role": "system",
+            "content": ra.SYSTEM_PROMPT.format(workspace=DEFAULT_MOUNT),
+        }
+        status, _ = agent.run(t.instruction)
+        got = (Path(tmp) / t.params["output"]).read_text() if status == "finished" else None
+    if got is None or got != t.expected:
+        raise RuntimeError(f"teacher did not solve {t.id} ({t.family.name}): status {status}")
+    return {
+        "task": t.id,
+        "family": t.family.name,
+        "level": t.family.level,
+        "split": t.split,
+        "messages": client.last,
+        "tools": agent.tools,
+    }
+
+
+def tasks_for(cfg: TeacherDataConfig) -> list[ToyTask]:
+    unknown = [f for f in cfg.families if f not in FAMILY]
+    if unknown:
+        raise ValueError(f"unknown toy families {unknown}; choose from {sorted(FAMILY)}")
+    if cfg.split == "eval":
+        tasks = [t for t in generate(cfg.seed) if t.split == "eval"]
+    else:
+        tasks = train_tasks(cfg.per_family, cfg.seed)
+    return [t for t in tasks if not cfg.families or t.family.name in cfg.families]
+
+
+def main(cfg: TeacherDataConfig, args: argparse.Namespace | None = None) -> int:
+    t0 = time.monotonic()
+    try:
+        tasks = tasks_for(cfg)
+    except ValueError as e:
+        print(f"harnessrl teacher-data: {e}", file=sys.stderr)
+        return 2
+    lines = [json.dumps(trajectory(t, cfg.max_turns)) for t in tasks]
+    cfg.out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(cfg.out, "".join(line + "\n" for line in lines))
+    print(
+        f"teacher-data: {len(lines)} trajectories ({cfg.split}) -> {cfg.out} "
+        f"in {time.monotonic() - t0:.1f}s",
+        file=sys.stderr,
+    )
+    return 0

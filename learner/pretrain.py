@@ -1,0 +1,196 @@
+"""The warm-start recipe's training: teacher conversations -> tree samples -> the real learner.
+
+``harnessrl pretrain`` (`learner.pretrain_cmd`) turns a tiny random model into ``tiny-agent``,
+a policy that already drives the reference harness on the toy families, so RL starts from
+something that can act. Offline, with both cores for the learner, but through the same code
+as live training: each conversation becomes a one-root `TreeSample` (prompt tokens loss-masked
+out, the assistant's tokens in), `learner.packing.pack` merges the harness's shared system
+prompt and tool schema across a batch (computed once per step, not once per trajectory),
+and `LearnerEngine.train_step` with ``algo = "sft"`` takes the DeepSpeed step.
+
+Token layout = what the proxy produces: per assistant turn, the rendered prompt delta
+(``\\n<|im_start|>…<|im_start|>assistant\\n``) then the reply's tokens through ``<|im_end|>``,
+each piece encoded on its own, as TITO appends them.
+
+Held-out measure (cheap, every ``eval_every`` steps): on the held-out tasks' teacher
+trajectories, the loss and the *teacher-forced exact-match* rate: the share of trajectories
+whose every assistant token is the model's argmax. A trajectory that matches would be
+reproduced token for token by a greedy rollout, so this tracks greedy success.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from common.models import render_chat
+from common.records import TreeNode, TreeSample
+
+IM_END = "<|im_end|>"
+
+
+@dataclass
+class Encoded:
+    """One conversation as token ids with the loss mask (1 = the assistant's tokens)."""
+
+    ids: np.ndarray
+    mask: np.ndarray
+    family: str = ""
+
+
+def _encode(tok: Any, text: str) -> list[int]:
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is not None:
+        return backend.encode(text, add_special_tokens=False).ids
+    return list(tok.encode(text, add_special_tokens=False))
+
+
+def encode_conversation(
+    tok: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None
+) -> Encoded:
+    """Ids and loss mask of a whole conversation, laid out as the proxy records it."""
+    ids: list[int] = []
+    mask: list[int] = []
+    done = ""  # text already encoded
+    for i, m in enumerate(messages):
+        if m.get("role") != "assistant":
+            continue
+        prompt = render_chat(messages[:i], tools=tools or None, add_generation_prompt=True)
+        full = render_chat(messages[: i + 1], tools=tools or None)
+        if not prompt.startswith(done) or not full.startswith(prompt):
+            raise ValueError(f"turn {i}: the rendered history is not append-only")
+        reply = full[len(prompt) :]
+        end = reply.rfind(IM_END)
+        if end < 0:
+            raise ValueError(f"turn {i}: the template wrote no {IM_END} after the reply")
+        reply = reply[: end + len(IM_END)]
+        p = _encode(tok, prompt[len(done) :])
+        o = _encode(tok, reply)
+        ids += p + o
+        mask += [0] * len(p) + [1] * len(o)
+        done = prompt + reply
+    return Encoded(np.asarray(ids, np.int32), np.asarray(mask, np.uint8))
+
+
+def read_conversations(path: str | Path) -> list[dict[str, Any]]:
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+                if not isinstance(rec.get("messages"), list):
+                    raise ValueError("no messages list")
+            except (ValueError, AttributeError) as e:
+                raise ValueError(f"{path}:{n}: not a conversation record ({e})") from None
+            out.append(rec)
+    return out
+
+
+def encode_file(tok: Any, path: str | Path) -> list[Encoded]:
+    """Every conversation of a ``harnessrl teacher-data`` JSONL file, encoded."""
+    out = []
+    for rec in read_conversations(path):
+        enc = encode_conversation(tok, rec["messages"], rec.get("tools"))
+        enc.family = str(rec.get("family", ""))
+        out.append(enc)
+    return out
+
+
+def as_sample(enc: Encoded, key: str) -> TreeSample:
+    """A one-root TreeSample of a conversation (reward 1: SFT data)."""
+    node = TreeNode(
+        parent=-1,
+        token_ids=enc.ids.astype(np.int32).tobytes(),
+        logprobs=np.zeros(len(enc.ids), np.float32).tobytes(),
+        loss_mask=enc.mask.astype(np.uint8).tobytes(),
+        weight_version=0,
+    )
+    return TreeSample(rollout_id=key, group_id=key, k=0, reward=1.0, nodes=[node])
+
+
+def corpus_windows(tok: Any, n_chars: int, seq: int, seed: int) -> list[Encoded]:
+    """The synthetic corpus (``common.models.corpus``) cut into ``seq``-token windows, every
+    token a target: the language warm-up's data."""
+    from common.models.corpus import _corpus_documents
+
+    ids: list[int] = []
+    for doc in _corpus_documents(n_chars, seed):
+        ids += _encode(tok, doc) + [0]
+    arr = np.asarray(ids, np.int32)
+    n = len(arr) // seq
+    return [
+        Encoded(arr[k * seq : (k + 1) * seq], np.ones(seq, np.uint8), "corpus") for k in range(n)
+    ]
+
+
+def batches(n_items: int, batch: int, seed: int, start_step: int) -> Iterator[list[int]]:
+    """Indices of each step's batch: epochs of seeded permutations, resumable at any step."""
+    per_epoch = max(1, n_items // batch)
+    step = start_step
+    while True:
+        epoch, k = divmod(step, per_epoch)
+        perm = np.random.default_rng([seed, epoch]).permutation(n_items)
+        yield [int(i) for i in perm[k * batch : (k + 1) * batch]]
+        step += 1
+
+
+def teacher_forced(engine: Any, items: Sequence[Encoded], pack_cfg: Any) -> dict[str, float]:
+    """Held-out loss, token accuracy and exact-match rate (every assistant token the argmax)."""
+    import torch
+
+    from learner.packing import collate, pack
+
+    samples = [as_sample(e, f"eval-{i}") for i, e in enumerate(items)]
+    packing = pack(samples, pack_cfg)
+    nll = correct = total = 0.0
+    exact = np.ones(len(items), bool)
+    lm = engine.policy.lm
+    with torch.no_grad():
+        for row in packing.rows:
+            batch = collate([row], device=engine.device)
+            out = lm.base_model(
+                input_ids=batch.input_ids,
+                position_ids=batch.position_ids,
+                attention_mask=batch.attention_mask,
+                use_cache=False,
+            )
+            hidden = out.last_hidden_state.flatten(0, 1)[batch.target_src]
+            lp = torch.log_softmax(lm.get_output_embeddings()(hidden).float(), -1)
+            tgt = batch.target_ids
+            scored = torch.from_numpy(row.loss_mask > 0)
+            nll += float(-lp.gather(1, tgt[:, None])[:, 0][scored].sum())
+            hit = (lp.argmax(-1) == tgt).numpy() | ~scored.numpy()
+            correct += float(hit[scored.numpy()].sum())
+            total += float(scored.sum())
+            for s in np.unique(row.sample_index):
+                exact[s] &= bool(hit[row.sample_index == s].all())
+    return {
+        "loss": nll / max(total, 1.0),
+        "token_acc": correct / max(total, 1.0),
+        "exact": float(exact.mean()),
+        "n": float(len(items)),
+    }
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def shuffled(items: list[Any], seed: int) -> list[Any]:
+    out = list(items)
+    random.Random(seed).shuffle(out)
+    return out

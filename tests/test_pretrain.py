@@ -1,0 +1,166 @@
+"""The warm-start recipe: teacher data through the real reference agent, the token layout of
+the SFT samples, the lr schedule, the recipe end to end (``--quick``) with resume, and the
+shipped ``tiny-agent`` (checksums, output limit, held-out success)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from actors import teacher_data
+from actors.harnesses import reference_agent as ra
+from common.models import load_tokenizer, render_chat
+from common.tasks.model import DEFAULT_MOUNT
+from common.tasks.toy import generate
+from learner.ds_engine import DeepSpeedConfig, lr_at
+from learner.pretrain import encode_conversation, read_conversations
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_lr_schedule_warms_up_then_decays_to_the_floor():
+    cfg = DeepSpeedConfig(lr=1.0, lr_warmup_steps=4, lr_decay_steps=14, lr_min_ratio=0.1)
+    lrs = [lr_at(cfg, s) for s in range(20)]
+    assert lrs[:4] == pytest.approx([0.2, 0.4, 0.6, 0.8])
+    assert lrs[4] == pytest.approx(1.0)
+    assert all(a > b for a, b in zip(lrs[4:14], lrs[5:15], strict=True))  # strictly decaying
+    assert lrs[9] == pytest.approx(0.55)  # halfway down the cosine
+    assert lrs[14:] == pytest.approx([0.1] * 6)
+    assert lr_at(DeepSpeedConfig(lr=0.3), 1000) == 0.3  # no schedule: constant
+
+
+@pytest.mark.parametrize("family", ["write_word", "copy", "json_collect"])
+def test_teacher_trajectory_is_the_reference_agents_conversation(family: str):
+    """The harness's own system prompt (workspace at the sandbox mount), tool schema and
+    message echoing; tool results from a real folder; the task is solved."""
+    task = next(t for t in generate(0) if t.family.name == family and t.split == "train")
+    rec = teacher_data.trajectory(task)
+    msgs = rec["messages"]
+    assert msgs[0] == {
+        "role": "system",
+        "content": ra.SYSTEM_PROMPT.format(workspace=DEFAULT_MOUNT),
+    }
+    assert msgs[1] == {"role": "user", "content": task.instruction}
+    assert rec["tools"] == ra.TOOLS
+    calls = [m["tool_calls"][0]["function"]["name"] for m in msgs if m["role"] == "assistant"]
+    assert calls[-1] == "finish" and "write_file" in calls
+    tool_results = [m["content"] for m in msgs if m["role"] == "tool"]
+    assert any(r.startswith("wrote ") for r in tool_results)  # the agent's own write_file text
+    if family != "write_word":
+        assert calls[0] in ("read_file", "list_dir")
+
+
+def test_teacher_data_cli(tmp_path: Path):
+    out = tmp_path / "t.jsonl"
+    cfg = teacher_data.TeacherDataConfig(out=out, per_family=2, families=["copy", "count_lines"])
+    assert teacher_data.main(cfg) == 0
+    recs = read_conversations(out)
+    assert sorted({r["family"] for r in recs}) == ["copy", "count_lines"] and len(recs) == 4
+    held = {(t.family.name, t.instruction) for t in generate(0) if t.split == "eval"}
+    assert not any((r["family"], r["messages"][1]["content"]) in held for r in recs)
+    bad = teacher_data.TeacherDataConfig(out=out, families=["nope"])
+    assert teacher_data.main(bad) == 2
+
+
+def test_bad_conversation_file_names_the_line(tmp_path: Path):
+    f = tmp_path / "bad.jsonl"
+    f.write_text('{"messages": []}\n{"nope": 1}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: not a conversation record"):
+        read_conversations(f)
+
+
+def test_sft_sample_layout_is_the_proxys():
+    """Prompt deltas masked out, each reply's tokens (through <|im_end|>) in; the ids decode to
+    the rendered conversation; the masked-in text is exactly the assistant turns."""
+    tok = load_tokenizer("tiny-1m")
+    task = next(t for t in generate(0) if t.family.name == "json_field" and t.split == "train")
+    rec = teacher_data.trajectory(task)
+    enc = encode_conversation(tok, rec["messages"], rec["tools"])
+    full = render_chat(rec["messages"], tools=rec["tools"])
+    assert tok.decode(enc.ids.tolist(), skip_special_tokens=False) == full.removesuffix("\n")
+    replies, cur = [], []
+    for i, m in zip(enc.ids, enc.mask, strict=True):
+        if m:
+            cur.append(int(i))
+        elif cur:
+            replies.append(tok.decode(cur, skip_special_tokens=False))
+            cur = []
+    replies.append(tok.decode(cur, skip_special_tokens=False))
+    n_assistant = sum(m["role"] == "assistant" for m in rec["messages"])
+    assert len(replies) == n_assistant
+    assert all(r.endswith("<|im_end|>") and "<|im_start|>" not in r for r in replies)
+    assert replies[0].startswith("I will read ") and "<tool_call>" in replies[0]
+    assert enc.mask[0] == 0 and int(np.sum(enc.mask)) < len(enc.mask) // 2
+
+
+@pytest.mark.slow
+def test_recipe_resumes_and_exports(tmp_path: Path, monkeypatch):
+    """A short recipe run, then the same with more steps: it resumes at the checkpoint (no step
+    done twice) and exports a loadable bf16 folder with checksums and its output limit."""
+    import torch
+
+    from common.models import load_model
+    from learner import pretrain_cmd
+
+    data = tmp_path / "t.jsonl"
+    teacher_data.main(teacher_data.TeacherDataConfig(out=data, per_family=2))
+    base = dict(out=tmp_path / "r", data=data, batch=4, eval_every=3, checkpoint_every=3)
+    base |= dict(warmup_steps=1, eval_n=0, log_every=1, threads=1)
+    assert pretrain_cmd.main(pretrain_cmd.PretrainConfig(steps=3, **base)) == 0
+    assert pretrain_cmd.main(pretrain_cmd.PretrainConfig(steps=5, **base)) == 0
+    lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    steps = [int(x["step"]) for x in lines if x["kind"] == "step"]
+    assert steps == [1, 2, 3, 4, 5]
+    assert lines[-1]["kind"] == "eval" and lines[-1]["n"] == 40
+    folder = tmp_path / "r" / "model"
+    recipe = json.loads((folder / "harnessrl_recipe.json").read_text())
+    assert recipe["steps"] == 5 and recipe["recipe"]["batch"] == 4
+    gen = json.loads((folder / "generation_config.json").read_text())
+    assert gen["max_new_tokens"] == 256
+    sums = dict(reversed(ln.split("  ")) for ln in (folder / "SHA256SUMS").read_text().splitlines())
+    assert {"model.safetensors", "tokenizer.json", "config.json"} <= set(sums)
+    model = load_model(folder)
+    assert next(model.parameters()).dtype == torch.float32  # bf16 on disk, loaded as asked
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()}  # noqa: SIM118 (safe_open is no dict) == {torch.bfloat16}
+
+
+@pytest.mark.slow
+def test_quick_recipe_cli(tmp_path: Path):
+    """``harnessrl pretrain --quick`` end to end as a process: data, SFT, export."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "common.cli", "pretrain", "--quick", "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "exported" in proc.stderr and (tmp_path / "model" / "SHA256SUMS").exists()
+    assert (tmp_path / "teacher.jsonl").exists() and (tmp_path / "checkpoints" / "latest").exists()
+
+
+def test_shipped_model_checksums_are_checked(tmp_path: Path, monkeypatch):
+    from common.models import resolve, resolve_model
+
+    shipped = resolve.SHIPPED["tiny-agent"]
+    if not (shipped / "SHA256SUMS").exists():
+        pytest.skip("tiny-agent is not built in this checkout")
+    copy = tmp_path / "tiny-agent"
+    shutil.copytree(shipped, copy)
+    monkeypatch.setitem(resolve.SHIPPED, "tiny-agent", copy)
+    monkeypatch.setattr(resolve, "_VERIFIED", set())
+    assert resolve_model("tiny-agent") == copy
+    assert resolve.model_max_new_tokens("tiny-agent") == 256
+    (copy / "model.safetensors").write_bytes(b"version https://git-lfs.github.com/spec/v1\n")
+    monkeypatch.setattr(resolve, "_VERIFIED", set())
+    with pytest.raises(ValueError, match="does not match SHA256SUMS"):
+        resolve_model("tiny-agent")
