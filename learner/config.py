@@ -112,8 +112,9 @@ def _learner_config() -> type:
     class LearnerConfig(ServiceConfig):
         """``harnessrl learner``: TreeSamples -> GRPO/PPO/SFT steps on DeepSpeed -> new weights."""
 
-        model: str = "tiny"
-        """Model folder (any Hugging Face causal LM) or a tiny spec (``tiny``, ``tiny-1m``...)."""
+        model: str = "tiny-agent"
+        """Model folder (any Hugging Face causal LM), ``tiny-agent`` (the shipped warm start)
+        or a random tiny spec (``tiny``, ``tiny-1m``...)."""
         algo: Literal["grpo", "ppo"] = "grpo"
         """``grpo``: groups of ``group_size`` rollouts per (task, harness), group-normalised
         advantage; ``ppo``: value head + per-branch GAE, any samples."""

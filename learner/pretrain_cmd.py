@@ -196,6 +196,26 @@ def held_out_eval(cfg: PretrainConfig, folder: Path, out: Path) -> dict[str, Any
     return {"suite": cfg.eval_suite, "n_per_task": cfg.eval_n, "temperature": 1.0, **summary}
 
 
+def prior_elapsed(metrics: Path) -> float:
+    """Training seconds of earlier invocations, from their last step lines (for checkpoints
+    that predate ``train_s``): each invocation's ``elapsed_s`` restarts at 0."""
+    if not metrics.exists():
+        return 0.0
+    total = last = 0.0
+    for line in metrics.read_text().splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        el = obj.get("elapsed_s") if obj.get("kind") == "step" else None
+        if el is None:
+            continue
+        if el < last:  # a new invocation started
+            total += last
+        last = float(el)
+    return total + last
+
+
 def main(cfg: PretrainConfig, args: argparse.Namespace | None = None) -> int:
     import numpy as np
     import torch
@@ -278,13 +298,18 @@ def main(cfg: PretrainConfig, args: argparse.Namespace | None = None) -> int:
         )
         return m
 
+    def train_s() -> float:
+        return prior_s + time.monotonic() - t_train
+
     def checkpoint() -> None:
-        engine.save_checkpoint(out / "checkpoints", {"step": step, "curve": curve})
+        state = {"step": step, "curve": curve, "train_s": round(train_s(), 1)}
+        engine.save_checkpoint(out / "checkpoints", state)
 
     corpus_it = batches(len(corpus), cfg.batch, cfg.seed, min(step, cfg.corpus_steps))
     sft_it = batches(len(train), cfg.batch, cfg.seed + 1, max(0, step - cfg.corpus_steps))
+    prior_s = float(state.get("train_s", 0.0)) or prior_elapsed(metrics_path)
     t_train = time.monotonic()
-    limit = cfg.time_limit_minutes * 60
+    limit = max(cfg.time_limit_minutes * 60 - prior_s, 1e-9) if cfg.time_limit_minutes else 0.0
     tokens = 0.0
     stopped = ""
     while step < total:
@@ -321,7 +346,7 @@ def main(cfg: PretrainConfig, args: argparse.Namespace | None = None) -> int:
         "train_conversations": len(train),
         "held_out": final,
         "curve": curve,
-        "train_minutes": round((time.monotonic() - t_train) / 60, 2),
+        "train_minutes": round(train_s() / 60, 2),
         "threads": torch.get_num_threads(),
         "numpy": np.__version__,
         "torch": torch.__version__,

@@ -21,9 +21,10 @@ class EngineConfig(HrlModel):
     (cold-start SFT data, eval ceiling) for the tasks of ``suites``, with the tokenizer named by
     ``model`` (it must match the actors' model). The teacher ignores the other fields except
     ``host``, ``port`` and ``log_level``."""
-    model: str = "tiny"
-    """Model folder (any Hugging Face causal LM with safetensors) or a tiny spec (``tiny``,
-    ``tiny-1m``, ``tiny-8m@seed1``...) built offline on first use; with ``kind = "teacher"``,
+    model: str = "tiny-agent"
+    """Model folder (any Hugging Face causal LM with safetensors), ``tiny-agent`` (the shipped
+    warm-start policy) or a random tiny spec (``tiny``, ``tiny-1m``, ``tiny-8m@seed1``...)
+    built offline on first use; with ``kind = "teacher"``,
     the tokenizer (a tiny spec or a folder)."""
     tokenizer: str = ""
     """Tokenizer folder; empty uses the model folder (without one, replies carry empty text)."""

@@ -38,8 +38,8 @@ class ProxySettings(SamplingSettings):
     engines: list[str] = ["http://127.0.0.1:30000"]
     """Engine URLs speaking SGLang's native API (repeat the flag for several); calls of one
     rollout stick to one engine."""
-    model: str = "tiny"
-    """Folder (or tiny spec such as ``tiny-1m``) whose tokenizer and chat template build the
+    model: str = "tiny-agent"
+    """Folder (or ``tiny-agent``, or a tiny spec such as ``tiny-1m``) whose tokenizer and chat template build the
     prompts; must match the engines' model."""
     parser: Literal["hermes", "qwen"] = "hermes"
     """Tool-call parser for the model's output."""

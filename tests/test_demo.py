@@ -138,7 +138,8 @@ def test_tiny_demo_runs_every_phase(tmp_path: Path) -> None:
     t0 = time.monotonic()
     proc = subprocess.run(
         [*HRL, "demo", "--from-scratch", "--algo", "ppo", "--sft-steps", "2", "--steps", "1"]
-        + ["--eval-limit", "2", "--no-dashboard", "--out", str(out)],
+        + ["--group-size", "4", "--batch-groups", "2", "--eval-limit", "2", "--eval-n", "1"]
+        + ["--no-dashboard", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=570,
@@ -169,6 +170,40 @@ def test_tiny_demo_runs_every_phase(tmp_path: Path) -> None:
     for log in [*(out / "sft" / "logs").glob("*.log"), *(out / "rl" / "logs").glob("*.log")]:
         assert "Traceback" not in log.read_text(), log.name
     print(f"tiny demo: {time.monotonic() - t0:.0f}s")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_demo_starts_from_the_shipped_warm_start(tmp_path: Path) -> None:
+    """The default demo: no SFT phase; RL (PPO here: it steps on any batch) from
+    ``tiny-agent`` with live weight sync, then both policies on the held-out tasks; the RL
+    phase's rollouts/s is recorded."""
+    from common.models import resolve_model
+
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap not installed")
+    out = tmp_path / "demo"
+    proc = subprocess.run(
+        [*HRL, "demo", "--algo", "ppo", "--steps", "1", "--eval-limit", "2", "--eval-n", "1"]
+        + ["--group-size", "4", "--batch-groups", "2", "--no-dashboard", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=570,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    doc = json.loads((out / "demo.json").read_text())
+    assert doc["from_scratch"] is False and doc["phases"]["sft"] == {}
+    assert not (out / "sft").exists() and not (out / "sft.toml").exists()
+    assert Path(doc["sft_policy"]) == resolve_model("tiny-agent")
+    rl = doc["phases"]["rl"]
+    assert rl["outcome"] == "done" and rl["version"] == 1
+    assert rl["engine_versions"] == {"engine-0": "1"}
+    assert doc["rl_rollouts_per_s"] > 0
+    assert "phase 1/2: PPO from" in proc.stdout and "phase 2/2: held-out" in proc.stdout
+    assert "before: tiny-agent" in proc.stdout and "after: PPO v1" in proc.stdout
+    row = doc["before_after"]["reference"]
+    assert row["before"]["n"] == 2 and row["after"]["n"] == 2
 
 
 def test_example_run_file_is_valid() -> None:

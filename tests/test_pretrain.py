@@ -5,6 +5,7 @@ shipped ``tiny-agent`` (checksums, output limit, held-out success)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -136,9 +137,12 @@ def test_recipe_resumes_and_exports(tmp_path: Path, monkeypatch):
 @pytest.mark.slow
 def test_quick_recipe_cli(tmp_path: Path):
     """``harnessrl pretrain --quick`` end to end as a process: data, SFT, export."""
+    dist = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+    env = {k: v for k, v in os.environ.items() if k not in dist}  # not this process's group
     proc = subprocess.run(
         [sys.executable, "-m", "common.cli", "pretrain", "--quick", "--out", str(tmp_path)],
         cwd=REPO,
+        env=env,
         capture_output=True,
         text=True,
         timeout=600,
@@ -164,3 +168,29 @@ def test_shipped_model_checksums_are_checked(tmp_path: Path, monkeypatch):
     monkeypatch.setattr(resolve, "_VERIFIED", set())
     with pytest.raises(ValueError, match="does not match SHA256SUMS"):
         resolve_model("tiny-agent")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_shipped_warm_start_holds_its_recorded_success(tmp_path: Path):
+    """The committed policy, evaluated as its recipe evaluated it (every held-out task, the same
+    rollouts per task, temperature 1, seed 0, the real reference harness in a sandbox), scores
+    no lower than its recorded success minus 0.1."""
+    from common.models import resolve_model
+
+    recorded = json.loads((resolve_model("tiny-agent") / "harnessrl_recipe.json").read_text())
+    rec = recorded["held_out_success"]
+    out = tmp_path / "eval.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "common.cli", "eval", "--policy", "tiny-agent"]
+        + ["--suite", rec["suite"], "--harness", "reference", "--n", str(rec["n_per_task"])]
+        + ["--temperature", str(rec["temperature"]), "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=840,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(out.read_text())["summary"]["tiny-agent"]["reference"]
+    assert got["n"] == rec["n"]
+    assert got["success"] >= rec["success"] - 0.1, (got, rec)

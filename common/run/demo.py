@@ -1,36 +1,38 @@
 """``harnessrl demo``: the whole system on one machine, learning for real, in one command.
 
-    harnessrl demo [--steps N] [--out DIR] [--algo grpo|ppo] [--harness reference ...]
-                   [--nats URL] [--engine URL ...] [--no-dashboard]
+    harnessrl demo [--steps N] [--out DIR] [--algo grpo|ppo] [--seed N] [--harness reference ...]
+                   [--nats URL] [--engine URL ...] [--from-scratch] [--no-dashboard]
 
-Three phases, each an ordinary ``harnessrl run`` / ``harnessrl eval`` child whose run file is
-written to ``<out>/`` first (so every phase can be re-run or changed by hand):
+Each phase is an ordinary ``harnessrl run`` / ``harnessrl eval`` child whose run file is written
+to ``<out>/`` first (so every phase can be re-run or changed by hand):
 
-1. **cold-start SFT** (``<out>/sft.toml`` -> ``<out>/sft/``): the scripted toy teacher serves as
-   the model (``harnessrl engine --kind teacher``), so its trajectories flow through the same
-   actors, bubblewrap sandboxes, reference harness, proxy and assembler as any rollout; the
-   learner trains the tiny model on them with ``--sft`` (loss on model tokens only, same tree
-   packing and DeepSpeed engine). A random tiny model scores 0 everywhere, which gives GRPO
-   nothing to learn from; this phase is what makes the RL phase measurable.
-2. **RL** (``<out>/rl.toml`` -> ``<out>/rl/``): GRPO (or PPO) from the SFT weights, with the
-   embedded engine (or ``--engine`` URLs, loaded with the SFT weights first by
+1. **RL** (``<out>/rl.toml`` -> ``<out>/rl/``): GRPO (or PPO) from the shipped warm start
+   ``tiny-agent`` (``harnessrl pretrain``'s output, ``common/models/tiny-agent``), with the
+   embedded engine (or ``--engine`` URLs, loaded with the policy first by
    ``harnessrl weights-sync --load``) serving the policy and a weights-sync updater applying
-   every new version.
-3. **held-out evaluation** (``<out>/eval.json``): the SFT and the RL policy on ``toy-eval``.
+   every new version;
+2. **held-out evaluation** (``<out>/eval.json``): the starting and the RL policy on
+   ``toy-eval`` (every task ``eval_n`` times, the same tasks and sampling seeds for both, at
+   the training temperature).
 
-Each training phase ends at its steps or its wall-clock limit (``--sft-minutes``,
-``--rl-minutes``), whichever comes first, so the defaults finish in about 12-13 minutes on a
-2-core machine. It ends by printing the before/after table and the plot's path;
-``<out>/demo.json`` keeps the numbers and the phase timings.
+``--from-scratch`` puts a **cold-start SFT** phase first (``<out>/sft.toml`` -> ``<out>/sft/``):
+the scripted toy teacher serves as the model (``harnessrl engine --kind teacher``), so its
+trajectories flow through the same actors, sandboxes, harness, proxy and assembler as any
+rollout, and the learner trains a random tiny model on them with ``--sft``; RL then starts
+from its weights.
 
-What to expect on a 2-core CPU (measured; ``benchmarks/demo_learning.py`` has the default run):
-the randomly initialised tiny model does not learn to *solve* held-out toy tasks within the
-15-minute budget. SFT runs ~2 s per step of 8 trajectories (the learner shares the harness's
-570-token prompt across them), and held-out reward at temperature 1 grows only with SFT time:
-0.00 after 5.5 min, 0.07 after 11, 0.08 after 22 and 0.28 after 40 min (1182 steps; mostly the
-0.5 partial credit for writing the right output file; success 1.4%, 5.6% greedy). 40 GRPO steps
-from that policy at lr 2e-4 held it (0.28 -> 0.30, success unchanged); at lr 1e-3 they broke it
-(0.28 -> 0.09). Give it a GPU or hours (``--sft-minutes 120 --sft-steps 100000``).
+Each training phase ends at its steps or its wall-clock limit (``--rl-minutes``,
+``--sft-minutes``), whichever comes first. The demo ends by printing the before/after table,
+the RL phase's rollouts/s and the plot's path; ``<out>/demo.json`` keeps the numbers and the
+phase timings.
+
+What to expect on a 2-core CPU (measured; ``benchmarks/results/demo_learning.json``): the
+defaults take 10.4 min (RL 8.4, eval 1.9). The warm start succeeds on 0.075 of held-out
+rollouts at temperature 1 (mean reward 0.31); 26 GRPO steps of 32 rollouts (1.9 rollouts/s)
+hold it there (0.075 -> 0.075, reward 0.31 -> 0.30) but do not raise it. With token-mean loss
+normalisation and lr 3e-4 the same budget broke it (reward 0.31 -> 0.07: the policy stopped
+writing files and ran out of turns), hence ``norm = "sequence"`` and lr 1e-4. From scratch, SFT
+inside the live run is slow: held-out reward 0.28 after 40 min (success 1.4 %).
 """
 
 from __future__ import annotations
@@ -58,18 +60,19 @@ from common.run.config import RunConfig
 
 
 class DemoConfig(HrlModel):
-    """``harnessrl demo``: cold-start SFT, then RL, then held-out evaluation on the toy suite."""
+    """``harnessrl demo``: RL from the shipped warm start (or, ``from_scratch``, cold-start SFT
+    first), then held-out evaluation before and after on the toy suite."""
 
     out: Path | None = None
     """Demo folder; empty: ``runs/demo`` (``runs/demo-2``... when it exists)."""
-    steps: int = Field(20, ge=1, le=1_000_000)
+    steps: int = Field(40, ge=1, le=1_000_000)
     """RL steps (weight versions); the RL phase ends at ``steps`` or after ``rl_minutes``."""
     sft_steps: int = Field(0, ge=0, le=1_000_000)
     """SFT steps; 0: fifteen times ``steps`` (at most 400). The SFT phase ends at
     ``sft_steps`` or after ``sft_minutes``, whichever comes first."""
     sft_minutes: float = Field(5.5, ge=0, le=100_000)
     """Wall-clock limit of the SFT phase once its processes are ready (0: none)."""
-    rl_minutes: float = Field(4.5, ge=0, le=100_000)
+    rl_minutes: float = Field(8.0, ge=0, le=100_000)
     """Wall-clock limit of the RL phase once its processes are ready (0: none)."""
     algo: Literal["grpo", "ppo"] = "grpo"
     """RL algorithm."""
@@ -96,32 +99,44 @@ class DemoConfig(HrlModel):
     """Teacher trajectories per SFT step."""
     sft_lr: float = Field(5e-3, gt=0, le=1.0)
     """SFT learning rate (AdamW)."""
-    group_size: int = Field(4, ge=2, le=256)
+    group_size: int = Field(8, ge=2, le=256)
     """RL rollouts per (task, harness) group."""
-    batch_groups: int = Field(2, ge=1, le=1024)
+    batch_groups: int = Field(4, ge=1, le=1024)
     """RL groups per step."""
-    lr: float = Field(2e-4, gt=0, le=1.0)
-    """RL learning rate (AdamW). Measured on ``tiny-1m``: 1e-3 with 8-rollout batches drifts
-    the SFT policy away (held-out reward 0.28 -> 0.09 in 40 steps); 2e-4 keeps it."""
+    lr: float = Field(1e-4, gt=0, le=1.0)
+    """RL peak learning rate (AdamW, linear warmup over ``lr_warmup_steps``, then constant)."""
+    lr_warmup_steps: int = Field(3, ge=0, le=1_000_000)
+    """RL learning-rate warmup steps."""
+    norm: Literal["token", "sequence"] = "sequence"
+    """How the RL loss averages tokens (the learner's ``loss.norm``): ``sequence`` gives each
+    rollout the same weight, so long failing rollouts (turn after turn of junk) do not outvote
+    short successful ones on the tokens they share."""
+    kl_coef: float = Field(0.0, ge=0.0, le=100.0)
+    """Weight of the KL penalty to the starting policy (the learner's ``loss.kl_coef``)."""
     max_staleness: int = Field(2, ge=0, le=64)
     """RL: versions a sample may lag behind the learner."""
     temperature: float = Field(1.0, ge=0.0, le=5.0)
     """Sampling temperature of RL and eval rollouts."""
-    max_turns: int = Field(7, ge=1, le=1000)
+    max_turns: int = Field(8, ge=1, le=1000)
     """Model turns per rollout (the teacher needs at most 7)."""
-    max_new_tokens: int = Field(192, ge=16, le=100_000)
-    """Tokens per model call (the teacher's longest reply is ~170)."""
+    max_new_tokens: int = Field(0, ge=0, le=100_000)
+    """Tokens per model call; 0: the model's own limit (``tiny-agent``: 256; the teacher's
+    longest reply is 154), else 4096."""
     train_per_family: int = Field(40, ge=1, le=10_000)
-    """Training tasks per toy family (18 families), generated once into ``<out>/toy-train``
+    """Training tasks per toy family (20 families), generated once into ``<out>/toy-train``
     (deterministic, none equal to a held-out task; the first 6 are the built-in ``toy``
     suite, which 6 selects). The teacher is deterministic, so more tasks is the only way to
     more distinct SFT trajectories; a tiny model memorises 108 of them instead of learning to
     read."""
     eval_suite: str = "toy-eval"
     """Held-out suite for the before/after table."""
-    eval_n: int = Field(1, ge=1, le=100)
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    """Seed of the RL phase (the learner's initialisation and the feeder's task order and
+    sampling seeds); the held-out evaluation keeps its own fixed seeds, so before and after
+    are scored on the same tasks and seeds."""
+    eval_n: int = Field(3, ge=1, le=100)
     """Rollouts per held-out task and policy."""
-    eval_limit: int = Field(24, ge=0, le=100_000)
+    eval_limit: int = Field(0, ge=0, le=100_000)
     """Held-out tasks evaluated, spread over the suite's families (0: all)."""
     eval: bool = True
     """Run the before/after evaluation."""
@@ -147,6 +162,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+def max_new_tokens(cfg: DemoConfig) -> int:
+    """``max_new_tokens``, or when 0: the model's own limit (0 passed on), except that a policy
+    SFT'd from scratch declares none, so it gets the teacher's 256."""
+    return cfg.max_new_tokens or (256 if cfg.from_scratch else 0)
+
+
 def scratch_model(cfg: DemoConfig) -> str:
     """The model the from-scratch SFT phase trains (``tiny-1m`` unless ``model`` names one)."""
     return "tiny-1m" if cfg.model == "tiny-agent" else cfg.model
@@ -157,7 +178,7 @@ def _actor(cfg: DemoConfig) -> dict[str, Any]:
         "model": scratch_model(cfg),
         "concurrency": cfg.concurrency,
         "max_turns": cfg.max_turns,
-        "max_new_tokens": cfg.max_new_tokens,
+        "max_new_tokens": max_new_tokens(cfg),
         "temperature": cfg.temperature,
         "harness_timeout_s": 240.0,
         "shutdown_grace_s": 2.0,
@@ -265,9 +286,10 @@ def rl_run_file(cfg: DemoConfig, name: str, policy: Path, suite: str = "toy") ->
                 "min_group_size": 2,
                 "batch_groups": cfg.batch_groups,
                 "max_staleness": cfg.max_staleness,
-                "ds": {"lr": cfg.lr},
+                "ds": {"lr": cfg.lr, "lr_warmup_steps": cfg.lr_warmup_steps, "seed": cfg.seed},
+                "loss": {"norm": cfg.norm, "kl_coef": cfg.kl_coef},
                 "broadcast": {"transport": "disk", "keep_versions": 2},
-                "feeder": {"suites": [suite], "harnesses": cfg.harnesses},
+                "feeder": {"suites": [suite], "harnesses": cfg.harnesses, "seed": cfg.seed},
             },
             "weights_sync": {},
         }
@@ -409,7 +431,7 @@ class Demo:
             argv += ["--harness", h]
         argv += ["--n", str(c.eval_n), "--limit", str(c.eval_limit)]
         argv += ["--temperature", str(c.temperature), "--max-turns", str(c.max_turns)]
-        argv += ["--max-new-tokens", str(c.max_new_tokens)]
+        argv += ["--max-new-tokens", str(max_new_tokens(c))]
         argv += ["--concurrency", str(c.actors * c.concurrency)]
         argv += ["--out", str(self.dir / "eval.json"), "--log-dir", str(self.dir / "eval-logs")]
         return argv
@@ -474,9 +496,11 @@ class Demo:
             if ph:
                 why = " (time limit)" if ph.time_limited else ""
                 dropped = ", ".join(f"{k} {int(v)}" for k, v in ph.dropped.items())
+                rate = rollouts_per_s(ph)
                 print(
                     f"{name}: v{ph.version}/{ph.steps}{why}, "
                     f"{ph.samples_trained} samples trained"
+                    + (f", {rate:.2f} rollouts/s" if rate else "")
                     + (f", dropped: {dropped}" if dropped else ""),
                     file=p,
                 )
@@ -485,11 +509,10 @@ class Demo:
             "timings: " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in t.items()),
             file=p,
         )
-        print(
-            f"plot: {self.dir / 'rl' / 'plot.png'} (SFT phase: {self.dir / 'sft' / 'plot.png'})",
-            file=p,
-        )
-        print(f"everything: {self.dir} (demo.json, sft/, rl/, eval.json)", file=p)
+        sft_plot = f" (SFT phase: {self.dir / 'sft' / 'plot.png'})" if cfg.from_scratch else ""
+        print(f"plot: {self.dir / 'rl' / 'plot.png'}{sft_plot}", file=p)
+        folders = "sft/, rl/" if cfg.from_scratch else "rl/"
+        print(f"everything: {self.dir} (demo.json, {folders}, eval.json)", file=p)
         p.flush()
 
 
