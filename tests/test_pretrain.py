@@ -194,3 +194,6 @@ def test_shipped_warm_start_holds_its_recorded_success(tmp_path: Path):
     got = json.loads(out.read_text())["summary"]["tiny-agent"]["reference"]
     assert got["n"] == rec["n"]
     assert got["success"] >= rec["success"] - 0.1, (got, rec)
+    # while the recorded success is under 0.1 the line above cannot fail; the mean reward
+    # (0.28 recorded; a random or broken policy scores ~0) keeps the check meaningful
+    assert got["reward"] >= rec["reward"] - 0.1, (got, rec)
