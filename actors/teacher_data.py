@@ -36,7 +36,7 @@ from common.config import HrlModel
 from common.files import atomic_write
 from common.tasks.model import DEFAULT_MOUNT, Task
 from common.tasks.teacher import teacher_step
-from common.tasks.toy import FAMILY, ToyTask, generate, train_tasks
+from common.tasks.toy import FAMILY, ToyTask, generate, toy_metadata, train_tasks
 
 
 class TeacherDataConfig(HrlModel):
@@ -83,14 +83,13 @@ class _TeacherClient:
 
 def as_task(t: ToyTask) -> Task:
     """The `Task` the teacher needs (instruction and ``metadata.toy``) for a generated task."""
-    meta = {"family": t.family.name, **{k: str(v) for k, v in t.params.items()}}
     return Task(
         id=t.id,
         suite="toy-generated",
         instruction=t.instruction,
         split=t.split,
         path=Path("."),
-        metadata={"toy": meta},
+        metadata={"toy": toy_metadata(t)},
     )
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,9 +187,3 @@ def file_sha256(path: str | Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def shuffled(items: list[Any], seed: int) -> list[Any]:
-    out = list(items)
-    random.Random(seed).shuffle(out)
-    return out

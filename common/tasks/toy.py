@@ -533,8 +533,13 @@ Path(P["output"]).write_text(out)
 '''
 
 
+def toy_metadata(t: ToyTask) -> dict[str, str]:
+    """The task's ``metadata.toy`` table: its family and parameters (what the teacher reads)."""
+    return {"family": t.family.name, **{k: str(v) for k, v in t.params.items()}}
+
+
 def task_toml(t: ToyTask) -> str:
-    meta = {"family": t.family.name, **{k: str(v) for k, v in t.params.items()}}
+    meta = toy_metadata(t)
     return toml_text(
         {
             "id": t.id,
