@@ -15,7 +15,7 @@ Tasks are fresh draws of the toy generator (``common.tasks.toy.train_tasks``): n
 held-out ``toy-eval`` task. With ``--split eval`` it writes the held-out tasks' trajectories
 instead (for a teacher-forced held-out loss; never trained on).
 
-Output: one JSON object per line: ``task``, ``family``, ``level``, ``split``, ``messages`` (the
+Output: one JSON object per line: ``task``, ``family``, ``level``, ``split``, ``style``, ``messages`` (the
 whole conversation: system, user, assistant/tool turns, ending with the teacher's ``finish``
 call) and ``tools`` (the schema the harness sent). Written atomically.
 """
@@ -23,7 +23,10 @@ call) and ``tools`` (the schema the harness sent). Written atomically.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import random
 import sys
 import tempfile
 import time
@@ -36,7 +39,14 @@ from common.config import HrlModel
 from common.files import atomic_write
 from common.tasks.model import DEFAULT_MOUNT, Task
 from common.tasks.teacher import teacher_step
-from common.tasks.toy import FAMILY, ToyTask, generate, toy_metadata, train_tasks
+from common.tasks.toy import (
+    FAMILY,
+    ToyTask,
+    generate,
+    toy_metadata,
+    train_tasks,
+    vary_names,
+)
 
 
 class TeacherDataConfig(HrlModel):
@@ -52,6 +62,14 @@ class TeacherDataConfig(HrlModel):
     """``train``: fresh training tasks; ``eval``: the held-out ``toy-eval`` tasks."""
     families: list[str] = []
     """Toy families to include (``--family``, repeat); empty: all."""
+    vary_names: float = Field(0.5, ge=0.0, le=1.0)
+    """Share of training tasks whose input, output and folder names are redrawn from the toy
+    word list (``common.tasks.toy.vary_names``), so a policy must copy names from the
+    instruction rather than guess among the six built-in ones (``--split eval``: never)."""
+    style: str = Field("shell", pattern="^(edit|shell)$")
+    """Teacher style (``common.tasks.teacher.STYLES``): ``shell`` runs the family's one-line
+    shell solution and finishes (what the ``tiny-agent`` recipe trains on); ``edit`` reads the
+    inputs and writes the answer with ``write_file``."""
     max_turns: int = Field(12, ge=1, le=100)
     """Model turns per trajectory (the teacher needs at most 7)."""
 
@@ -69,14 +87,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 class _TeacherClient:
     """Stands where the reference agent's HTTP client stands: replies with the teacher."""
 
-    def __init__(self, task: Task) -> None:
-        self.task = task
+    def __init__(self, task: Task, style: str) -> None:
+        self.task, self.style = task, style
         self.calls = 0
         self.last: list[dict[str, Any]] = []
 
     def chat(self, messages: list, tools: list | None, label: str | None = None) -> dict:
         self.calls += 1
-        msg = teacher_step(self.task, messages)
+        msg = teacher_step(self.task, messages, self.style)
         self.last = [*messages, msg]
         return {"choices": [{"message": msg}], "usage": {}}
 
@@ -93,7 +111,7 @@ def as_task(t: ToyTask) -> Task:
     )
 
 
-def trajectory(t: ToyTask, max_turns: int = 12) -> dict[str, Any]:
+def trajectory(t: ToyTask, max_turns: int = 12, style: str = "shell") -> dict[str, Any]:
     """One teacher trajectory for ``t`` through the reference agent's loop and tools."""
     from actors.harnesses import reference_agent as ra
 
@@ -102,14 +120,15 @@ def trajectory(t: ToyTask, max_turns: int = 12) -> dict[str, Any]:
             (Path(tmp) / rel).parent.mkdir(parents=True, exist_ok=True)
             (Path(tmp) / rel).write_text(text)
         args = ra.parse_args(["--max-turns", str(max_turns)])
-        client = _TeacherClient(as_task(t))
+        client = _TeacherClient(as_task(t), style)
         agent = ra.Agent(client, ra.Workspace(tmp, 10.0, args.max_output), args)  # type: ignore[arg-type]
         # the sandbox shows the workspace at its mount; the prompt must say so
         agent.system = {
             "role": "system",
             "content": ra.SYSTEM_PROMPT.format(workspace=DEFAULT_MOUNT),
         }
-        status, _ = agent.run(t.instruction)
+        with contextlib.redirect_stderr(io.StringIO()):  # the agent logs every turn
+            status, _ = agent.run(t.instruction)
         got = (Path(tmp) / t.params["output"]).read_text() if status == "finished" else None
     if got is None or got != t.expected:
         raise RuntimeError(f"teacher did not solve {t.id} ({t.family.name}): status {status}")
@@ -118,6 +137,7 @@ def trajectory(t: ToyTask, max_turns: int = 12) -> dict[str, Any]:
         "family": t.family.name,
         "level": t.family.level,
         "split": t.split,
+        "style": style,
         "messages": client.last,
         "tools": agent.tools,
     }
@@ -130,7 +150,11 @@ def tasks_for(cfg: TeacherDataConfig) -> list[ToyTask]:
     if cfg.split == "eval":
         tasks = [t for t in generate(cfg.seed) if t.split == "eval"]
     else:
-        tasks = train_tasks(cfg.per_family, cfg.seed)
+        rng = random.Random(f"vary-names:{cfg.seed}")
+        tasks = [
+            vary_names(t, rng) if rng.random() < cfg.vary_names else t
+            for t in train_tasks(cfg.per_family, cfg.seed)
+        ]
     return [t for t in tasks if not cfg.families or t.family.name in cfg.families]
 
 
@@ -141,7 +165,7 @@ def main(cfg: TeacherDataConfig, args: argparse.Namespace | None = None) -> int:
     except ValueError as e:
         print(f"harnessrl teacher-data: {e}", file=sys.stderr)
         return 2
-    lines = [json.dumps(trajectory(t, cfg.max_turns)) for t in tasks]
+    lines = [json.dumps(trajectory(t, cfg.max_turns, cfg.style)) for t in tasks]
     cfg.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(cfg.out, "".join(line + "\n" for line in lines))
     print(

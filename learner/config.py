@@ -129,6 +129,11 @@ def _learner_config() -> type:
         """GRPO: a group left with fewer samples (tombstones, stale members) is skipped and counted."""
         batch_groups: int = Field(4, ge=1, le=100_000)
         """Groups per optimiser step (PPO/SFT: ``batch_groups * group_size`` samples per step)."""
+        updates_per_batch: int = Field(1, ge=1, le=64)
+        """Optimiser steps on each batch (PPO's epochs, DeepSeekMath GRPO's mu): a no-grad pass
+        fixes pi_old first, and every step clips its ratio against it (``loss.clip_low`` /
+        ``clip_high``). One weight version per batch however many. More than 1 gets more out
+        of each rollout where rollouts are the scarce resource and the learner waits for them."""
         max_staleness: int = Field(4, ge=0, le=1000)
         """Samples more than this many versions behind are dropped; the feeder keeps at most
         ``(max_staleness + 1) * batch`` rollouts in flight (AReaL-style admission control)."""

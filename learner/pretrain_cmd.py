@@ -52,6 +52,13 @@ class PretrainConfig(HrlModel):
     ``write_word``, 120 possible tasks) give fewer."""
     families: list[str] = []
     """Toy families to train on (``--family``, repeat); empty: all."""
+    vary_names: float = Field(0.5, ge=0.0, le=1.0)
+    """Share of teacher tasks with input/output/folder names redrawn from the toy word list
+    (``harnessrl teacher-data --vary-names``): names the policy must copy, not guess."""
+    teacher_style: Literal["edit", "shell"] = "shell"
+    """How the teacher solves a task (``harnessrl teacher-data --style``): ``shell``, one
+    ``run`` of the family's shell one-liner then ``finish``; ``edit``, read the inputs and write
+    the answer with ``write_file`` (the model must copy and transform file text)."""
     data: Path | None = None
     """An existing ``harnessrl teacher-data`` file to train on instead of generating one."""
     corpus_steps: int = Field(0, ge=0, le=10_000_000)
@@ -88,9 +95,10 @@ class PretrainConfig(HrlModel):
     """Folder of the exported model; empty: ``<out>/model``."""
     export_dtype: Literal["bfloat16", "float32"] = "bfloat16"
     """Dtype of the exported weights."""
-    max_new_tokens: int = Field(256, ge=1, le=1_000_000)
+    max_new_tokens: int = Field(128, ge=1, le=1_000_000)
     """Output limit per call written into the exported ``generation_config.json`` (runs with
-    ``max_new_tokens = 0`` use it): the teacher's longest reply is 154 tokens."""
+    ``max_new_tokens = 0`` use it): the ``shell`` teacher's longest reply is 61 tokens, the
+    ``edit`` teacher's 154."""
     eval_n: int = Field(3, ge=0, le=1000)
     """Last step: ``harnessrl eval`` of the exported policy on every ``eval_suite`` task this
     many times through the real reference harness at temperature 1, recorded as the warm
@@ -142,6 +150,7 @@ def teacher_data(cfg: PretrainConfig, out: Path, split: str) -> Path:
         return path
     argv = [sys.executable, "-m", "common.cli", "teacher-data", "--out", str(path)]
     argv += ["--split", split, "--seed", str(cfg.seed), "--per-family", str(cfg.per_family)]
+    argv += ["--style", cfg.teacher_style, "--vary-names", str(cfg.vary_names)]
     for f in cfg.families:
         argv += ["--family", f]
     subprocess.run(argv, check=True)

@@ -334,7 +334,13 @@ class Learner:
         from learner.packing import pack
 
         packing = pack(batch.samples, self.cfg.pack, advantages=batch.advantages)
-        m = self.engine.train_step(packing.rows)
+        k = self.cfg.updates_per_batch
+        old = self.engine.logprobs(packing.rows) if k > 1 else None
+        t0 = time.perf_counter()
+        for _ in range(k):
+            m = self.engine.train_step(packing.rows, old_logp=old)
+        if k > 1:
+            m.update({"updates": float(k), "step_time_s": time.perf_counter() - t0})
         m.update({f"pack/{k}": float(v) for k, v in packing.stats.as_dict().items()})
         return m
 

@@ -118,6 +118,26 @@ async def test_in_process_feeder_learner_broadcast_and_resume(tmp_path: Path) ->
         await bus.close()
 
 
+async def test_updates_per_batch_steps_each_batch_k_times(tmp_path: Path) -> None:
+    """``updates_per_batch = 3``: three optimiser steps per weight version, clipped against the
+    batch's pi_old (at a large lr the later updates move the ratio off 1 and the clip bites)."""
+    bus = await connect(f"memory://{uuid.uuid4().hex}", "t")
+    cfg = in_process_config(tmp_path, max_steps=2, updates_per_batch=3, ds={"lr": 0.05})
+    learner = Learner(cfg, bus)
+    actors = asyncio.create_task(fake_actors(bus, learner, [], []))
+    try:
+        assert await asyncio.wait_for(learner.run(), 240) == 0
+        assert learner.version == 2 and learner.engine.global_steps == 6
+        steps = [
+            m for m in read_metrics(tmp_path / "run" / "metrics.jsonl") if isinstance(m, StepLine)
+        ]
+        assert [m.metrics["updates"] for m in steps] == [3.0, 3.0]
+        assert max(m.metrics["ppo/clip_frac"] for m in steps) > 0
+    finally:
+        actors.cancel()
+        await bus.close()
+
+
 # ------------------------------------------------------------------------------------------
 # subprocess, SIGKILL, --resume
 # ------------------------------------------------------------------------------------------

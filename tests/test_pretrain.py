@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from actors import teacher_data
 from actors.harnesses import reference_agent as ra
 from common.models import load_tokenizer, render_chat
 from common.tasks.model import DEFAULT_MOUNT
-from common.tasks.toy import generate
+from common.tasks.toy import DIRS, FAMILY, INPUTS, OUTPUTS, generate, vary_names
 from learner.ds_engine import DeepSpeedConfig, lr_at
 from learner.pretrain import encode_conversation, read_conversations
 
@@ -41,7 +42,7 @@ def test_teacher_trajectory_is_the_reference_agents_conversation(family: str):
     """The harness's own system prompt (workspace at the sandbox mount), tool schema and
     message echoing; tool results from a real folder; the task is solved."""
     task = next(t for t in generate(0) if t.family.name == family and t.split == "train")
-    rec = teacher_data.trajectory(task)
+    rec = teacher_data.trajectory(task, style="edit")
     msgs = rec["messages"]
     assert msgs[0] == {
         "role": "system",
@@ -57,12 +58,57 @@ def test_teacher_trajectory_is_the_reference_agents_conversation(family: str):
         assert calls[0] in ("read_file", "list_dir")
 
 
+@pytest.mark.parametrize("family", sorted(FAMILY))
+def test_shell_teacher_solves_every_family_through_the_agents_run_tool(family: str):
+    """The ``shell`` style: one ``run`` of the family's one-liner (``sh -c`` in the workspace,
+    the reference agent's own tool), then ``finish``; the output is exactly the expected one
+    (``trajectory`` raises otherwise) on training and held-out tasks alike."""
+    tasks = [t for t in generate(0) if t.family.name == family]
+    for task in tasks[:3] + [t for t in tasks if t.split == "eval"]:
+        rec = teacher_data.trajectory(task, style="shell")
+        turns = [m for m in rec["messages"] if m["role"] == "assistant"]
+        calls = [m["tool_calls"][0]["function"] for m in turns]
+        assert [c["name"] for c in calls] == ["run", "finish"]
+        assert json.loads(calls[0]["arguments"]) == {"cmd": task.command}
+        (result,) = [m["content"] for m in rec["messages"] if m["role"] == "tool"][:1]
+        assert result.startswith("exit code: 0")
+
+
+def test_shell_teacher_command_fails_on_a_wrong_workspace(tmp_path: Path):
+    """The check in ``trajectory`` is real: a one-liner that does not produce the expected
+    output (here: the input file is missing) is refused, not written as training data."""
+    task = next(t for t in generate(0) if t.family.name == "sort_lines")
+    task.files.clear()
+    with pytest.raises(RuntimeError, match="teacher did not solve"):
+        teacher_data.trajectory(task, style="shell")
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY))
+def test_vary_names_renames_only_the_names(family: str):
+    """A renamed task is the same task under other names: its instruction and files use the new
+    names (none a built-in one, so never a held-out task), its expected output is unchanged,
+    and the shell teacher still solves it through the agent's ``run`` tool."""
+    rng = random.Random(0)
+    for t in [t for t in generate(0) if t.family.name == family][:3]:
+        r = vary_names(t, rng)
+        assert r.expected == t.expected and r.family is t.family
+        assert r.params["output"] not in OUTPUTS and r.params["output"] in r.instruction
+        for key, builtin in (("input", INPUTS), ("dir", DIRS)):
+            if key in t.params:
+                assert r.params[key] not in builtin and r.params[key] in r.instruction
+                assert t.params[key] not in r.instruction.split()
+        assert sorted(r.files.values()) == sorted(t.files.values())
+        teacher_data.trajectory(r, style="shell")  # raises unless solved
+
+
 def test_teacher_data_cli(tmp_path: Path):
     out = tmp_path / "t.jsonl"
-    cfg = teacher_data.TeacherDataConfig(out=out, per_family=2, families=["copy", "count_lines"])
+    cfg = teacher_data.TeacherDataConfig(out=out, per_family=8, families=["copy", "count_lines"])
     assert teacher_data.main(cfg) == 0
     recs = read_conversations(out)
-    assert sorted({r["family"] for r in recs}) == ["copy", "count_lines"] and len(recs) == 4
+    assert sorted({r["family"] for r in recs}) == ["copy", "count_lines"] and len(recs) == 16
+    renamed = [r for r in recs if r["task"].endswith("_renamed")]
+    assert 0 < len(renamed) < 16  # vary_names = 0.5 by default
     held = {(t.family.name, t.instruction) for t in generate(0) if t.split == "eval"}
     assert not any((r["family"], r["messages"][1]["content"]) in held for r in recs)
     bad = teacher_data.TeacherDataConfig(out=out, families=["nope"])
@@ -81,7 +127,7 @@ def test_sft_sample_layout_is_the_proxys():
     the rendered conversation; the masked-in text is exactly the assistant turns."""
     tok = load_tokenizer("tiny-1m")
     task = next(t for t in generate(0) if t.family.name == "json_field" and t.split == "train")
-    rec = teacher_data.trajectory(task)
+    rec = teacher_data.trajectory(task, style="edit")
     enc = encode_conversation(tok, rec["messages"], rec["tools"])
     full = render_chat(rec["messages"], tools=rec["tools"])
     assert tok.decode(enc.ids.tolist(), skip_special_tokens=False) == full.removesuffix("\n")
@@ -123,7 +169,7 @@ def test_recipe_resumes_and_exports(tmp_path: Path, monkeypatch):
     recipe = json.loads((folder / "harnessrl_recipe.json").read_text())
     assert recipe["steps"] == 5 and recipe["recipe"]["batch"] == 4
     gen = json.loads((folder / "generation_config.json").read_text())
-    assert gen["max_new_tokens"] == 256
+    assert gen["max_new_tokens"] == 128
     sums = dict(reversed(ln.split("  ")) for ln in (folder / "SHA256SUMS").read_text().splitlines())
     assert {"model.safetensors", "tokenizer.json", "config.json"} <= set(sums)
     model = load_model(folder)
@@ -163,7 +209,7 @@ def test_shipped_model_checksums_are_checked(tmp_path: Path, monkeypatch):
     monkeypatch.setitem(resolve.SHIPPED, "tiny-agent", copy)
     monkeypatch.setattr(resolve, "_VERIFIED", set())
     assert resolve_model("tiny-agent") == copy
-    assert resolve.model_max_new_tokens("tiny-agent") == 256
+    assert resolve.model_max_new_tokens("tiny-agent") == 128
     (copy / "model.safetensors").write_bytes(b"version https://git-lfs.github.com/spec/v1\n")
     monkeypatch.setattr(resolve, "_VERIFIED", set())
     with pytest.raises(ValueError, match="does not match SHA256SUMS"):

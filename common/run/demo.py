@@ -27,12 +27,12 @@ the RL phase's rollouts/s and the plot's path; ``<out>/demo.json`` keeps the num
 phase timings.
 
 What to expect on a 2-core CPU (measured; ``benchmarks/results/demo_learning.json``): the
-defaults take 10.4 min (RL 8.4, eval 1.9). The warm start succeeds on 0.075 of held-out
-rollouts at temperature 1 (mean reward 0.31); 26 GRPO steps of 32 rollouts (1.9 rollouts/s)
-hold it there (0.075 -> 0.075, reward 0.31 -> 0.30) but do not raise it. With token-mean loss
-normalisation and lr 3e-4 the same budget broke it (reward 0.31 -> 0.07: the policy stopped
-writing files and ran out of turns), hence ``norm = "sequence"`` and lr 1e-4. From scratch, SFT
-inside the live run is slow: held-out reward 0.28 after 40 min (success 1.4 %).
+defaults take 9.8 min (RL 8.4, eval 1.4). The warm start succeeds on 0.24 of held-out rollouts
+at temperature 1 (mean reward 0.29); 34 GRPO steps of 32 rollouts (2.4 rollouts/s) raise that
+to 0.32 (reward 0.39). At lr 1e-4 - 3e-4 the same budget broke earlier warm starts (success
+0.18 -> 0.12 and 0.12 -> 0.03: noisy AdamW steps erased their name copying and they stopped
+calling ``finish``), hence lr 2e-5. From scratch, SFT inside the live run is slow: held-out
+reward 0.28 after 40 min (success 1.4 %).
 """
 
 from __future__ import annotations
@@ -103,25 +103,33 @@ class DemoConfig(HrlModel):
     """RL rollouts per (task, harness) group."""
     batch_groups: int = Field(4, ge=1, le=1024)
     """RL groups per step."""
-    lr: float = Field(1e-4, gt=0, le=1.0)
-    """RL peak learning rate (AdamW, linear warmup over ``lr_warmup_steps``, then constant)."""
+    lr: float = Field(2e-5, gt=0, le=1.0)
+    """RL peak learning rate (AdamW, linear warmup over ``lr_warmup_steps``, then constant).
+    Keep it under the warm start's last SFT learning rate (1e-4): a fresh AdamW moves every
+    weight by about ``lr`` per step whatever the gradient's noise, and at 1e-4 - 3e-4 a few
+    dozen noisy GRPO steps erased ``tiny-agent``'s name copying (held-out success fell, the
+    policy stopped calling ``finish``); 2e-5 holds it."""
     lr_warmup_steps: int = Field(3, ge=0, le=1_000_000)
     """RL learning-rate warmup steps."""
     norm: Literal["token", "sequence"] = "sequence"
     """How the RL loss averages tokens (the learner's ``loss.norm``): ``sequence`` gives each
     rollout the same weight, so long failing rollouts (turn after turn of junk) do not outvote
     short successful ones on the tokens they share."""
+    updates_per_batch: int = Field(1, ge=1, le=64)
+    """Optimiser steps on each RL batch (the learner's ``updates_per_batch``: PPO epochs, with
+    the ratio clipped against the batch's pi_old)."""
     kl_coef: float = Field(0.0, ge=0.0, le=100.0)
     """Weight of the KL penalty to the starting policy (the learner's ``loss.kl_coef``)."""
     max_staleness: int = Field(2, ge=0, le=64)
     """RL: versions a sample may lag behind the learner."""
     temperature: float = Field(1.0, ge=0.0, le=5.0)
     """Sampling temperature of RL and eval rollouts."""
-    max_turns: int = Field(8, ge=1, le=1000)
-    """Model turns per rollout (the teacher needs at most 7)."""
+    max_turns: int = Field(4, ge=1, le=1000)
+    """Model turns per rollout (the warm start's teacher needs 2: one command, ``finish``; a
+    lost policy writes up to ``max_turns`` replies of junk, so this bounds a rollout's cost)."""
     max_new_tokens: int = Field(0, ge=0, le=100_000)
-    """Tokens per model call; 0: the model's own limit (``tiny-agent``: 256; the teacher's
-    longest reply is 154), else 4096."""
+    """Tokens per model call; 0: the model's own limit (``tiny-agent``: 128; its teacher's
+    longest reply is 61), else 4096."""
     train_per_family: int = Field(40, ge=1, le=10_000)
     """Training tasks per toy family (20 families), generated once into ``<out>/toy-train``
     (deterministic, none equal to a held-out task; the first 6 are the built-in ``toy``
@@ -285,6 +293,7 @@ def rl_run_file(cfg: DemoConfig, name: str, policy: Path, suite: str = "toy") ->
                 "group_size": cfg.group_size,
                 "min_group_size": 2,
                 "batch_groups": cfg.batch_groups,
+                "updates_per_batch": cfg.updates_per_batch,
                 "max_staleness": cfg.max_staleness,
                 "ds": {"lr": cfg.lr, "lr_warmup_steps": cfg.lr_warmup_steps, "seed": cfg.seed},
                 "loss": {"norm": cfg.norm, "kl_coef": cfg.kl_coef},

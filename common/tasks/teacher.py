@@ -1,10 +1,14 @@
 """Scripted teacher for the toy suites: the next assistant message, given the conversation.
 
-``teacher_step(task, messages)`` is a pure function. It reads what its earlier tool calls
+``teacher_step(task, messages, style)`` is a pure function. It reads what its earlier tool calls
 observed from ``messages`` (OpenAI chat format) and returns the next assistant message with one
 tool call of the reference harness (``read_file(path)``, ``write_file(path, content)``,
-``list_dir(path)``, ``run(cmd)``, ``finish(summary)``): list the directory (level 3), read the
-files the task needs, write the answer computed *from the observed file texts*, then finish.
+``list_dir(path)``, ``run(cmd)``, ``finish(summary)``). Style ``edit``: list the directory
+(level 3), read the files the task needs, write the answer computed *from the observed file
+texts*, then finish. Style ``shell``: one ``run`` of the family's shell one-liner (the shell
+computes the answer, as an engineer would do it), then finish — two short replies instead of up
+to seven, and nothing to copy but names from the instruction: what a tiny warm-start policy can
+learn (``harnessrl pretrain``'s default).
 Served through the real proxy, its turns become cold-start SFT data whose every answer is
 derivable from what the model saw.
 
@@ -22,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.tasks.model import Task
-from common.tasks.toy import FAMILY, Family, reads_needed
+from common.tasks.toy import FAMILY, Family, reads_needed, template_params
 
 TOOLS: list[dict[str, Any]] = [
     {
@@ -55,6 +59,7 @@ class Observed:
     reads: dict[str, str] = field(default_factory=dict)
     listings: dict[str, list[str]] = field(default_factory=dict)
     wrote: set[str] = field(default_factory=set)
+    ran: list[str] = field(default_factory=list)
     finished: bool = False
     turns: int = 0
 
@@ -111,6 +116,8 @@ def observe(messages: list[dict[str, Any]]) -> Observed:
                 obs.listings[path] = _entries(result)
             elif name == "write_file":
                 obs.wrote.add(path)
+            elif name == "run":
+                obs.ran.append(str(args.get("cmd", "")))
     return obs
 
 
@@ -136,14 +143,25 @@ def family_of(task: Task) -> tuple[Family, dict[str, Any]]:
     return fam, meta
 
 
-def teacher_step(task: Task, messages: list[dict[str, Any]]) -> dict[str, Any]:
+STYLES = ("edit", "shell")
+"""``edit``: read the inputs, write the answer with ``write_file`` (the model computes it);
+``shell``: one ``run`` of the family's shell one-liner (the shell computes it), then finish."""
+
+
+def teacher_step(task: Task, messages: list[dict[str, Any]], style: str = "edit") -> dict[str, Any]:
     """The next assistant message (OpenAI chat format) that moves the toy task forward."""
+    if style not in STYLES:
+        raise ValueError(f"teacher style {style!r}: choose from {STYLES}")
     fam, p = family_of(task)
     obs = observe(messages)
     turn = obs.turns
     if obs.finished:
         return {"role": "assistant", "content": "The task is done."}
     out = p["output"]
+    if style == "shell":
+        if obs.ran or out in obs.wrote:
+            return _call(turn, "finish", "", summary=f"Wrote {out}.")
+        return _call(turn, "run", "", cmd=fam.shell.format(**template_params(p)))
     if out in obs.wrote:
         return _call(turn, "finish", f"I wrote {out}.", summary=f"Wrote {out}.")
     listing = None
@@ -164,7 +182,12 @@ def teacher_step(task: Task, messages: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def teacher_rollout(
-    task: Task, execute: Any, *, max_turns: int = 16, system: str | None = None
+    task: Task,
+    execute: Any,
+    *,
+    max_turns: int = 16,
+    system: str | None = None,
+    style: str = "edit",
 ) -> list[dict[str, Any]]:
     """Drive `teacher_step` against ``execute(name, args) -> str`` until it finishes.
 
@@ -174,7 +197,7 @@ def teacher_rollout(
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
     messages.append({"role": "user", "content": task.instruction})
     for _ in range(max_turns):
-        msg = teacher_step(task, messages)
+        msg = teacher_step(task, messages, style)
         messages.append(msg)
         calls = msg.get("tool_calls") or []
         if not calls:

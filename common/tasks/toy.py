@@ -108,6 +108,9 @@ class Family:
     """Level-3 families: the teacher lists ``params['dir']`` and reads the files it needs."""
     stop_when: Callable[[dict[str, Any], str], bool] | None = None
     """For directory families that may stop reading early (the file text found it)."""
+    shell: str = ""
+    """A one-line shell solution (template over the params and ``WORD``), run in the workspace by
+    the harness's ``run`` tool: the ``shell`` teacher style (``common.tasks.teacher``)."""
 
 
 def _sentence(rng: random.Random, must: str | None = None, n: int = 5) -> str:
@@ -234,6 +237,7 @@ FAMILIES: tuple[Family, ...] = (
         make_say,
         lambda p, r, ls: f"{p['word']}\n",
         'out = P["word"] + "\\n"',
+        shell="echo {word} > {output}",
     ),
     Family(
         "first_line",
@@ -242,6 +246,7 @@ FAMILIES: tuple[Family, ...] = (
         make_lines,
         lambda p, r, ls: as_lines(lines_of(r(p["input"]))[:1]),
         'out = read(P["input"]).splitlines()[0] + "\\n"',
+        shell="head -n 1 {input} > {output}",
     ),
     Family(
         "copy",
@@ -250,6 +255,7 @@ FAMILIES: tuple[Family, ...] = (
         make_lines,
         lambda p, r, ls: r(p["input"]),
         'out = read(P["input"])',
+        shell="cp {input} {output}",
     ),
     Family(
         "upper_word",
@@ -258,6 +264,7 @@ FAMILIES: tuple[Family, ...] = (
         make_word,
         lambda p, r, ls: word_re(p["word"]).sub(p["word"].upper(), r(p["input"])),
         'word = P["word"]\nout = re.sub(rf"\\b{word}\\b", word.upper(), read(P["input"]))',
+        shell="sed 's/\\b{word}\\b/{WORD}/g' {input} > {output}",
     ),
     Family(
         "upper_all",
@@ -266,6 +273,7 @@ FAMILIES: tuple[Family, ...] = (
         make_lines,
         lambda p, r, ls: r(p["input"]).upper(),
         'out = read(P["input"]).upper()',
+        shell="tr a-z A-Z < {input} > {output}",
     ),
     Family(
         "reverse_lines",
@@ -274,6 +282,7 @@ FAMILIES: tuple[Family, ...] = (
         make_lines,
         lambda p, r, ls: as_lines(lines_of(r(p["input"]))[::-1]),
         'out = "".join(line + "\\n" for line in read(P["input"]).splitlines()[::-1])',
+        shell="tac {input} > {output}",
     ),
     Family(
         "count_lines",
@@ -282,6 +291,7 @@ FAMILIES: tuple[Family, ...] = (
         make_lines,
         lambda p, r, ls: f"{len(lines_of(r(p['input'])))}\n",
         'n = len(read(P["input"]).splitlines())\nout = f"{n}\\n"',
+        shell="wc -l < {input} > {output}",
     ),
     Family(
         "json_field",
@@ -290,6 +300,7 @@ FAMILIES: tuple[Family, ...] = (
         make_json,
         lambda p, r, ls: f"{json.loads(r(p['input']))[p['key']]}\n",
         'value = json.loads(read(P["input"]))[P["key"]]\nout = f"{value}\\n"',
+        shell="grep '\"{key}\"' {input} | cut -d '\"' -f 4 > {output}",
     ),
     # level 2
     Family(
@@ -299,6 +310,7 @@ FAMILIES: tuple[Family, ...] = (
         make_sorted_words,
         lambda p, r, ls: as_lines(sorted(lines_of(r(p["input"])))),
         'out = "".join(line + "\\n" for line in sorted(read(P["input"]).splitlines()))',
+        shell="sort {input} > {output}",
     ),
     Family(
         "count_word",
@@ -307,6 +319,7 @@ FAMILIES: tuple[Family, ...] = (
         make_word,
         lambda p, r, ls: f"{_count_word(p, r(p['input']))}\n",
         'word = P["word"]\nn = len(re.findall(rf"\\b{word}\\b", read(P["input"])))\nout = f"{n}\\n"',
+        shell="grep -ow {word} {input} | wc -l > {output}",
     ),
     Family(
         "sum_numbers",
@@ -315,6 +328,7 @@ FAMILIES: tuple[Family, ...] = (
         make_numbers,
         lambda p, r, ls: f"{sum(int(x) for x in lines_of(r(p['input'])) if x.strip())}\n",
         'n = sum(int(x) for x in read(P["input"]).split())\nout = f"{n}\\n"',
+        shell="awk '{{s += $1}} END {{print s}}' {input} > {output}",
     ),
     Family(
         "json_nested",
@@ -323,6 +337,7 @@ FAMILIES: tuple[Family, ...] = (
         make_json_nested,
         lambda p, r, ls: f"{json.loads(r(p['input']))[p['outer']][p['key']]}\n",
         'value = json.loads(read(P["input"]))[P["outer"]][P["key"]]\nout = f"{value}\\n"',
+        shell="python3 -c \"import json; print(json.load(open('{input}'))['{outer}']['{key}'])\" > {output}",
     ),
     Family(
         "replace_word",
@@ -331,6 +346,7 @@ FAMILIES: tuple[Family, ...] = (
         make_replace,
         lambda p, r, ls: word_re(p["word"]).sub(p["new"], r(p["input"])),
         'word = P["word"]\nout = re.sub(rf"\\b{word}\\b", P["new"], read(P["input"]))',
+        shell="sed 's/\\b{word}\\b/{new}/g' {input} > {output}",
     ),
     Family(
         "first_last",
@@ -339,6 +355,7 @@ FAMILIES: tuple[Family, ...] = (
         make_lines,
         lambda p, r, ls: as_lines([lines_of(r(p["input"]))[0], lines_of(r(p["input"]))[-1]]),
         'lines = read(P["input"]).splitlines()\nout = lines[0] + "\\n" + lines[-1] + "\\n"',
+        shell="sed -n '1p;$p' {input} > {output}",
     ),
     Family(
         "number_lines",
@@ -347,6 +364,7 @@ FAMILIES: tuple[Family, ...] = (
         make_lines,
         lambda p, r, ls: as_lines([f"{i}: {x}" for i, x in enumerate(lines_of(r(p["input"])), 1)]),
         'lines = read(P["input"]).splitlines()\nout = "".join(f"{i}: {line}\\n" for i, line in enumerate(lines, 1))',
+        shell="awk '{{print NR \": \" $0}}' {input} > {output}",
     ),
     # level 3: list a directory, read several files
     Family(
@@ -358,6 +376,7 @@ FAMILIES: tuple[Family, ...] = (
         'names = sorted(n for n in os.listdir(P["dir"]) if n.endswith(".txt"))\n'
         'out = "".join(read(os.path.join(P["dir"], n)) for n in names)',
         reads_dir=True,
+        shell="cat {dir}/*.txt > {output}",
     ),
     Family(
         "count_files",
@@ -367,6 +386,7 @@ FAMILIES: tuple[Family, ...] = (
         lambda p, r, ls: f"{len(dir_files(ls, p['dir']))}\n",
         'n = len(os.listdir(P["dir"]))\nout = f"{n}\\n"',
         reads_dir=True,
+        shell="ls {dir} | wc -l > {output}",
     ),
     Family(
         "find_word",
@@ -386,6 +406,7 @@ FAMILIES: tuple[Family, ...] = (
         'out = hits[0] + "\\n"',
         reads_dir=True,
         stop_when=lambda p, text: bool(word_re(p["word"]).search(text)),
+        shell="cd {dir} && grep -lw {word} * > ../{output}",
     ),
     Family(
         "sum_files",
@@ -398,6 +419,7 @@ FAMILIES: tuple[Family, ...] = (
         'n = sum(int(read(os.path.join(P["dir"], name))) for name in os.listdir(P["dir"]))\n'
         'out = f"{n}\\n"',
         reads_dir=True,
+        shell="cat {dir}/* | awk '{{s += $1}} END {{print s}}' > {output}",
     ),
     Family(
         "json_collect",
@@ -415,6 +437,7 @@ FAMILIES: tuple[Family, ...] = (
         'values = [json.loads(read(os.path.join(P["dir"], n)))[P["key"]] for n in names]\n'
         'out = "".join(f"{v}\\n" for v in values)',
         reads_dir=True,
+        shell="cat {dir}/*.json | cut -d '\"' -f 4 > {output}",
     ),
 )
 FAMILY = {f.name: f for f in FAMILIES}
@@ -458,8 +481,17 @@ class ToyTask:
 
     @property
     def instruction(self) -> str:
-        fmt = {**self.params, "WORD": str(self.params.get("word", "")).upper()}
-        return self.family.instruction.format(**fmt)
+        return self.family.instruction.format(**template_params(self.params))
+
+    @property
+    def command(self) -> str:
+        """The family's one-line shell solution for this task."""
+        return self.family.shell.format(**template_params(self.params))
+
+
+def template_params(params: dict[str, Any]) -> dict[str, Any]:
+    """What the instruction and shell templates are formatted with: the params and ``WORD``."""
+    return {**params, "WORD": str(params.get("word", "")).upper()}
 
 
 def _key(family: str, params: dict[str, Any], files: dict[str, str]) -> tuple[str, str, str]:
@@ -601,6 +633,32 @@ def write_suites(out: Path, seed: int = 0) -> dict[str, int]:
         )
         counts[suite] = len(mine)
     return counts
+
+
+def vary_names(t: ToyTask, rng: random.Random) -> ToyTask:
+    """``t`` with its input file, output file and folder renamed to random ``WORDS`` stems
+    (``apple.txt``, ``river/``): the same task otherwise, with its expected output recomputed.
+
+    Warm-start data augmentation. With only six input and four output names, a tiny model
+    learns to *guess* the likeliest name (``data.txt``, ``result.txt``) long before it learns to
+    copy the one the instruction names; names it cannot guess make copying the only way to fit
+    the data. Renamed names are never those of ``INPUTS``/``OUTPUTS``/``DIRS``, so a renamed
+    task is never a held-out one."""
+    p, files = dict(t.params), dict(t.files)
+    stems = rng.sample(WORDS, 3)
+    if "input" in p:
+        old = p["input"]
+        p["input"] = stems[0] + os.path.splitext(old)[1]
+        files[p["input"]] = files.pop(old)
+    if "dir" in p:
+        old = p["dir"]
+        p["dir"] = stems[1]
+        files = {
+            (p["dir"] + k[len(old) :] if k.startswith(old + "/") else k): v
+            for k, v in files.items()
+        }
+    p["output"] = stems[2] + ".txt"
+    return ToyTask(t.id + "_renamed", t.family, p, files, t.split)
 
 
 def train_tasks(per_family: int, seed: int = 0) -> list[ToyTask]:
