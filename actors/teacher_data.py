@@ -15,8 +15,8 @@ Tasks are fresh draws of the toy generator (``common.tasks.toy.train_tasks``): n
 held-out ``toy-eval`` task. With ``--split eval`` it writes the held-out tasks' trajectories
 instead (for a teacher-forced held-out loss; never trained on).
 
-Output: one JSON object per line: ``task``, ``family``, ``level``, ``split``, ``style``, ``messages`` (the
-whole conversation: system, user, assistant/tool turns, ending with the teacher's ``finish``
+Output: one JSON object per line: ``task``, ``family``, ``level``, ``split``, ``style``,
+``messages`` (the whole conversation: system, user, assistant/tool turns, ending with the teacher's ``finish``
 call) and ``tools`` (the schema the harness sent). Written atomically.
 """
 
@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -66,7 +66,7 @@ class TeacherDataConfig(HrlModel):
     """Share of training tasks whose input, output and folder names are redrawn from the toy
     word list (``common.tasks.toy.vary_names``), so a policy must copy names from the
     instruction rather than guess among the six built-in ones (``--split eval``: never)."""
-    style: str = Field("shell", pattern="^(edit|shell)$")
+    style: Literal["edit", "shell"] = "shell"
     """Teacher style (``common.tasks.teacher.STYLES``): ``shell`` runs the family's one-line
     shell solution and finishes (what the ``tiny-agent`` recipe trains on); ``edit`` reads the
     inputs and writes the answer with ``write_file``."""

@@ -127,6 +127,22 @@ def test_refuses_a_finished_demo_folder(tmp_path: Path) -> None:
     assert res.returncode == 2 and "already holds a finished demo" in res.stderr
 
 
+def run_tiny_demo(out: Path, *flags: str) -> subprocess.CompletedProcess:
+    """``harnessrl demo`` at its smallest (PPO: it steps on any batch; one RL step; two
+    held-out tasks once), asserting it exits 0."""
+    proc = subprocess.run(
+        [*HRL, "demo", "--algo", "ppo", "--steps", "1", "--eval-limit", "2", "--eval-n", "1"]
+        + ["--group-size", "4", "--batch-groups", "2", "--no-dashboard", "--out", str(out)]
+        + list(flags),
+        capture_output=True,
+        text=True,
+        timeout=570,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_tiny_demo_runs_every_phase(tmp_path: Path) -> None:
@@ -136,16 +152,7 @@ def test_tiny_demo_runs_every_phase(tmp_path: Path) -> None:
         pytest.skip("bubblewrap not installed")
     out = tmp_path / "demo"
     t0 = time.monotonic()
-    proc = subprocess.run(
-        [*HRL, "demo", "--from-scratch", "--algo", "ppo", "--sft-steps", "2", "--steps", "1"]
-        + ["--group-size", "4", "--batch-groups", "2", "--eval-limit", "2", "--eval-n", "1"]
-        + ["--no-dashboard", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=570,
-        cwd=REPO,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    proc = run_tiny_demo(out, "--from-scratch", "--sft-steps", "2")
     doc = json.loads((out / "demo.json").read_text())
     sft, rl = doc["phases"]["sft"], doc["phases"]["rl"]
 
@@ -183,15 +190,7 @@ def test_demo_starts_from_the_shipped_warm_start(tmp_path: Path) -> None:
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap not installed")
     out = tmp_path / "demo"
-    proc = subprocess.run(
-        [*HRL, "demo", "--algo", "ppo", "--steps", "1", "--eval-limit", "2", "--eval-n", "1"]
-        + ["--group-size", "4", "--batch-groups", "2", "--no-dashboard", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=570,
-        cwd=REPO,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    proc = run_tiny_demo(out)
     doc = json.loads((out / "demo.json").read_text())
     assert doc["from_scratch"] is False and doc["phases"]["sft"] == {}
     assert not (out / "sft").exists() and not (out / "sft.toml").exists()

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.tasks.model import Task
-from common.tasks.toy import FAMILY, Family, reads_needed, template_params
+from common.tasks.toy import FAMILY, Family, reads_needed
 
 TOOLS: list[dict[str, Any]] = [
     {
@@ -161,7 +161,7 @@ def teacher_step(task: Task, messages: list[dict[str, Any]], style: str = "edit"
     if style == "shell":
         if obs.ran or out in obs.wrote:
             return _call(turn, "finish", "", summary=f"Wrote {out}.")
-        return _call(turn, "run", "", cmd=fam.shell.format(**template_params(p)))
+        return _call(turn, "run", "", cmd=fam.command(p))
     if out in obs.wrote:
         return _call(turn, "finish", f"I wrote {out}.", summary=f"Wrote {out}.")
     listing = None

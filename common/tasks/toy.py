@@ -112,6 +112,10 @@ class Family:
     """A one-line shell solution (template over the params and ``WORD``), run in the workspace by
     the harness's ``run`` tool: the ``shell`` teacher style (``common.tasks.teacher``)."""
 
+    def command(self, params: dict[str, Any]) -> str:
+        """The shell solution for a task with these params."""
+        return self.shell.format(**template_params(params))
+
 
 def _sentence(rng: random.Random, must: str | None = None, n: int = 5) -> str:
     ws = [rng.choice(WORDS) for _ in range(n)]
@@ -486,7 +490,7 @@ class ToyTask:
     @property
     def command(self) -> str:
         """The family's one-line shell solution for this task."""
-        return self.family.shell.format(**template_params(self.params))
+        return self.family.command(self.params)
 
 
 def template_params(params: dict[str, Any]) -> dict[str, Any]:
