@@ -40,7 +40,11 @@ What must stay true:
     run anywhere (unknown task, suite or harness, changed task, no command)
     `RolloutReport.bad_request` says why, so the actor dead-letters the task after publishing
     the failed result;
-  - ``verifier_error`` (``verifier``, ``verifier_bug``): the verifier produced no score;
+  - ``verifier_error`` (``verifier``, ``verifier_timeout``, ``verifier_killed``,
+    ``verifier_environment``, ``verifier_bug``): the verifier produced no score for reasons
+    not the workspace's (see ``actors.verifier``). A checker that crashes or exits non-zero
+    on the workspace is not one: the rollout is ``ok`` with reward 0 (ClawGym semantics), the
+    checker's traceback in ``error`` and the failure metric counted as ``checker_failed``;
   - ``engine_error`` (``engine_unreachable``, ``engine_unavailable``, ``engine_failed``): a
     model call failed for infrastructure reasons (engine refused or unreachable, 5xx, an
     unexpected reply; see ``proxy.stack.failure_reason``) and no call generated after the last
@@ -596,11 +600,19 @@ class _Rollout:
             self.durations["verify"] = time.monotonic() - t0
         self.report.verifier_output = vr.output
         if vr.status != "ok":
-            raise _Fail("verifier_error", "verifier", vr.error)
+            reason = f"verifier_{vr.reason}" if vr.reason else "verifier"
+            raise _Fail("verifier_error", reason, vr.error)
         self.result.reward, self.result.metrics = vr.reward, dict(vr.metrics)
+        notes = []
+        if vr.checker_error:
+            M_FAILURES.labels(reason="checker_failed").inc()
+            notes.append(f"checker failed (scored {vr.reward:g}): {vr.checker_error}")
         if vr.judge_error:
-            note = f"rubric judge failed, code score only: {vr.judge_error}"
-            self.result.error = f"{self.result.error}; {note}" if self.result.error else note
+            notes.append(f"rubric judge failed, code score only: {vr.judge_error}")
+        if notes:
+            self.result.error = "; ".join(
+                [self.result.error, *notes] if self.result.error else notes
+            )
 
     async def _destroy(self, sandbox: Sandbox) -> None:
         t0 = time.monotonic()

@@ -8,7 +8,6 @@ failed lint, 2 bad arguments or a task that does not load.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ examples:
   harnessrl tasks list --suite toy --json
   harnessrl tasks show workspace/expense_report
   harnessrl tasks import syn_task.jsonl --out my-suite/
+  harnessrl tasks import clawgym-bench/ --out bench/ --split eval --force
   harnessrl tasks lint workspace ./my-suite/task_0042
 """
 
@@ -55,7 +55,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "import",
         help="import ClawGym JSONL / ClawGym folders / Harbor tasks as native folders",
         description="Convert a ClawGym JSONL file, a task folder (ClawGym, Harbor, native) or a "
-        "folder of task folders into native task folders under --out (one per task).",
+        "folder of task folders into native task folders under --out (one per task). A task "
+        "that does not load (a bad folder or JSONL line) is skipped with its reason and the rest "
+        "imported, as are folders that are no task folder; a summary says what was imported and "
+        "skipped. Duplicate task ids, or a non-empty --out without --force, stop the import "
+        "before anything is written. A JSONL record's hook_code must run one of its reward "
+        "files as `python3 reward/<file>.py <workspace>` (that file becomes the checker); a "
+        "record with another hook is skipped. Exit status: 0 all imported, 2 a task was "
+        "skipped for an error or nothing was imported.",
     )
     p.add_argument("source", metavar="FILE.jsonl|DIR", type=Path, help="what to import")
     p.add_argument(
@@ -63,15 +70,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         required=True,
         type=Path,
         metavar="DIR",
-        help="directory to write task folders into (usable as a suite path)",
+        help="directory to write task folders into (usable as a suite path); must be empty or "
+        "absent unless --force",
+    )
+    p.add_argument(
+        "--split",
+        metavar="SPLIT",
+        help="split of every imported task (train, eval; default: the source's own, else train)",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace what --out holds (all of it) once the import has succeeded",
     )
 
     p = sub.add_parser(
         "lint",
-        help="check that each task's checker flips on failing workspaces",
-        description="For each task: the reference solution must score 1.0, the untouched workspace "
-        "below 1, and every metric must drop below 1 when a file the solution wrote or the checker "
-        "reads is deleted, emptied or truncated. Runs in real sandboxes.",
+        help="check that each task's checker gives no credit to failing workspaces",
+        description="Run each task's checker in real sandboxes on workspaces that must fail: "
+        "untouched, every output file empty, of the wrong type (text for JSON, JSON for text), "
+        "truncated, JSON outputs holding [], and (when the checker lists directories) a copy of "
+        "the checker's files in the workspace. Output names come from the prompt and the "
+        "checker's string literals, minus the inputs. Problems: a probe scoring at or above "
+        "--threshold, a checker that crashes on the untouched workspace or reads its own files "
+        "from the workspace; with a reference solution, it must score 1.0 and every metric must "
+        "drop below 1 when a file it wrote or the checker names is deleted, emptied or truncated. "
+        "Metrics a task declares as reward shaping ([metadata.lint] shaping = [...]) only warn.",
     )
     p.add_argument(
         "targets",
@@ -82,8 +106,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--jobs", type=int, default=4, metavar="N", help="sandboxes verified at once (default 4)"
     )
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=0.25,
+        metavar="X",
+        help="a failing probe scoring at least X is a problem (default 0.25)",
+    )
     p.add_argument("--sandbox", default="bwrap", choices=["bwrap"], help="sandbox backend")
-    p.add_argument("--json", action="store_true", help="print a JSON list of lint reports")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print a JSON list, per task: task, ok, problems (rule, metric, probe, detail), "
+        "scores (probe -> score), probes (score, metrics passed, error), outputs, warnings",
+    )
 
 
 def main(cfg: Any, args: argparse.Namespace) -> int:
@@ -159,29 +195,46 @@ def _show(args: argparse.Namespace) -> int:
 def _import(args: argparse.Namespace) -> int:
     from common.tasks import import_any
 
-    written = import_any(args.source, args.out)
-    for p in written:
+    try:
+        rep = import_any(args.source, args.out, split=args.split, force=args.force)
+    except OSError as e:
+        print(f"harnessrl tasks import: {e}", file=sys.stderr)
+        return 2
+    for p in rep.written:
         print(p)
-    print(f"imported {len(written)} task(s) into {args.out}", file=sys.stderr)
-    return 0
+    for where, why in rep.skipped:
+        print(f"skipped {where}: {why}", file=sys.stderr)
+    print(
+        f"imported {len(rep.written)} task(s) into {args.out}, skipped {len(rep.skipped)} "
+        f"({len(rep.failed)} with errors, {len(rep.not_tasks)} not task folders)",
+        file=sys.stderr,
+    )
+    return 2 if rep.failed else 0
 
 
 def _lint(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from actors.lint import LintConfig
     from common.aio import run
     from common.tasks import list_suites, resolve_tasks
 
+    try:
+        cfg = LintConfig(threshold=args.threshold)
+    except ValidationError as e:
+        print(f"harnessrl tasks lint: --threshold: {e.errors()[0]['msg']}", file=sys.stderr)
+        return 2
     targets = args.targets or list(list_suites())
     tasks = [t for spec in targets for t in resolve_tasks(spec)]
-    reports = run(_lint_all(tasks, args.jobs, args.sandbox))
+    reports = run(_lint_all(tasks, args.jobs, args.sandbox, cfg))
     if reports is None:
         return 2
     if args.json:
         print(json.dumps([r.to_dict() for r in reports], indent=1))
     else:
         for r in reports:
-            print(
-                f"{'ok  ' if r.ok else 'FAIL'} {r.task}  ({r.mutations} mutations, {r.duration:.1f} s)"
-            )
+            scores = " ".join(f"{p.probe}={p.score:.2f}" for p in r.probes if " " not in p.probe)
+            print(f"{'ok  ' if r.ok else 'FAIL'} {r.task}  ({r.duration:.1f} s)  {scores}")
             for p in r.problems:
                 print(f"     problem: {p}")
             for w in r.warnings:
@@ -191,9 +244,9 @@ def _lint(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
-async def _lint_all(tasks: list, jobs: int, sandbox: str) -> list | None:
+async def _lint_all(tasks: list, jobs: int, sandbox: str, cfg: Any) -> list | None:
+    from actors.lint import backend_factory, lint_tasks
     from actors.sandbox import SandboxError, make_backend
-    from actors.verifier import backend_factory, lint_task
 
     backend = make_backend(sandbox)
     try:
@@ -201,15 +254,8 @@ async def _lint_all(tasks: list, jobs: int, sandbox: str) -> list | None:
     except SandboxError as e:
         print(f"harnessrl tasks lint: {e}", file=sys.stderr)
         return None
-    sem = asyncio.Semaphore(max(1, jobs))
-    factory = backend_factory(backend, owner="lint")
-
-    async def one(t):
-        async with sem:
-            return await lint_task(t, factory, jobs=2)
-
     try:
-        return await asyncio.gather(*(one(t) for t in tasks))
+        return await lint_tasks(tasks, backend_factory(backend, owner="lint"), jobs=jobs, cfg=cfg)
     finally:
         await backend.close()
 

@@ -10,16 +10,32 @@ reward files on stdin, unpacks it into a fresh private directory
 ``/tmp/hrl-reward-<random>`` (the sandbox's own /tmp, outside the workspace; the name is drawn
 now, so nothing the harness left behind can be waiting there), runs the checker with the
 workspace as cwd, and marks where each step's output ends with a per-run nonce. Tasks
-whose checkers expect their files at a fixed place (ClawGym: ``<input_mount_dir>/reward``)
-get them there instead, after whatever the harness left at that path is removed. Either way
-the files exist in the sandbox only from the verifier's run on, and every process of the
-harness is dead by then (a `Sandbox.run` never outlives its command).
+whose checkers expect their files at a fixed place (``task.reward_mount``; ClawGym:
+``<input_mount_dir>/reward``, inside the workspace) still get the private directory: that
+absolute path is rewritten to it in every text file of the reward files, so the judged
+workspace never holds a checker file. The files exist in the sandbox only from the
+verifier's run on, and every process of the harness is dead by then (a `Sandbox.run` never
+outlives its command).
+
+A ``reward.sh`` task's ``check.py`` runs once: reward.sh runs it as it likes, and the staged
+check.py is a shim (`_ONCE_SHIM`) that runs the real source in the same process and keeps a
+copy of what it printed (its JSON sub-scores become the metrics) and of its traceback.
+
+Scoring semantics (ClawGym's):
+
+* A checker that crashes or exits non-zero without a score scores **0**: ``status="ok"``,
+  ``reward=0`` and ``checker_error`` holding its exit status and stderr/traceback tail (for
+  reward.sh, check.py's own traceback first). The workspace is the model's output; a checker
+  that cannot read it is its failure.
+* Only failures that are not the workspace's doing give ``status="verifier_error"`` (the
+  rollout is tombstoned) with a ``reason``: ``timeout`` (the checker outlived its limit),
+  ``killed`` (killed by a signal or out of memory), ``environment`` (a module or command the
+  task's environment should provide is missing: ``ModuleNotFoundError``, ``command not
+  found``), or, with no reason, a verifier that could not stage its files or a checker that
+  exited 0 yet printed no readable score or a value not in [0, 1] (a checker bug; never a
+  reward of 0 that looks like a real score).
 
 Invariants:
-
-* A checker that crashes, times out, prints no parseable metrics, or reports a value that is
-  not a number in [0, 1] gives ``status="verifier_error"`` with a message saying which —
-  never a reward of 0 that looks like a real score.
 * ``reward`` = weighted mean of the checker's metrics (the code score); with a rubric judge
   and rubric rules, ``code_weight·code + rubric_weight·rubric`` (0.7/0.3 by default),
   renormalised over the sides that produced a number (a failed judge call falls back to
@@ -28,10 +44,7 @@ Invariants:
   the harness can have planted on Python's path.
 * A failure of the sandbox itself raises `SandboxError` (the rollout is a ``sandbox_error``).
 
-Checker lint (`lint_task`): start from the reference solution's final workspace; for every
-file the solution wrote or the checker's source names, delete it, empty it and truncate it,
-each in a fresh sandbox; every metric must drop below 1 under at least one of these, the
-reference solution must score 1.0 and the untouched workspace below 1.
+Checker lint (can a checker tell failure from success?) lives in ``actors/lint.py``.
 """
 
 from __future__ import annotations
@@ -44,18 +57,17 @@ import math
 import re
 import secrets
 import shlex
-import shutil
 import tarfile
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
 
-from actors.sandbox.base import Sandbox, SandboxSpec
+from actors.sandbox.base import Sandbox
 from common.config import HrlModel
 from common.tasks.model import RUBRIC_SCORES, Task
 
@@ -79,6 +91,12 @@ class VerifyResult:
     """The checker's metrics (plus ``rubric`` when a judge scored the task)."""
     error: str = ""
     """Why the verification failed (``verifier_error``)."""
+    reason: str = ""
+    """Label of a ``verifier_error``'s cause: ``timeout``, ``killed``, ``environment``, or
+    empty (staging failed, unreadable score, no judge)."""
+    checker_error: str = ""
+    """The checker crashed or exited non-zero on this workspace (``status="ok"``, scored 0,
+    or a reward.sh's score despite its check.py failing): its exit status and stderr tail."""
     duration: float = 0.0
     """Seconds spent verifying."""
     code_score: float | None = None
@@ -95,7 +113,16 @@ class VerifyResult:
 
 
 class CheckerError(Exception):
-    """The checker ran but its verdict is unusable; the message says why."""
+    """No usable verdict, and not the workspace's doing (a ``verifier_error``); the message
+    says why, ``reason`` labels it (see `VerifyResult.reason`)."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class CheckerCrash(Exception):
+    """The checker crashed or exited non-zero without a score: the workspace scores 0."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,8 +152,109 @@ def _harbor_rewrite(text: str, stage_dir: str) -> str:
     return text
 
 
-def _tar_dir(src: Path, rewrite: Callable[[str], str] | None = None) -> bytes:
-    """A tar of ``src``'s contents (text files passed through ``rewrite``)."""
+def _mount_rewrite(text: str, mount: str, stage_dir: str) -> str:
+    """``text`` with the absolute path ``mount`` (and paths below it) pointing at ``stage_dir``."""
+    return re.sub(rf"(?<![\w./-]){re.escape(mount)}(?![\w.-])", stage_dir, text)
+
+
+# The staged check.py of a reward.sh task: runs the real source (@SRC@) in this same process,
+# as if it were this file, and keeps a copy of its stdout, stderr and exit status in @CAP@.
+_ONCE_SHIM = """\
+# harnessrl: the task's check.py, run as itself; what it prints is also kept for the verifier.
+def _hrl_once():
+    import linecache, os, sys
+    src = @SRC@
+    path = os.path.abspath(__file__)
+    linecache.cache[path] = (len(src), None, src.splitlines(True), path)
+    code = compile(src, path, "exec")
+    if __name__ != "__main__":
+        return code, None
+    cap = @CAP@
+
+    class Tee(object):
+        def __init__(self, stream, copy):
+            self._hrl_stream, self._hrl_copy = stream, copy
+
+        def write(self, s):
+            n = self._hrl_stream.write(s)
+            try:
+                self._hrl_copy.write(s)
+                self._hrl_copy.flush()
+            except Exception:
+                pass
+            return n
+
+        def flush(self):
+            self._hrl_stream.flush()
+
+        def __getattr__(self, name):
+            return getattr(self._hrl_stream, name)
+
+    try:
+        os.makedirs(cap, exist_ok=True)
+        for name in ("out", "err", "rc"):
+            if os.path.exists(os.path.join(cap, name)):
+                os.remove(os.path.join(cap, name))
+        out = open(os.path.join(cap, "out"), "w", encoding="utf-8", errors="replace")
+        err = open(os.path.join(cap, "err"), "w", encoding="utf-8", errors="replace")
+    except OSError:
+        return code, None
+    sys.stdout, sys.stderr = Tee(sys.stdout, out), Tee(sys.stderr, err)
+
+    def done(rc):
+        try:
+            with open(os.path.join(cap, "rc"), "w") as f:
+                f.write(str(rc))
+        except OSError:
+            pass
+
+    return code, done
+
+
+_hrl_code, _hrl_done = _hrl_once()
+del _hrl_once
+if _hrl_done is None:
+    exec(_hrl_code)
+else:
+    try:
+        exec(_hrl_code)
+    except SystemExit as _hrl_e:
+        _hrl_c = _hrl_e.code
+        _hrl_done(0 if _hrl_c is None else _hrl_c if isinstance(_hrl_c, int) else 1)
+        raise
+    except BaseException as _hrl_e:
+        import traceback as _hrl_tb
+
+        _hrl_tb.print_exception(type(_hrl_e), _hrl_e, _hrl_e.__traceback__.tb_next)
+        _hrl_done(1)
+        raise SystemExit(1)
+    else:
+        _hrl_done(0)
+"""
+
+
+def _once_shim(capture_dir: str) -> Callable[[bytes], bytes]:
+    """Turns a check.py's source into `_ONCE_SHIM` around it (left as is if not UTF-8)."""
+
+    def wrap(data: bytes) -> bytes:
+        try:
+            src = data.decode()
+        except UnicodeDecodeError:
+            return data
+        shebang = src.splitlines(True)[0] if src.startswith("#!") else ""
+        shim = _ONCE_SHIM.replace("@SRC@", ascii(src)).replace("@CAP@", ascii(capture_dir))
+        return (shebang + shim).encode()
+
+    return wrap
+
+
+def _tar_dir(
+    src: Path,
+    rewrite: Callable[[str], str] | None = None,
+    overrides: dict[str, Callable[[bytes], bytes]] | None = None,
+) -> bytes:
+    """A tar of ``src``'s contents (text files passed through ``rewrite``, then the file at
+    each relative path in ``overrides`` through its function)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tf:
         for p in sorted(src.rglob("*")):
@@ -141,6 +269,8 @@ def _tar_dir(src: Path, rewrite: Callable[[str], str] | None = None) -> bytes:
             if rewrite is not None:
                 with contextlib.suppress(UnicodeDecodeError):
                     data = rewrite(data.decode()).encode()
+            if overrides and rel in overrides:
+                data = overrides[rel](data)
             info = tf.gettarinfo(p, rel)
             info.size, info.uid, info.gid, info.uname, info.gname = len(data), 0, 0, "", ""
             tf.addfile(info, io.BytesIO(data))
@@ -154,6 +284,8 @@ class _DriverResult:
     stderr: str
     timed_out: bool
     error: str = ""
+    returncode: int = 0
+    """Exit status of the whole driver script."""
 
 
 async def _drive(
@@ -182,22 +314,27 @@ async def _drive(
     if len(done) < len(steps):
         why = "its output exceeded the cap" if res.stdout_truncated else f"exit {res.returncode}"
         return _DriverResult(
-            done, stderr, False, f"verifier steps did not finish ({why}): {_tail(stderr)}"
+            done,
+            stderr,
+            False,
+            f"verifier steps did not finish ({why}): {_tail(stderr)}",
+            res.returncode,
         )
-    return _DriverResult(done, stderr, False)
+    return _DriverResult(done, stderr, False, returncode=res.returncode)
 
 
 def _private_dir(kind: str) -> str:
     return f"/tmp/hrl-{kind}-{secrets.token_hex(8)}"
 
 
-def _reward_stage_dir(task: Task, sandbox: Sandbox) -> str:
-    """Where the reward files go inside ``sandbox`` (a fixed mount follows the workspace)."""
-    if not task.reward_mount:
-        return _private_dir("reward")
-    if task.reward_mount == task.mount or task.reward_mount.startswith(task.mount + "/"):
-        return sandbox.workdir + task.reward_mount[len(task.mount) :]
-    return task.reward_mount
+def _reward_rewrite(task: Task, stage_dir: str) -> Callable[[str], str] | None:
+    """How the reward files' text is rewritten for files staged at ``stage_dir`` (always a
+    private dir outside the workspace): Harbor's fixed paths, and ``task.reward_mount``."""
+    if task.checker == "harbor":
+        return lambda t: _harbor_rewrite(t, stage_dir)
+    if task.reward_mount:
+        return lambda t: _mount_rewrite(t, task.reward_mount, stage_dir)
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,19 +406,102 @@ def _crash(rc: int, stderr: str, what: str) -> CheckerError:
     return CheckerError(f"{what} exited with status {rc}: {_tail(stderr, 600)}")
 
 
+CRASH_TAIL = 1500
+"""Characters of a crashed checker's stderr (each part) kept in ``checker_error``."""
+KILLED_EXITS = frozenset({137, 152, 153})
+"""Exit statuses of a process killed by SIGKILL (OOM killer, memory limit), SIGXCPU, SIGXFSZ."""
+
+_NO_MODULE = re.compile(
+    r"\b(?:ModuleNotFoundError|ImportError): No module named '?([A-Za-z_][\w.]*)"
+)
+# bash: "…: [line N: ]CMD: command not found"; dash: "…: N: CMD: not found"
+_NO_COMMAND = re.compile(
+    r"^(?:[^\n]*?: )?([^\s/:'\"]+): command not found[ \t]*$"
+    r"|^[^\n:]+: \d+: ([^\s/:'\"]+): not found[ \t]*$",
+    re.M,
+)
+_NO_INTERPRETER = re.compile(r"\benv: [‘'\"]?([^\s/:'\"‘’]+)[’'\"]?: No such file or directory")
+_SCRIPT_SUFFIXES = (".sh", ".bash", ".py", ".js", ".pl", ".rb")
+
+
+def _workspace_module(task: Task, module: str) -> bool:
+    """Whether a missing module is the agent's to write: the instruction names ``module.py`` or
+    ``module/``, or the starting workspace holds it."""
+    top = module.split(".")[0]
+    if re.search(rf"(?<![\w.]){re.escape(top)}(?:\.py\b|/)", task.instruction):
+        return True
+    ws = task.workspace_dir
+    return ws is not None and ((ws / f"{top}.py").exists() or (ws / top).is_dir())
+
+
+def _infra_failure(task: Task, rcs: list[int | None], text: str) -> tuple[str, str] | None:
+    """``(reason, detail)`` when a failed checker's exit statuses and stderr show a failure
+    that is not the workspace's doing (killed, out of memory, missing environment)."""
+    if any(rc in KILLED_EXITS for rc in rcs) or re.search(r"^MemoryError\b", text, re.M):
+        return "killed", "the checker was killed (out of memory or a resource limit)"
+    for m in _NO_MODULE.finditer(text):
+        if not _workspace_module(task, m.group(1)):
+            return "environment", (
+                f"the task's environment lacks the Python module {m.group(1)!r} the checker needs"
+            )
+    for m in [*_NO_COMMAND.finditer(text), *_NO_INTERPRETER.finditer(text)]:
+        cmd = next(g for g in m.groups() if g)
+        if not cmd.endswith(_SCRIPT_SUFFIXES):
+            return "environment", (
+                f"the task's environment lacks the command {cmd!r} the checker needs"
+            )
+    return None
+
+
+def _sub_failure(sub: tuple[str, int | None, str]) -> str:
+    name, rc, stderr = sub
+    status = "did not exit normally" if rc is None else f"exited with status {rc}"
+    return f"{name} {status}:\n{_tail(stderr, CRASH_TAIL)}"
+
+
+def _failure(
+    task: Task, rc: int, stderr: str, sub: tuple[str, int | None, str] | None = None
+) -> CheckerCrash | CheckerError:
+    """The checker failed without a score: `CheckerCrash` (the workspace scores 0, message =
+    its traceback), or `CheckerError` for an infrastructure or environment failure.
+
+    ``sub``: ``(name, exit status or None, stderr)`` of a failed check.py that reward.sh ran;
+    its traceback leads the message (reward.sh may have hidden it or shown only what its
+    averaging step made of the empty output)."""
+    parts, rcs, text = [], [rc], stderr
+    if sub is not None:
+        name, sub_rc, sub_err = sub
+        parts.append(_sub_failure(sub))
+        if sub_err.strip():
+            stderr = stderr.replace(sub_err.strip(), f"[{name}'s stderr, above]")
+        rcs.append(sub_rc)
+        text = f"{sub_err}\n{text}"
+    parts.append(f"{task.checker_entry} exited with status {rc}:\n{_tail(stderr, CRASH_TAIL)}")
+    message = "\n".join(parts)
+    infra = _infra_failure(task, rcs, text)
+    if infra is not None:
+        return CheckerError(f"{infra[1]}; {message}", infra[0])
+    return CheckerCrash(message)
+
+
 # ---------------------------------------------------------------------------------------------
 # running the checker
 # ---------------------------------------------------------------------------------------------
 
 
-def _checker_steps(task: Task) -> list[str]:
+def _checker_steps(task: Task, capture: str) -> list[str]:
     entry = '"$d"/' + shlex.quote(task.checker_entry)
     if task.checker == "test_py":
         return [f'python3 {entry} "$ws"']
     if task.checker == "reward_sh":
         steps = [f"bash {entry}"]
-        if task.reward_dir is not None and (task.reward_dir / "check.py").is_file():
-            steps.append('python3 "$d/check.py" "$ws" 2>/dev/null')
+        if capture:  # what check.py's shim kept (see _ONCE_SHIM)
+            c = shlex.quote(capture)
+            steps += [
+                f"cat {c}/rc 2>/dev/null",
+                f"tail -c 65536 {c}/out 2>/dev/null",
+                f"tail -c 16384 {c}/err 2>/dev/null",
+            ]
         return steps
     if task.checker == "harbor":
         return [
@@ -292,41 +512,73 @@ def _checker_steps(task: Task) -> list[str]:
     raise CheckerError(f"task {task.name} has no code checker")
 
 
-async def run_checker(task: Task, sandbox: Sandbox) -> tuple[float, dict[str, float], str]:
-    """``(code_score, metrics, stderr_tail)`` of the task's checker; raises `CheckerError`."""
+async def run_checker(task: Task, sandbox: Sandbox) -> tuple[float, dict[str, float], str, str]:
+    """``(code_score, metrics, stderr_tail, checker_error)`` of the task's checker.
+
+    Raises `CheckerCrash` when the checker failed without a score (the workspace scores 0)
+    and `CheckerError` when there is no verdict for reasons not the workspace's."""
     if task.reward_dir is None:
         raise CheckerError(f"task {task.name} has no reward directory")
-    steps = _checker_steps(task)
-    d = _reward_stage_dir(task, sandbox)
-    rewrite = (lambda t: _harbor_rewrite(t, d)) if task.checker == "harbor" else None
-    files = await asyncio.to_thread(_tar_dir, task.reward_dir, rewrite)
+    d = _private_dir("reward")
+    once = task.checker == "reward_sh" and (task.reward_dir / "check.py").is_file()
+    capture = _private_dir("check") if once else ""
+    steps = _checker_steps(task, capture)
+    overrides = {"check.py": _once_shim(capture)} if once else None
+    files = await asyncio.to_thread(_tar_dir, task.reward_dir, _reward_rewrite(task, d), overrides)
     r = await _drive(sandbox, files, d, steps, task.verifier_timeout_s)
     if r.timed_out:
-        raise CheckerError(f"checker timed out after {task.verifier_timeout_s:g} s")
+        raise CheckerError(f"checker timed out after {task.verifier_timeout_s:g} s", "timeout")
     if r.error:
-        raise CheckerError(r.error)
-    (rc, out), err_tail = r.steps[0], _tail(r.stderr)
+        killed = r.returncode in KILLED_EXITS or r.returncode < 0
+        raise CheckerError(r.error, "killed" if killed else "")
     if task.checker == "harbor":
         return _harbor_verdict(task, r.steps, r.stderr)
-    try:
-        if task.checker == "test_py":
+    (rc, out), err_tail = r.steps[0], _tail(r.stderr)
+    if task.checker == "test_py":
+        try:
             metrics = parse_metrics(out)
-            return weighted_score(metrics, task.metric_weights), metrics, err_tail
+        except CheckerError:
+            if rc != 0:  # a crash explains the garbage better than the garbage does
+                raise _failure(task, rc, r.stderr) from None
+            raise
+        return weighted_score(metrics, task.metric_weights), metrics, err_tail, ""
+    return _reward_sh_verdict(task, r, once)
+
+
+def _reward_sh_verdict(
+    task: Task, r: _DriverResult, once: bool
+) -> tuple[float, dict[str, float], str, str]:
+    (rc, out), err_tail = r.steps[0], _tail(r.stderr)
+    sub: tuple[str, int | None, str] | None = None  # check.py, when it ran and failed
+    sub_out = ""
+    if once and r.steps[2][0] == 0:  # check.py ran (its shim made the capture files)
+        (rc_status, rc_text), (_, sub_out), (_, sub_err) = r.steps[1:4]
+        text = rc_text.strip()
+        sub_rc = int(text) if rc_status == 0 and re.fullmatch(r"-?\d+", text) else None
+        if sub_rc != 0:
+            sub = ("check.py", sub_rc, sub_err)
+    try:
         score = parse_scalar(out, task.checker_entry)
     except CheckerError:
-        if rc != 0:  # a crash explains the garbage better than the garbage does
-            raise _crash(rc, r.stderr, task.checker_entry) from None
+        if rc != 0 or sub is not None:
+            raise _failure(task, rc, r.stderr, sub) from None
         raise
+    checker_error = ""
+    if sub is not None:  # reward.sh scored despite check.py failing
+        checker_error = _sub_failure(sub)
+        infra = _infra_failure(task, [sub[1]], sub[2])
+        if infra is not None:  # e.g. a missing module: that score is not the workspace's
+            raise CheckerError(f"{infra[1]}; {checker_error}", infra[0])
     metrics = {"reward": score}
-    if len(r.steps) > 1 and r.steps[1][0] == 0:
+    if sub_out.strip():
         with contextlib.suppress(CheckerError):  # check.py's sub-scores are informative only
-            metrics = parse_metrics(r.steps[1][1])
-    return score, metrics, err_tail
+            metrics = parse_metrics(sub_out)
+    return score, metrics, err_tail, checker_error
 
 
 def _harbor_verdict(
     task: Task, steps: list[tuple[int, str]], stderr: str
-) -> tuple[float, dict[str, float], str]:
+) -> tuple[float, dict[str, float], str, str]:
     (rc, _), (json_rc, json_text), (txt_rc, txt) = steps
     if json_rc == 0:
         try:
@@ -337,12 +589,14 @@ def _harbor_verdict(
             metrics = {"reward": _check_value("reward", data)}
         else:
             metrics = parse_metrics(json.dumps(data))
-        return weighted_score(metrics, task.metric_weights), metrics, _tail(stderr)
+        return weighted_score(metrics, task.metric_weights), metrics, _tail(stderr), ""
     if txt_rc == 0:
         score = parse_scalar(txt, "reward.txt")
-        return score, {"reward": score}, _tail(stderr)
+        return score, {"reward": score}, _tail(stderr), ""
+    if rc != 0:
+        raise _failure(task, rc, stderr)
     raise CheckerError(
-        f"test.sh wrote neither reward.txt nor reward.json (exit {rc}): {_tail(stderr, 600)}"
+        f"test.sh wrote neither reward.txt nor reward.json (exit 0): {_tail(stderr, 600)}"
     )
 
 
@@ -579,9 +833,16 @@ async def _score(task: Task, sandbox: Sandbox, judged: asyncio.Task | None) -> V
     res = VerifyResult(status="ok")
     if task.checker != "none":
         try:
-            res.code_score, res.metrics, res.output = await run_checker(task, sandbox)
+            (
+                res.code_score,
+                res.metrics,
+                res.output,
+                res.checker_error,
+            ) = await run_checker(task, sandbox)
+        except CheckerCrash as e:  # ClawGym semantics: the workspace scores 0
+            res.code_score, res.checker_error = 0.0, str(e)
         except CheckerError as e:
-            return VerifyResult("verifier_error", error=str(e))
+            return VerifyResult("verifier_error", error=str(e), reason=e.reason)
     if judged is not None:
         try:
             res.rubric_score = await judged
@@ -596,190 +857,3 @@ async def _score(task: Task, sandbox: Sandbox, judged: asyncio.Task | None) -> V
         return VerifyResult("verifier_error", error=why, judge_error=res.judge_error)
     res.reward = reward
     return res
-
-
-# ---------------------------------------------------------------------------------------------
-# checker lint
-# ---------------------------------------------------------------------------------------------
-
-SandboxFactory = Callable[[Task, Path | None], Awaitable[Sandbox]]
-"""Makes a fresh sandbox for ``task`` whose workspace starts as a copy of the given host dir
-(``None``: empty), mounted at ``task.mount``. The caller destroys it."""
-
-
-def backend_factory(backend: Any, **spec_kwargs: Any) -> SandboxFactory:
-    """A `SandboxFactory` over a `SandboxBackend` (e.g. ``BwrapBackend``)."""
-
-    async def make(task: Task, workspace: Path | None) -> Sandbox:
-        spec = SandboxSpec(workspace_src=workspace, workdir=task.mount, **spec_kwargs)
-        return await backend.create(spec)
-
-    return make
-
-
-@dataclass
-class LintReport:
-    """What `lint_task` found."""
-
-    task: str
-    problems: list[str] = field(default_factory=list)
-    """Failures: the task does not pass lint when this is non-empty."""
-    warnings: list[str] = field(default_factory=list)
-    solution_metrics: dict[str, float] = field(default_factory=dict)
-    untouched_reward: float | None = None
-    flips: dict[str, list[str]] = field(default_factory=dict)
-    """Metric → the mutations (``delete out.txt``…) under which it dropped below 1."""
-    mutations: int = 0
-    duration: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "ok": self.ok}
-
-
-def _text_of(d: Path | None) -> str:
-    if d is None:
-        return ""
-    out = []
-    for p in d.rglob("*"):
-        if p.is_file():
-            with contextlib.suppress(UnicodeDecodeError, OSError):
-                out.append(p.read_text())
-    return "\n".join(out)
-
-
-def _files(root: Path | None) -> dict[str, Path]:
-    if root is None or not root.is_dir():
-        return {}
-    return {
-        p.relative_to(root).as_posix(): p
-        for p in root.rglob("*")
-        if p.is_file() and not p.is_symlink() and "__pycache__" not in p.parts
-    }
-
-
-def lint_candidates(task: Task, solved: Path) -> list[str]:
-    """Files (relative) the solution wrote or changed, or that the checker's source names."""
-    before = _files(task.workspace_dir)
-    source = _text_of(task.reward_dir)
-    out = []
-    for rel, p in sorted(_files(solved).items()):
-        changed = rel not in before or before[rel].read_bytes() != p.read_bytes()
-        base = rel.rsplit("/", 1)[-1]
-        named = rel in source or (len(base) >= 3 and base in source)
-        if changed or named:
-            out.append(rel)
-    return out
-
-
-def _mutate(src: Path, dst: Path, rel: str, how: str) -> bool:
-    """Copy ``src`` to ``dst`` with file ``rel`` deleted/emptied/truncated; False if a no-op."""
-    data = (src / rel).read_bytes()
-    if how == "empty" and not data:
-        return False
-    if how == "truncate" and len(data) < 2:
-        return False
-    shutil.copytree(src, dst, symlinks=True)
-    target = dst / rel
-    if how == "delete":
-        target.unlink()
-    elif how == "empty":
-        target.write_bytes(b"")
-    else:
-        target.write_bytes(data[: len(data) // 2])
-    return True
-
-
-async def _verify_in(factory: SandboxFactory, task: Task, workspace: Path | None) -> VerifyResult:
-    sb = await factory(task, workspace)
-    try:
-        return await verify(task, sb)
-    finally:
-        await sb.destroy()
-
-
-async def lint_task(task: Task, sandbox_factory: SandboxFactory, *, jobs: int = 4) -> LintReport:
-    """Check that the task's checker can tell failure from success (see module docstring)."""
-    t0 = time.monotonic()
-    rep = LintReport(task=task.name)
-    if task.checker == "none":
-        rep.warnings.append("no code checker (rubric only): nothing to lint")
-        return rep
-    untouched = await _verify_in(sandbox_factory, task, task.workspace_dir)
-    if untouched.status != "ok":
-        rep.problems.append(f"checker fails on the untouched workspace: {untouched.error}")
-    else:
-        rep.untouched_reward = untouched.reward
-        if untouched.reward >= 1.0:
-            rep.problems.append("the untouched workspace already scores 1.0")
-    if task.solution is None:
-        rep.warnings.append("no reference solution: metric flips not checked")
-        rep.duration = time.monotonic() - t0
-        return rep
-    with tempfile.TemporaryDirectory(prefix="hrl-lint-") as tmp:
-        solved = Path(tmp) / "solved"
-        sb = await sandbox_factory(task, task.workspace_dir)
-        try:
-            try:
-                await run_solution(task, sb)
-            except CheckerError as e:
-                rep.problems.append(str(e))
-                return rep
-            sol = await verify(task, sb)
-            await sb.copy_out(solved)
-        finally:
-            await sb.destroy()
-        if sol.status != "ok":
-            rep.problems.append(f"checker fails on the reference solution: {sol.error}")
-            return rep
-        rep.solution_metrics = sol.metrics
-        below = {k: v for k, v in sol.metrics.items() if v < 1.0}
-        if below or sol.reward < 1.0:
-            rep.problems.append(
-                f"reference solution scores {sol.reward:.3f} (metrics below 1: {below})"
-            )
-            return rep
-        await _lint_mutations(task, sandbox_factory, solved, Path(tmp), rep, jobs)
-    rep.duration = time.monotonic() - t0
-    return rep
-
-
-async def _lint_mutations(
-    task: Task, factory: SandboxFactory, solved: Path, tmp: Path, rep: LintReport, jobs: int
-) -> None:
-    sem = asyncio.Semaphore(max(1, jobs))
-    metrics = list(rep.solution_metrics)
-    rep.flips = {m: [] for m in metrics}
-
-    async def one(i: int, rel: str, how: str) -> None:
-        dst = tmp / f"m{i}"
-        if not await asyncio.to_thread(_mutate, solved, dst, rel, how):
-            return
-        label = f"{how} {rel}"
-        async with sem:
-            res = await _verify_in(factory, task, dst)
-        rep.mutations += 1
-        await asyncio.to_thread(shutil.rmtree, dst, True)
-        if res.status != "ok":
-            rep.problems.append(f"checker errors when it should score 0 ({label}): {res.error}")
-            return
-        for m in metrics:
-            if res.metrics.get(m, 0.0) < 1.0:
-                rep.flips[m].append(label)
-
-    cands = lint_candidates(task, solved)
-    if not cands:
-        rep.problems.append("the reference solution changes no file and the checker names none")
-        return
-    work = [(rel, how) for rel in cands for how in ("delete", "empty", "truncate")]
-    await asyncio.gather(*(one(i, rel, how) for i, (rel, how) in enumerate(work)))
-    for m in metrics:
-        if not rep.flips[m]:
-            rep.problems.append(
-                f"metric {m!r} never drops below 1 when any of {', '.join(cands)} is "
-                "deleted, emptied or truncated (it passes on a failing workspace)"
-            )
-    rep.problems.sort()

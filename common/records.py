@@ -271,12 +271,14 @@ RolloutStatus = Literal[
 """How a rollout ended. One taxonomy for every producer and consumer:
 
 * **scored** (the model's outcome, trained on): ``ok``, the verifier scored the final workspace
-  (a checker that rejects the output is a low score, not an error);
+  (a checker that rejects the output is a low score, not an error; one that crashes or exits
+  non-zero on it scores 0, its traceback in ``error``);
 * **infrastructure** (tombstoned with a reason, never trained as the model's failure):
   ``timeout`` (the harness outlived its limit and ``timeout_scoring`` is ``discard``),
   ``sandbox_error`` (sandbox create/run/copy failed or died), ``harness_error`` (the harness
   could not run: unknown task or harness, install or launch failure, missing task environment),
-  ``verifier_error`` (the verifier itself failed: timeout, OOM, no readable score) and
+  ``verifier_error`` (the verifier itself failed: timeout, OOM or killed, a module or command
+  the task's environment should provide is missing, no readable score) and
   ``engine_error`` (model calls failed for infrastructure reasons — engine unreachable, 5xx —
   and the harness ended without a successful call after them).
 """
@@ -333,7 +335,8 @@ class RolloutResult(Record, kw_only=True):
     durations: dict[str, float] = {}
     """Seconds per phase: ``sandbox``, ``harness``, ``verify``, ``total``."""
     error: str = ""
-    """Error text for failed statuses."""
+    """Error text for failed statuses; for ``ok``, notes on the scoring (a checker that failed
+    and scored 0, with its traceback; a rubric judge that failed)."""
     actor: str = ""
     """Actor instance that ran the rollout."""
     started_at: float = 0.0

@@ -266,3 +266,29 @@ async def test_failed_statuses_carry_their_reason(nats_url, run_name, bwrap):
         ("timeout", "timeout"),
     ]
     assert (exit127.harness_version, slow.harness_version) == ("", "")
+
+
+async def test_checker_crash_is_scored_zero_and_missing_module_tombstoned(
+    nats_url, run_name, bwrap, tmp_path
+):
+    """A checker crashing on the workspace is the model's failure: ``ok``, reward 0, the
+    checker's traceback in ``error``. One missing a module the task environment should provide
+    is a ``verifier_error`` with reason ``verifier_environment``."""
+    tasks = {}
+    for name, checker in (
+        ("crash", "import json, sys\njson.load(open(sys.argv[1] + '/out.json'))\n"),
+        ("env", "import pandas_missing_here\n"),
+    ):
+        root = tmp_path / name
+        (root / "reward").mkdir(parents=True)
+        (root / "task.toml").write_text(f'id = "{name}"\ninstruction = "Write out.json."\n')
+        (root / "reward" / "test.py").write_text(checker)
+        tasks[name] = str(root)
+    async with rollout_env(nats_url, run_name, bwrap) as (deps, _, _):
+        crash = await run_rollout(request(cmd="true", suite="", task_id=tasks["crash"]), 1, deps)
+        env = await run_rollout(request(cmd="true", suite="", task_id=tasks["env"]), 1, deps)
+    assert (crash.status, crash.reason, crash.reward) == ("ok", "", 0.0)
+    assert crash.error.startswith("checker failed (scored 0): test.py exited with status 1")
+    assert "FileNotFoundError" in crash.error and "out.json" in crash.error
+    assert (env.status, env.reason) == ("verifier_error", "verifier_environment")
+    assert "pandas_missing_here" in env.error

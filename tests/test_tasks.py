@@ -218,10 +218,12 @@ def test_import_clawgym_jsonl(tmp_path: Path):
     """JSONL records become native folders: reward/ files hidden, the rest the workspace."""
     src = tmp_path / "syn.jsonl"
     src.write_text("\n".join(json.dumps(jsonl_record(i)) for i in range(3)) + "\n")
-    out = import_any(src, tmp_path / "suite")
+    rep = import_any(src, tmp_path / "suite")
+    out = rep.written
     assert [p.name for p in out] == ["task_000_report", "task_001_report", "task_002_report"]
+    assert rep.skipped == []
     t = load_task_path(out[0])
-    assert t.format == "native" and t.checker == "test_py"
+    assert t.format == "native" and t.checker == "test_py" and t.split == "train"
     assert t.mount == CLAWGYM_MOUNT and t.reward_mount == f"{CLAWGYM_MOUNT}/reward"
     assert (t.workspace_dir / "input/data.csv").read_text() == "a,b\n1,2\n"
     assert not (t.workspace_dir / "reward").exists() and (t.reward_dir / "test.py").is_file()
@@ -235,7 +237,7 @@ def test_import_jsonl_checker_in_field(tmp_path: Path):
     rec = jsonl_record(1, input_files=[{"file_path": "a.txt", "content": "x"}], test_code=CHECKER)
     src = tmp_path / "one.jsonl"
     src.write_text(json.dumps(rec) + "\n")
-    (out,) = import_any(src, tmp_path / "s")
+    (out,) = import_any(src, tmp_path / "s").written
     assert (out / "reward" / "test.py").read_text() == CHECKER
 
 
@@ -252,20 +254,26 @@ def test_import_jsonl_checker_in_field(tmp_path: Path):
     ],
 )
 def test_import_jsonl_errors_name_line(tmp_path: Path, rec: dict, needle: str):
-    """A bad record fails naming file:line and the field; nothing half-written is left."""
+    """A bad record is skipped naming file:line and the field, the others are imported; with
+    nothing importable the import fails and nothing (half-)written is left."""
     src = tmp_path / "bad.jsonl"
+    src.write_text("\n" + json.dumps(rec) + "\n" + json.dumps(jsonl_record(7)) + "\n")
+    rep = import_any(src, tmp_path / "out")
+    assert [p.name for p in rep.written] == ["task_007_report"]
+    ((where, why),) = rep.failed
+    assert where == f"{src}:2" and needle in why
     src.write_text("\n" + json.dumps(rec) + "\n")
     with pytest.raises(TaskError) as e:
-        import_any(src, tmp_path / "out")
+        import_any(src, tmp_path / "out2")
     assert f"{src}:2" in str(e.value) and needle in str(e.value)
-    assert not [p for p in (tmp_path / "out").iterdir() if not p.name.startswith(".")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "out"]
 
 
 def test_import_folders_roundtrip(tmp_path: Path):
     """ClawGym and Harbor folders import into native folders with the same task content."""
     clawgym_folder(tmp_path / "src" / "task_0007")
     harbor_folder(tmp_path / "src" / "hello-world")
-    out = import_any(tmp_path / "src", tmp_path / "native")
+    out = import_any(tmp_path / "src", tmp_path / "native").written
     tasks = {p.name: load_task_path(p) for p in out}
     cg, hb = tasks["task_0007"], tasks["hello-world"]
     assert cg.format == hb.format == "native"
@@ -277,6 +285,122 @@ def test_import_folders_roundtrip(tmp_path: Path):
     assert (hb.checker, hb.mount, hb.checker_entry) == ("harbor", "/app", "test.sh")
     assert (hb.workspace_dir / "seed.txt").is_file() and hb.solution.name == "solve.sh"
     assert cg.metadata["imported_from"] == "clawgym" and hb.metadata["imported_from"] == "harbor"
+
+
+def _entry(folder: Path, **kw) -> Path:
+    """Edit a ClawGym folder's data_entry.json."""
+    p = folder / "data_entry.json"
+    p.write_text(json.dumps(json.loads(p.read_text()) | kw))
+    return folder
+
+
+def test_import_duplicate_ids_fail_before_writing(tmp_path: Path):
+    """Two folders (or records) with one task id: one error naming the id and both sources,
+    and nothing written."""
+    clawgym_folder(tmp_path / "src" / "a")
+    clawgym_folder(tmp_path / "src" / "b")
+    harbor_folder(tmp_path / "src" / "hello")
+    with pytest.raises(TaskError) as e:
+        import_any(tmp_path / "src", tmp_path / "out")
+    msg = str(e.value)
+    assert "duplicate task ids" in msg and "task_0007" in msg
+    assert str(tmp_path / "src" / "a") in msg and str(tmp_path / "src" / "b") in msg
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+    src = tmp_path / "dup.jsonl"
+    src.write_text("".join(json.dumps(jsonl_record(i)) + "\n" for i in (1, 2, 1)))
+    with pytest.raises(TaskError, match=rf"task_001_report: {src}:1, {src}:3"):
+        import_any(src, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_import_into_non_empty_out_needs_force(tmp_path: Path):
+    """Re-importing into a non-empty --out is an error naming it; --force replaces it."""
+    clawgym_folder(tmp_path / "src" / "a")
+    out = tmp_path / "out"
+    assert [p.name for p in import_any(tmp_path / "src", out).written] == ["task_0007"]
+    (out / "stale").mkdir()
+    with pytest.raises(TaskError, match=r"--out .*out: is not empty; use --force"):
+        import_any(tmp_path / "src", out)
+    assert (out / "stale").is_dir()
+    _entry(tmp_path / "src" / "a", task_id="task_0008")
+    rep = import_any(tmp_path / "src", out, force=True)
+    assert sorted(p.name for p in out.iterdir()) == ["task_0008"] == [p.name for p in rep.written]
+    (tmp_path / "empty").mkdir()  # an empty --out needs no --force
+    assert import_any(tmp_path / "src", tmp_path / "empty").written
+    with pytest.raises(TaskError, match="must not be the source"):
+        import_any(tmp_path / "src", tmp_path, force=True)
+    assert (tmp_path / "src" / "a" / "data_entry.json").is_file()
+
+
+def test_import_continues_past_bad_and_non_task_folders(tmp_path: Path):
+    """A folder that does not load and one that is no task folder are skipped with their
+    reasons; the rest is imported."""
+    src = tmp_path / "src"
+    clawgym_folder(src / "good")
+    _entry(clawgym_folder(src / "bad"), task_id="bad", user_query=17)
+    (src / "docs").mkdir()
+    (src / "docs" / "README.md").write_text("not a task\n")
+    (src / ".git").mkdir()
+    (src / "notes.txt").write_text("x\n")
+    rep = import_any(src, tmp_path / "out")
+    assert [p.name for p in rep.written] == ["task_0007"]
+    ((where, why),) = rep.failed
+    assert where == str(src / "bad") and "field 'user_query'" in why
+    ((where, why),) = rep.not_tasks
+    assert where == str(src / "docs") and "not a task folder" in why
+    assert len(rep.skipped) == 2
+
+
+def test_import_split(tmp_path: Path):
+    """--split sets every imported task's split; without it each keeps its own (else train)."""
+    clawgym_folder(tmp_path / "src" / "a")
+    harbor_folder(tmp_path / "src" / "b")
+    jl = tmp_path / "r.jsonl"
+    jl.write_text(json.dumps(jsonl_record(1)) + "\n")
+    for source in (tmp_path / "src", jl):
+        out = tmp_path / f"eval-{source.name}"
+        assert {load_task_path(p).split for p in import_any(source, out, split="eval").written} == {
+            "eval"
+        }
+        assert list_tasks(str(out), split="eval") and not list_tasks(str(out), split="train")
+        plain = import_any(source, tmp_path / f"plain-{source.name}").written
+        assert {load_task_path(p).split for p in plain} == {"train"}
+    with pytest.raises(TaskError, match="--split 'no good'"):
+        import_any(jl, tmp_path / "x", split="no good")
+
+
+def test_import_jsonl_hook_code(tmp_path: Path):
+    """A hook that runs one of the record's reward files makes it the checker (and is kept);
+    any other hook is refused for that record with a reason naming the field."""
+    files = [
+        {"file_path": "in.txt", "content": "x"},
+        {"file_path": "reward/test.py", "content": CHECKER},
+        {"file_path": "reward/grade.py", "content": CHECKER},
+    ]
+    hooks = {
+        1: f"python3 {CLAWGYM_MOUNT}/reward/grade.py {CLAWGYM_MOUNT}",
+        2: "python reward/test.py .",
+        3: "pip install pandas && python3 reward/test.py",
+        4: "python3 reward/missing.py",
+        5: 42,
+    }
+    src = tmp_path / "h.jsonl"
+    src.write_text(
+        "".join(
+            json.dumps(jsonl_record(i, input_files=files, hook_code=h)) + "\n"
+            for i, h in hooks.items()
+        )
+    )
+    rep = import_any(src, tmp_path / "out")
+    tasks = {p.name: load_task_path(p) for p in rep.written}
+    assert tasks["task_001_report"].checker_entry == "grade.py"
+    assert tasks["task_001_report"].metadata["hook_code"] == hooks[1]
+    assert tasks["task_002_report"].checker_entry == "test.py"
+    failed = dict(rep.failed)
+    assert set(failed) == {f"{src}:3", f"{src}:4", f"{src}:5"}
+    assert "field 'hook_code'" in failed[f"{src}:3"] and "not supported" in failed[f"{src}:3"]
+    assert "reward/missing.py, which the record does not ship" in failed[f"{src}:4"]
+    assert "field 'hook_code' must be a string" in failed[f"{src}:5"]
 
 
 # ---------------------------------------------------------------------- hashing
@@ -396,6 +520,44 @@ def test_cli_show_import_and_errors(tasks_cli, capsys: pytest.CaptureFixture[str
     assert "unknown suite 'nope'" in capsys.readouterr().err
 
 
+def test_cli_import_summary_and_errors(
+    tasks_cli, capsys: pytest.CaptureFixture[str], tmp_path: Path
+):
+    """``tasks import`` prints what it imported and skipped (exit 2 when a task failed); its
+    errors name the bad folder or option and exit 2 without a traceback."""
+    src = tmp_path / "src"
+    clawgym_folder(src / "good")
+    _entry(clawgym_folder(src / "bad"), task_id="bad", input_mount_dir="relative/dir")
+    (src / "docs").mkdir()
+    out = tmp_path / "out"
+    assert tasks_cli("import", str(src), "--out", str(out), "--split", "eval") == 2
+    res = capsys.readouterr()
+    assert res.out.split() == [str(out / "task_0007")]
+    assert f"skipped {src / 'bad'}: " in res.err and "field 'input_mount_dir'" in res.err
+    assert f"skipped {src / 'docs'}: not a task folder" in res.err
+    assert "imported 1 task(s)" in res.err and "skipped 2 (1 with errors, 1 not task" in res.err
+    assert load_task_path(out / "task_0007").split == "eval"
+    shutil.rmtree(src / "bad")
+    for argv, needle in [
+        ((str(src), "--out", str(out)), "is not empty; use --force"),
+        ((str(tmp_path / "nope"), "--out", str(tmp_path / "o2")), "nope: no such file"),
+        ((str(src / "docs"), "--out", str(tmp_path / "o3")), "docs: holds no task folder"),
+        ((str(src), "--out", str(tmp_path / "o4"), "--split", "a b"), "--split 'a b'"),
+    ]:
+        assert tasks_cli("import", *argv) == 2
+        err = capsys.readouterr().err
+        assert needle in err and "Traceback" not in err, err
+    clawgym_folder(src / "twin")
+    assert tasks_cli("import", str(src), "--out", str(tmp_path / "o5")) == 2
+    err = capsys.readouterr().err
+    assert "duplicate task ids" in err and str(src / "twin") in err
+    assert not (tmp_path / "o5").exists()
+    shutil.rmtree(src / "twin")
+    assert tasks_cli("import", str(src), "--out", str(out), "--force") == 0
+    assert "skipped 1 (0 with errors, 1 not task folders)" in capsys.readouterr().err
+    assert load_task_path(out / "task_0007").split == "train"
+
+
 def test_cli_help_is_complete(tasks_cli, capsys: pytest.CaptureFixture[str]):
     """Every action has --help text."""
     for action in ("list", "suites", "show", "import", "lint"):
@@ -403,6 +565,10 @@ def test_cli_help_is_complete(tasks_cli, capsys: pytest.CaptureFixture[str]):
             tasks_cli(action, "--help")
         assert e.value.code == 0
         assert "usage: harnessrl tasks " + action in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        tasks_cli("import", "--help")
+    text = capsys.readouterr().out
+    assert "--split" in text and "--force" in text and "hook_code" in text
 
 
 def test_task_model_is_documented():

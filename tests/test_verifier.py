@@ -1,4 +1,5 @@
-"""The verifier and checker lint, run in real bubblewrap sandboxes (skipped where bwrap cannot run).
+"""The verifier, run in real bubblewrap sandboxes (skipped where bwrap cannot run); checker
+lint is tested in test_lint.py.
 
 The rubric judge is a real aiohttp server speaking the OpenAI chat API with scripted replies.
 """
@@ -17,13 +18,10 @@ from actors.sandbox.bwrap import BwrapBackend
 from actors.verifier import (
     JudgeConfig,
     RubricJudge,
-    backend_factory,
     combine,
-    lint_task,
     run_solution,
     verify,
 )
-from common import cli
 from common.tasks import CLAWGYM_MOUNT, Task, load_task_path
 
 
@@ -35,9 +33,17 @@ def write(root: Path, files: dict[str, str]) -> Path:
     return root
 
 
-def make_task(root: Path, checker: str, *, toml: str = "", solve: str = "", **files: str) -> Task:
+def make_task(
+    root: Path,
+    checker: str,
+    *,
+    toml: str = "",
+    solve: str = "",
+    head: str = 'instruction = "Do the thing."\n',
+    **files: str,
+) -> Task:
     """A native task whose reward/test.py is ``checker`` (files: rel path with / as __)."""
-    head = 'id = "t"\ninstruction = "Do the thing."\n' + textwrap.dedent(toml)
+    head = 'id = "t"\n' + head + textwrap.dedent(toml)
     extra = {k.replace("__", "/"): v for k, v in files.items()}
     if solve:
         extra["solution/solve.sh"] = solve
@@ -70,7 +76,6 @@ async def test_weighted_mean_of_metrics(backend: BwrapBackend, tmp_path: Path):
 @pytest.mark.parametrize(
     ("checker", "needle"),
     [
-        ("raise RuntimeError('checker bug')", "exited with status 1"),
         ("print('all good!')", "not a JSON dict"),
         ("print('')", "printed nothing"),
         ("import json; print(json.dumps({'a': 1.5}))", "outside [0, 1]"),
@@ -79,16 +84,75 @@ async def test_weighted_mean_of_metrics(backend: BwrapBackend, tmp_path: Path):
         ("import json; print(json.dumps({'a': 'high'}))", "not a number"),
         ("print('{}')", "empty dict"),
         ("print('[1, 0]')", "not a JSON dict"),
-        ("import os; os._exit(3)", "exited with status 3"),
     ],
 )
 async def test_bad_checkers_are_verifier_errors(
     backend: BwrapBackend, tmp_path: Path, checker: str, needle: str
 ):
-    """A crashing or garbage-printing checker is a verifier_error with a clear message."""
+    """A checker that exits 0 printing garbage is a verifier_error with a clear message."""
     res = await verify_fresh(backend, make_task(tmp_path / "t", checker))
-    assert res.status == "verifier_error" and needle in res.error
+    assert res.status == "verifier_error" and needle in res.error and res.reason == ""
     assert res.reward == 0.0 and res.code_score is None
+
+
+@pytest.mark.parametrize(
+    ("checker", "needles"),
+    [
+        (
+            "import json, pathlib\n"
+            "def load(ws):\n"
+            "    return json.loads((pathlib.Path(ws) / 'out.json').read_text())['total']\n"
+            "import sys; print(json.dumps({'ok': float(load(sys.argv[1]) == 3)}))\n",
+            ["exited with status 1", "Traceback", "in load", "FileNotFoundError", "out.json"],
+        ),
+        (
+            "import os, sys; sys.stderr.write('bad input\\n'); os._exit(3)",
+            ["status 3", "bad input"],
+        ),
+        (  # a module the agent was to write (the instruction names thing.py) is not missing
+            "import sys; sys.path.insert(0, sys.argv[1]); import thing",
+            ["No module named 'thing'"],
+        ),
+        ("import subprocess; subprocess.run(['sh', 'go.sh'], check=True)", ["CalledProcess"]),
+    ],
+)
+async def test_crashing_checker_scores_zero(
+    backend: BwrapBackend, tmp_path: Path, checker: str, needles: list[str]
+):
+    """ClawGym semantics: a checker that crashes or exits non-zero without a score scores 0
+    (status ok, so the rollout is trained on), its traceback kept in ``checker_error``."""
+    toml = 'instruction = "Write thing.py and go.sh."\n'
+    task = make_task(tmp_path / "t", checker, head=toml)
+    res = await verify_fresh(backend, task)
+    assert res.status == "ok", res.error
+    assert res.reward == 0.0 and res.code_score == 0.0 and res.metrics == {}
+    for needle in needles:
+        assert needle in res.checker_error, res.checker_error
+    assert res.to_dict()["checker_error"] == res.checker_error
+
+
+@pytest.mark.parametrize(
+    ("checker", "reason", "needle"),
+    [
+        ("import pandas_not_in_this_env", "environment", "module 'pandas_not_in_this_env'"),
+        ("from yaml_nope.sub import x", "environment", "module 'yaml_nope'"),
+        (
+            "import subprocess; subprocess.run('jq-not-here . x.json', shell=True, check=True)",
+            "environment",
+            "command 'jq-not-here'",
+        ),
+        ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", "killed", "killed"),
+        ("raise MemoryError()", "killed", "out of memory"),
+    ],
+)
+async def test_infrastructure_failures_are_verifier_errors(
+    backend: BwrapBackend, tmp_path: Path, checker: str, reason: str, needle: str
+):
+    """A checker killed, out of memory, or missing a module or command the task's environment
+    should provide is no score of the workspace: a verifier_error (tombstone) with a reason."""
+    res = await verify_fresh(backend, make_task(tmp_path / "t", checker))
+    assert res.status == "verifier_error" and res.reason == reason, (res.reason, res.error)
+    assert needle in res.error and res.checker_error == ""
 
 
 async def test_checker_timeout(
@@ -103,6 +167,7 @@ async def test_checker_timeout(
     )
     res = await verify_fresh(backend, task)
     assert res.status == "verifier_error" and "timed out after 0.5 s" in res.error
+    assert res.reason == "timeout"
 
 
 async def test_valid_metrics_with_nonzero_exit_count(backend: BwrapBackend, tmp_path: Path):
@@ -146,7 +211,7 @@ async def test_reward_files_hidden_from_harness_and_workspace(
 
 async def test_clawgym_folder_end_to_end(backend: BwrapBackend, tmp_path: Path):
     """ClawGym layout: workspace at input_mount_dir, reward files at <mount>/reward, reward.sh's
-    last line is the score, check.py's dict the metrics; a planted reward/ dir is replaced."""
+    last line is the score, check.py's dict the metrics; a planted reward/ dir is ignored."""
     root = write(
         tmp_path / "task_0001",
         {
@@ -200,6 +265,123 @@ async def test_clawgym_reward_sh_garbage(backend: BwrapBackend, tmp_path: Path):
     assert res.status == "verifier_error" and "outside [0, 1]" in res.error
 
 
+def clawgym_task(root: Path, check_py: str, reward_sh: str = "", query: str = "q") -> Task:
+    """A ClawGym folder whose reward.sh (default: ClawGym's usual one, averaging check.py's
+    dict, with check.py's stderr thrown away) runs ``check_py``."""
+    reward_sh = reward_sh or (
+        f"python3 {CLAWGYM_MOUNT}/reward/check.py {CLAWGYM_MOUNT} 2>/dev/null"
+        " | python3 -c 'import json,sys; d=json.load(sys.stdin); print(sum(d.values())/len(d))'\n"
+    )
+    entry = {"task_id": root.name, "user_query": query, "input_mount_dir": CLAWGYM_MOUNT}
+    files = {
+        "data_entry.json": json.dumps(entry),
+        "input_files/data.csv": "a,b\n1,2\n",
+        "reward/check.py": check_py,
+        "reward/expected.json": '{"rows": 1}\n',
+        "reward/reward.sh": reward_sh,
+    }
+    return load_task_path(write(root, files))
+
+
+COUNTING_CHECK = """\
+    import json, os, sys
+    with open("/tmp/hrl-test-check-runs", "a") as f:
+        f.write("run\\n")
+    ws = sys.argv[1]
+    expected = json.load(open("@MOUNT@/reward/expected.json"))
+    print(json.dumps({"rows": float(expected["rows"] == 1), "out": float(os.path.exists(ws + "/out.txt"))}))
+    """.replace("@MOUNT@", CLAWGYM_MOUNT)
+
+
+async def test_clawgym_check_py_runs_once(backend: BwrapBackend, tmp_path: Path):
+    """reward.sh runs check.py once per verification, whatever reward.sh does with it; its
+    printed dict still gives the metrics (and reward.sh's average the reward)."""
+    task = clawgym_task(tmp_path / "once", COUNTING_CHECK)
+    spec = SandboxSpec(workspace_src=task.workspace_dir, workdir=task.mount)
+    async with await backend.create(spec) as sb:
+        res = await verify(task, sb)
+        runs = await sb.run(["cat", "/tmp/hrl-test-check-runs"])
+        assert res.status == "ok", res.error
+        assert runs.stdout.decode().split() == ["run"]
+        assert res.reward == 0.5 and res.metrics == {"rows": 1.0, "out": 0.0}
+        await sb.write_file("out.txt", b"x")
+        res = await verify(task, sb)
+        runs = await sb.run(["cat", "/tmp/hrl-test-check-runs"])
+    assert res.reward == 1.0 and res.metrics == {"rows": 1.0, "out": 1.0}
+    assert runs.stdout.decode().split() == ["run", "run"]
+
+
+async def test_clawgym_checker_files_not_in_workspace(backend: BwrapBackend, tmp_path: Path):
+    """A checker that searches the judged workspace for its own files finds none of them;
+    its absolute <input_mount_dir>/reward paths (in reward.sh and check.py) still work."""
+    check = """\
+        import json, os, sys
+        ws = sys.argv[1]
+        mine = {"check.py", "reward.sh", "expected.json"}
+        found = [os.path.join(d, f) for d, _, fs in os.walk(ws) for f in fs if f in mine]
+        here = os.path.dirname(os.path.abspath(__file__))
+        data = json.load(open("@MOUNT@/reward/expected.json"))
+        print(json.dumps({
+            "nothing_found": float(not found),
+            "outside_ws": float(not here.startswith(ws)),
+            "no_reward_dir": float(not os.path.exists(os.path.join(ws, "reward"))),
+            "data_read": float(data == {"rows": 1}),
+        }))
+        """.replace("@MOUNT@", CLAWGYM_MOUNT)
+    task = clawgym_task(tmp_path / "hide", check)
+    assert task.reward_mount == f"{CLAWGYM_MOUNT}/reward"
+    res = await verify_fresh(backend, task)
+    assert res.status == "ok", res.error
+    assert res.metrics == {
+        "nothing_found": 1.0,
+        "outside_ws": 1.0,
+        "no_reward_dir": 1.0,
+        "data_read": 1.0,
+    }
+    assert res.reward == 1.0
+
+
+async def test_clawgym_crash_scores_zero_with_checker_traceback(
+    backend: BwrapBackend, tmp_path: Path
+):
+    """check.py crashing on malformed output (its stderr thrown away by reward.sh, whose
+    averaging step then fails on the empty input) scores 0; the message holds check.py's own
+    traceback, not only the averaging step's JSONDecodeError."""
+    check = """\
+        import json, sys
+        def total(path):
+            return sum(row["amount"] for row in json.load(open(path)))
+        print(json.dumps({"total_ok": float(total(sys.argv[1] + "/out.json") == 3)}))
+        """
+    task = clawgym_task(tmp_path / "crash", check)
+
+    async def harness(sb):
+        await sb.write_file("out.json", b'{"amount": "three"}')  # wrong type
+
+    res = await verify_fresh(backend, task, setup=harness)
+    assert res.status == "ok" and res.reward == 0.0, res.error
+    err = res.checker_error
+    assert err.startswith("check.py exited with status 1:"), err
+    assert "in total" in err and "TypeError" in err and "JSONDecodeError" in err
+    assert err.index("TypeError") < err.index("JSONDecodeError")
+
+
+async def test_clawgym_missing_module_is_environment_failure(backend: BwrapBackend, tmp_path: Path):
+    """check.py failing on a module the task's environment lacks is a verifier_error (the
+    rollout is tombstoned), even when reward.sh turns the failure into a score."""
+    check = "import json\nimport pandas_missing_here\nprint(json.dumps({'x': 1}))\n"
+    masking = (
+        f"python3 {CLAWGYM_MOUNT}/reward/check.py {CLAWGYM_MOUNT} > /dev/null 2>&1 || echo 0\n"
+    )
+    for name, sh in (("plain", ""), ("masked", masking)):
+        res = await verify_fresh(backend, clawgym_task(tmp_path / name, check, sh))
+        assert res.status == "verifier_error" and res.reason == "environment", (name, res)
+        assert "module 'pandas_missing_here'" in res.error
+    res = await verify_fresh(backend, clawgym_task(tmp_path / "cmd", check, "python 1.py\n"))
+    assert res.status == "verifier_error" and res.reason == "environment", res
+    assert "command 'python'" in res.error
+
+
 HARBOR_TOML = "[verifier]\ntimeout_sec = 30.0\n[agent]\ntimeout_sec = 60.0\n"
 
 
@@ -251,14 +433,19 @@ async def test_harbor_end_to_end(
 
 
 async def test_harbor_without_reward_file(backend: BwrapBackend, tmp_path: Path):
-    """A test.sh that writes no reward file is a verifier_error saying so."""
+    """A test.sh that fails writing no reward file scores 0 with its output kept; one that
+    exits 0 without a reward file is a verifier_error saying so."""
     root = write(
         tmp_path / "h",
         {"instruction.md": "x\n", "tests/test.sh": "echo oops >&2; exit 2\n"},
     )
     res = await verify_fresh(backend, load_task_path(root))
+    assert res.status == "ok" and res.reward == 0.0
+    assert "test.sh exited with status 2" in res.checker_error and "oops" in res.checker_error
+    (root / "tests/test.sh").write_text("echo fine\n")
+    res = await verify_fresh(backend, load_task_path(root))
     assert res.status == "verifier_error"
-    assert "neither reward.txt nor reward.json (exit 2)" in res.error and "oops" in res.error
+    assert "neither reward.txt nor reward.json (exit 0)" in res.error and "fine" in res.error
 
 
 # ---------------------------------------------------------------------- rubric judge
@@ -358,83 +545,6 @@ def test_combine_renormalises():
     assert combine(0.5, None, 0.7, 0.3) == 0.5
     assert combine(None, 0.25, 0.7, 0.3) == 0.25
     assert combine(None, None, 0.7, 0.3) is None
-
-
-# ---------------------------------------------------------------------- lint
-
-ANNOUNCE_CHECKER = """\
-    import json, pathlib, sys
-    p = pathlib.Path(sys.argv[1]) / "announcement.txt"
-    text = p.read_text() if p.exists() else ""
-    print(json.dumps({{
-        "mentions_date": float("June 14" in text),
-        "under_120_words": float({limit}),
-    }}))
-    """
-FLAWED = ANNOUNCE_CHECKER.format(limit="len(text.split()) < 120")
-FIXED = ANNOUNCE_CHECKER.format(limit="0 < len(text.split()) < 120")
-SOLVE = "echo 'Launch party on June 14 in the main hall.' > announcement.txt\n"
-
-
-async def test_lint_catches_passes_when_missing(backend: BwrapBackend, tmp_path: Path):
-    """The ClawGym case: "under 120 words" passes when the file is missing -> lint names it."""
-    flawed = make_task(tmp_path / "flawed", FLAWED, solve=SOLVE)
-    rep = await lint_task(flawed, backend_factory(backend))
-    assert not rep.ok
-    (problem,) = rep.problems
-    assert "'under_120_words' never drops below 1" in problem and "announcement.txt" in problem
-    assert rep.flips["mentions_date"] and not rep.flips["under_120_words"]
-    fixed = make_task(tmp_path / "fixed", FIXED, solve=SOLVE)
-    rep = await lint_task(fixed, backend_factory(backend))
-    assert rep.ok, rep.problems
-    assert "delete announcement.txt" in rep.flips["under_120_words"]
-    assert rep.untouched_reward == 0.0 and rep.solution_metrics == {
-        "mentions_date": 1.0,
-        "under_120_words": 1.0,
-    }
-
-
-@pytest.mark.parametrize(
-    ("checker", "solve", "needle"),
-    [
-        (  # reads the output without guarding: crashes on the failing workspace
-            'import json; t = open("out.txt").read(); print(json.dumps({"ok": float(t == "a\\n")}))',
-            "echo a > out.txt\n",
-            "checker errors when it should score 0 (delete out.txt)",
-        ),
-        ('import json; print(json.dumps({"ok": 1}))', "echo a > out.txt\n", "already scores 1.0"),
-        (
-            'import json, os; print(json.dumps({"ok": float(os.path.exists("out.txt"))}))',
-            "echo a > wrong.txt\n",
-            "reference solution scores 0.000",
-        ),
-        (
-            'import json, os; print(json.dumps({"ok": float(os.path.exists("out.txt"))}))',
-            "exit 4\n",
-            "reference solution solve.sh exited with status 4",
-        ),
-    ],
-)
-async def test_lint_problems(backend: BwrapBackend, tmp_path: Path, checker, solve, needle):
-    """Lint reports crashing checkers, trivially passing tasks and broken reference solutions."""
-    task = make_task(tmp_path / "t", checker, solve=solve)
-    rep = await lint_task(task, backend_factory(backend))
-    assert not rep.ok and any(needle in p for p in rep.problems), rep.problems
-
-
-def test_cli_lint_exit_status(tmp_path: Path, monkeypatch, capsys):
-    """``tasks lint PATH`` exits 1 and names the metric that never flips; 0 when fixed."""
-    monkeypatch.setitem(cli.COMMANDS, "tasks", cli.Command("tasks", "actors.tasks_cmd"))
-    make_task(tmp_path / "flawed", FLAWED, solve=SOLVE)
-    make_task(tmp_path / "fixed", FIXED, solve=SOLVE)
-    rc = cli.main(["tasks", "lint", str(tmp_path / "flawed"), str(tmp_path / "fixed")])
-    out = capsys.readouterr()
-    if "bubblewrap is not usable" in out.err:
-        pytest.skip(out.err)
-    assert rc == 1 and "under_120_words" in out.out and "1/2 tasks pass lint" in out.err
-    assert cli.main(["tasks", "lint", "--json", str(tmp_path / "fixed")]) == 0
-    (rep,) = json.loads(capsys.readouterr().out)
-    assert rep["ok"] and rep["task"] == str(tmp_path / "fixed")
 
 
 def test_judge_config_is_documented():

@@ -8,11 +8,13 @@ Public API::
     load_task(suite, task_id)          # task_id may also be a folder path
     load_task_path(path)               # any supported folder format
     resolve_tasks(spec) / resolve_task(spec)   # "SUITE", "SUITE/ID" or a path
-    import_any(src, out_dir)           # ClawGym JSONL / folders, Harbor -> native folders
+    import_any(src, out_dir, split=None, force=False) -> ImportReport
+                                       # ClawGym JSONL / folders, Harbor -> native folders
     hash_paths(...)                    # the content hash behind Task.task_hash
 """
 
 from common.tasks.formats import (
+    ImportReport,
     detect_format,
     import_any,
     import_jsonl,
@@ -43,6 +45,7 @@ __all__ = [
     "BUILTIN_SUITES",
     "CLAWGYM_MOUNT",
     "DEFAULT_MOUNT",
+    "ImportReport",
     "RUBRIC_SCORES",
     "Task",
     "TaskError",

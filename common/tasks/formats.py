@@ -32,6 +32,7 @@ import shutil
 import tempfile
 import tomllib
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -102,7 +103,8 @@ class CheckerToml(_Strict):
     entry: str = ""
     """Entry file in ``reward/`` (default by kind: test.py, reward.sh, test.sh)."""
     reward_mount: str = ""
-    """Where reward files land inside the sandbox; empty: private dir outside the workspace."""
+    """Path the checker's scripts use for the reward files (rewritten to the private dir outside
+    the workspace where they are staged); relative: below ``mount``; empty: none."""
 
 
 class RubricToml(_Strict):
@@ -605,8 +607,34 @@ CHECKER_FIELDS = ("test_code", "test_py", "checker", "reward_code")
 """Record fields that may carry the checker source (written as ``reward/test.py``)."""
 
 
-def record_to_native(rec: Any, out_root: Path, where: str, lineno: int) -> Path:
-    """Write one ClawGym JSONL record as a native task folder under ``out_root``."""
+def _hook_entry(hook: str, where: str) -> str:
+    """The reward file a record's ``hook_code`` runs, when the hook is the one way harnessrl
+    runs a record's checker: ``python3 reward/<file>.py [<workspace>]``; raises `TaskError`."""
+    try:
+        argv = shlex.split(hook.strip())
+    except ValueError:
+        argv = []
+    ws_args = ([], [CLAWGYM_MOUNT], [CLAWGYM_MOUNT + "/"], ["."], ["./"])
+    if len(argv) >= 2 and argv[0] in ("python", "python3") and argv[2:] in ws_args:
+        script = argv[1].removeprefix(CLAWGYM_MOUNT + "/").removeprefix("./")
+        name = script.removeprefix("reward/")
+        if name != script and re.fullmatch(r"[\w.-]+\.py", name):
+            return name
+    raise TaskError(
+        f"{where}: field 'hook_code' {hook.strip()[:200]!r} is not supported: a record's checker "
+        "runs as `python3 reward/<file>.py <workspace>` and printing a JSON dict of metrics; "
+        "another hook cannot be carried, so the task is not imported"
+    )
+
+
+def record_to_native(
+    rec: Any, out_root: Path, where: str, lineno: int, split: str | None = None
+) -> Path:
+    """Write one ClawGym JSONL record as a native task folder under ``out_root``.
+
+    A ``hook_code`` that runs one of the record's reward files the way harnessrl runs a
+    checker makes that file the checker (and is kept in the metadata); any other hook is
+    refused (`TaskError`)."""
     if not isinstance(rec, dict):
         raise TaskError(f"{where}: a record must be a JSON object")
     prompt = rec.get("prompt")
@@ -615,6 +643,10 @@ def record_to_native(rec: Any, out_root: Path, where: str, lineno: int) -> Path:
     files = rec.get("input_files") or []
     if not isinstance(files, list):
         raise TaskError(f"{where}: field 'input_files' must be a list")
+    hook = rec.get("hook_code")
+    if hook is not None and not isinstance(hook, str):
+        raise TaskError(f"{where}: field 'hook_code' must be a string")
+    hook_entry = _hook_entry(hook, where) if hook and hook.strip() else ""
     task_id = _record_id(rec, lineno)
     rules = _rubric_rules(rec.get("rules", rec.get("rule")), f"{where}: field 'rules'")
     out = out_root / task_id
@@ -642,17 +674,25 @@ def record_to_native(rec: Any, out_root: Path, where: str, lineno: int) -> Path:
                 break
         reward = staged / "reward"
         entry = "test.py" if (reward / "test.py").is_file() else "check.py"
-        if not has_checker and not rules:
+        if not has_checker and not rules and not (reward / hook_entry).is_file():
             raise TaskError(f"{where}: no checker (reward/test.py) and no rubric 'rules'")
+        if hook_entry:
+            if not (reward / hook_entry).is_file():
+                raise TaskError(
+                    f"{where}: field 'hook_code' runs reward/{hook_entry}, "
+                    "which the record does not ship"
+                )
+            entry, has_checker = hook_entry, True
         meta = rec.get("metadata") if isinstance(rec.get("metadata"), dict) else {}
         category = rec.get("category") or meta.get("category") or ""
         extra: dict[str, Any] = {"imported_from": "clawgym-jsonl"}
-        if isinstance(rec.get("hook_code"), str):
-            extra["hook_code"] = rec["hook_code"]
+        if hook_entry:
+            extra["hook_code"] = hook.strip()
         task = Task(
             id=task_id,
             instruction=prompt,
             category=str(category),
+            split=split or "train",
             path=staged,
             mount=CLAWGYM_MOUNT,
             checker="test_py" if has_checker else "none",
@@ -670,33 +710,177 @@ def record_to_native(rec: Any, out_root: Path, where: str, lineno: int) -> Path:
     return out
 
 
-def import_jsonl(src: Path, out_root: Path) -> list[Path]:
-    """Import every record of a ClawGym JSONL file as native folders under ``out_root``."""
-    out_root.mkdir(parents=True, exist_ok=True)
-    written = []
-    with src.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            where = f"{src}:{lineno}"
+@dataclass
+class ImportReport:
+    """What `import_any` did."""
+
+    out: Path
+    """The ``--out`` directory."""
+    written: list[Path] = field(default_factory=list)
+    """Native task folders written (under ``out``)."""
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    """``(source, why)`` of each task that could not be imported (``FILE:LINE`` or folder)."""
+    not_tasks: list[tuple[str, str]] = field(default_factory=list)
+    """``(folder, why)`` of each folder of the source that is no task folder."""
+
+    @property
+    def skipped(self) -> list[tuple[str, str]]:
+        return self.failed + self.not_tasks
+
+
+def _check_out(src: Path, out_root: Path, force: bool) -> None:
+    src_r, out_r = src.resolve(), out_root.resolve()
+    if out_r == src_r or out_r in src_r.parents:
+        raise TaskError(f"--out {out_root}: must not be the source {src} or a folder holding it")
+    if out_root.exists() and not out_root.is_dir():
+        raise TaskError(f"--out {out_root}: exists and is not a directory")
+    if out_root.is_dir() and any(out_root.iterdir()) and not force:
+        raise TaskError(
+            f"--out {out_root}: is not empty; use --force to replace what it holds "
+            "(or choose another directory)"
+        )
+
+
+def _check_split(split: str | None) -> None:
+    if split is not None and not _ID_RE.match(split):
+        raise TaskError(f"--split {split!r}: must be a name such as 'train' or 'eval'")
+
+
+def _duplicates(ids: list[tuple[str, str]], what: str) -> None:
+    """Raise one `TaskError` naming every id that ``(id, source)`` pairs hold more than once."""
+    by_id: dict[str, list[str]] = {}
+    for task_id, source in ids:
+        by_id.setdefault(task_id, []).append(source)
+    dups = {k: v for k, v in by_id.items() if len(v) > 1}
+    if dups:
+        lines = [f"  {k}: {', '.join(v)}" for k, v in sorted(dups.items())]
+        raise TaskError(
+            f"duplicate task ids among the {what} (nothing was imported):\n" + "\n".join(lines)
+        )
+
+
+def _publish(staging: Path, out_root: Path) -> None:
+    """Move the finished ``staging`` dir into place as ``out_root`` (replacing what is there)."""
+    if out_root.exists():
+        shutil.rmtree(out_root)
+    os.rename(staging, out_root)
+
+
+def _staged(out_root: Path) -> Path:
+    out_root.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{out_root.name}.import-", dir=out_root.parent))
+
+
+def import_jsonl(
+    src: Path, out_root: Path, *, split: str | None = None, force: bool = False
+) -> ImportReport:
+    """Import every record of a ClawGym JSONL file as native folders under ``out_root``.
+
+    A bad record is reported in `ImportReport.failed` and the rest imported; duplicate task
+    ids, an ``out_root`` that is not empty (without ``force``, which replaces it) or a bad
+    ``split`` raise `TaskError` before anything is written. The folders appear in
+    ``out_root`` together, once all are written."""
+    _check_split(split)
+    _check_out(src, out_root, force)
+    records: list[tuple[str, int, Any]] = []
+    rep = ImportReport(out_root)
+    try:
+        with src.open(encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                where = f"{src}:{lineno}"
+                try:
+                    records.append((where, lineno, json.loads(line)))
+                except json.JSONDecodeError as e:
+                    rep.failed.append((where, f"not valid JSON: {e}"))
+    except UnicodeDecodeError as e:
+        raise TaskError(f"{src}: not UTF-8 text: {e}") from None
+    _duplicates(
+        [(_record_id(r, n), w) for w, n, r in records if isinstance(r, dict)], f"records of {src}"
+    )
+    staging = _staged(out_root)
+    try:
+        written = []
+        for where, lineno, rec in records:
             try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise TaskError(f"{where}: not valid JSON: {e}") from None
-            written.append(record_to_native(rec, out_root, where, lineno))
-    return written
+                written.append(record_to_native(rec, staging, where, lineno, split).name)
+            except (ValueError, OSError) as e:  # TaskError, or a file the record cannot hold
+                rep.failed.append((where, str(e).removeprefix(f"{where}: ")))
+        if not written:
+            raise TaskError(f"{src}: no task could be imported" + _reasons(rep))
+        _publish(staging, out_root)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    rep.written = [out_root / name for name in written]
+    return rep
 
 
-def import_any(src: Path, out_root: Path) -> list[Path]:
-    """Import a JSONL file, a task folder, or a folder of task folders into ``out_root``."""
+def _reasons(rep: ImportReport) -> str:
+    return "".join(f"\n  {where}: {why}" for where, why in rep.skipped)
+
+
+def import_any(
+    src: Path, out_root: Path, *, split: str | None = None, force: bool = False
+) -> ImportReport:
+    """Import a JSONL file, a task folder, or a folder of task folders into ``out_root``.
+
+    A folder that does not load is reported in `ImportReport.failed`, one that is no task
+    folder in `ImportReport.not_tasks` (hidden entries and plain files are passed over), and
+    the rest imported. Raises `TaskError` before writing anything for duplicate task ids, an
+    ``out_root`` that is not empty (without ``force``, which replaces it), a bad ``split``,
+    or a source with no task to import. ``split`` overrides each task's split."""
     src = Path(src)
     if src.is_file():
-        return import_jsonl(src, out_root)
+        return import_jsonl(src, out_root, split=split, force=force)
     if not src.is_dir():
         raise TaskError(f"{src}: no such file or directory")
-    folders = [src] if is_task_dir(src) else sorted(p for p in src.iterdir() if is_task_dir(p))
-    if not folders:
-        raise TaskError(f"{src}: holds no task folders")
-    tasks = [load_folder(f) for f in folders]  # all load before anything is written
-    out_root.mkdir(parents=True, exist_ok=True)
-    return [write_native(t, out_root / t.id) for t in tasks]
+    _check_split(split)
+    _check_out(src, out_root, force)
+    rep = ImportReport(out_root)
+    if is_task_dir(src):
+        folders = [src]
+    else:
+        folders = []
+        for p in sorted(src.iterdir()):
+            if p.name.startswith(".") or not p.is_dir():
+                continue
+            if is_task_dir(p):
+                folders.append(p)
+            else:
+                rep.not_tasks.append((str(p), _not_task_reason(p)))
+    tasks: list[Task] = []
+    for f in folders:  # all load before anything is written
+        try:
+            t = load_folder(f)
+        except (ValueError, OSError) as e:
+            rep.failed.append((str(f), str(e)))
+            continue
+        tasks.append(t.model_copy(update={"split": split}) if split else t)
+    _duplicates([(t.id, str(t.path)) for t in tasks], f"task folders of {src}")
+    if not tasks:
+        raise TaskError(f"{src}: holds no task folder that can be imported" + _reasons(rep))
+    staging = _staged(out_root)
+    try:
+        written = []
+        for t in tasks:
+            try:
+                written.append(write_native(t, staging / t.id).name)
+            except (ValueError, OSError) as e:
+                shutil.rmtree(staging / t.id, ignore_errors=True)
+                rep.failed.append((str(t.path), str(e)))
+        if not written:
+            raise TaskError(f"{src}: no task could be imported" + _reasons(rep))
+        _publish(staging, out_root)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    rep.written = [out_root / name for name in written]
+    return rep
+
+
+def _not_task_reason(path: Path) -> str:
+    try:
+        detect_format(path)
+    except TaskError as e:
+        return str(e).removeprefix(f"{path}: ")
+    return "not a task folder"

@@ -80,9 +80,9 @@ class Task(BaseModel):
     checker_entry: str = "test.py"
     """Entry file of the checker, relative to ``reward_dir``."""
     reward_mount: str = ""
-    """Where the reward files land inside the sandbox at verification time; empty: a fresh
-    private directory outside the workspace (native tasks). ClawGym checkers expect
-    ``<mount>/reward``."""
+    """The absolute path the checker's scripts use for the reward files (ClawGym:
+    ``<mount>/reward``); empty: none. The files are always staged in a fresh private directory
+    outside the workspace, and this path is rewritten to it in their text."""
     rubric: list[str] = Field(default_factory=list)
     """Rubric rules for the LLM judge (each scored in {0, .25, .5, .75, 1})."""
     agent_timeout_s: float = Field(600.0, gt=0)

@@ -584,7 +584,8 @@ def task_toml(t: ToyTask) -> str:
             "difficulty": str(t.family.level),
             "split": t.split,
             "timeouts": {"agent_s": 300.0, "verifier_s": 30.0},
-            "metadata": {"toy": meta},
+            # `written` rewards any non-empty output on purpose (reward shaping): lint allows it
+            "metadata": {"toy": meta, "lint": {"shaping": ["written"]}},
         }
     )
 

@@ -41,7 +41,6 @@ def close(a, b, tol=0.011):
 m = {}
 data = load_json("config/app.json")
 ok = isinstance(data, dict)
-m["valid_json"] = float(ok)
 server = data.get("server") if ok else None
 m["port_updated"] = float(isinstance(server, dict) and server.get("port") == 9090)
 m["debug_off"] = float(ok and data.get("debug") is False)
@@ -53,7 +52,11 @@ m["metrics_enabled"] = float(
     and all(f in feats for f in orig["features"])
     and len(feats) == len(orig["features"]) + 1
 )
-same = ok and isinstance(server, dict)
+# validity and "the rest is unchanged" earn credit only once a requested change is made:
+# the untouched file is valid and unchanged, and must score 0
+changed = bool(m["port_updated"] or m["debug_off"] or m["metrics_enabled"])
+m["valid_json"] = float(ok and changed)
+same = ok and changed and isinstance(server, dict)
 if same:
     rest = {k: v for k, v in data.items() if k not in ("debug", "features", "server")}
     orig_rest = {k: v for k, v in orig.items() if k not in ("debug", "features", "server")}

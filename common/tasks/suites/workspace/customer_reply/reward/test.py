@@ -48,7 +48,8 @@ m["order_number"] = float("4521" in t)
 m["apology"] = float(bool(re.search(r"\b(sorry|apologi[sz]e|apologies)\b", low)))
 m["delivery_date"] = float(bool(re.search(r"2024-07-22|july\s+22|22\s+july", low)))
 m["carrier"] = float("freightco" in low)
-m["word_limit"] = float(text is not None and 0 < len(t.split()) < EXP["max_words"])
+# the limit earns credit only for a reply about this order (not for any short text)
+m["word_limit"] = float("4521" in t and 0 < len(t.split()) < EXP["max_words"])
 lines = [ln.strip() for ln in t.splitlines() if ln.strip()]
 m["signature"] = float(bool(lines) and lines[-1].rstrip(".,!") == "Support Team")
 

@@ -47,17 +47,21 @@ try:
     parsed = text is not None
 except configparser.Error:
     parsed = False
-m["valid_ini"] = float(parsed and bool(cp.sections()))
 got = {s: dict(cp[s]) for s in cp.sections()} if parsed else {}
 exp = EXP["merged"]
+# every other metric earns credit only once a missing key was added (the untouched files are
+# valid, keep the local values and leave the defaults alone, and must score 0)
+local = EXP["local_values"]
+added = any(k in got.get(s, {}) for s in exp for k in exp[s] if k not in local.get(s, {}))
+m["valid_ini"] = float(added and bool(cp.sections()))
 m["missing_keys_added"] = float(all(k in got.get(s, {}) for s in exp for k in exp[s]))
 m["local_values_kept"] = float(
-    bool(got)
+    added
     and all(
         got.get(s, {}).get(k) == v for s, kv in EXP["local_values"].items() for k, v in kv.items()
     )
 )
 m["exact_merge"] = float(got == exp)
-m["defaults_unchanged"] = float(read("config/defaults.ini") == EXP["defaults"])
+m["defaults_unchanged"] = float(added and read("config/defaults.ini") == EXP["defaults"])
 
 print(json.dumps(m))

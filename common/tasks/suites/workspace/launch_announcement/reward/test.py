@@ -44,13 +44,15 @@ text = read("announcement.txt")
 t = text or ""
 low = t.lower()
 words = len(t.split())
-# a missing or empty announcement is not "under 120 words": it fails the limit too
-m["word_limit"] = float(text is not None and 0 < words < EXP["max_words"])
+# a missing, empty or off-topic text is not "an announcement under 120 words": the limit and
+# the pricing rule earn credit only for a text that names the product
+on_topic = "aurora" in low
+m["word_limit"] = float(on_topic and 0 < words < EXP["max_words"])
 m["product_named"] = float("aurora 2.0" in low)
 m["date_given"] = float(bool(re.search(r"2024-06-14|june\s+14|14\s+june|14/06|06/14", low)))
 m["time_given"] = float(bool(re.search(r"15[:.]00|3(:00)?\s*(pm|p\.m\.)", low)))
 m["location_given"] = float("main hall" in low and "building c" in low)
 m["rsvp_given"] = float("events@northwind.example" in low)
-m["no_pricing"] = float(text is not None and not re.search(r"pric|\$\s*\d|cost", low))
+m["no_pricing"] = float(on_topic and not re.search(r"pric|\$\s*\d|cost", low))
 
 print(json.dumps(m))

@@ -45,8 +45,11 @@ exp = EXP["lines"]
 pkgs = [ln for ln in lines if not ln.startswith("#")]
 exp_pkgs = [ln for ln in exp if not ln.startswith("#")]
 m["all_pinned"] = float(bool(pkgs) and all(p in pkgs for p in exp_pkgs))
-m["comments_kept"] = float(all(c in lines for c in exp if c.startswith("#")))
-m["no_extra_packages"] = float(bool(pkgs) and len(pkgs) == len(exp_pkgs))
+# keeping comments and adding nothing earn credit only once something is pinned (the untouched
+# file keeps both, and must score 0)
+pinned = any(p in pkgs for p in exp_pkgs)
+m["comments_kept"] = float(pinned and all(c in lines for c in exp if c.startswith("#")))
+m["no_extra_packages"] = float(pinned and len(pkgs) == len(exp_pkgs))
 m["order_kept"] = float(lines == exp)
 
 print(json.dumps(m))

@@ -58,6 +58,9 @@ kept = True
 for name, body in EXP["sections"].items():
     s = re.search(rf"^## {name}\s*$(.*?)(?=^## |\Z)", text, re.S | re.M)
     kept = kept and bool(s) and s.group(1).strip() == body
-m["other_sections_kept"] = float(kept and text.startswith("# tidyfiles"))
+# the untouched README keeps every section: this earns credit only with the new section added
+m["other_sections_kept"] = float(
+    kept and text.startswith("# tidyfiles") and bool(m["section_present"])
+)
 
 print(json.dumps(m))

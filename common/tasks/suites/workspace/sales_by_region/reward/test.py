@@ -49,6 +49,7 @@ m["revenue_by_region"] = float(
 )
 m["top_product"] = float(ok and str(data.get("top_product", "")).strip() == EXP["top_product"])
 m["total_units"] = float(ok and close(data.get("total_units"), EXP["total_units"], 0))
-m["source_unchanged"] = float(read("sales.csv") == EXP["sales_csv"])
+# leaving sales.csv alone earns credit only alongside a summary (the untouched workspace does)
+m["source_unchanged"] = float(ok and read("sales.csv") == EXP["sales_csv"])
 
 print(json.dumps(m))

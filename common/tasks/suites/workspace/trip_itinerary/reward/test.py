@@ -51,6 +51,7 @@ last = days[-1] if len(days) == len(exp) else ""
 m["arrival_flight_day1"] = float("LH 1234" in first)
 m["hotel_on_checkin"] = float("Hotel Isarblick" in first and "IB-88213" in first)
 m["return_flight_last_day"] = float("LH 4321" in last)
-m["word_limit"] = float(text is not None and 0 < len(t.split()) < EXP["max_words"])
+# the limit earns credit only for an itinerary with day headings (not for any short text)
+m["word_limit"] = float(bool(heads) and 0 < len(t.split()) < EXP["max_words"])
 
 print(json.dumps(m))
