@@ -15,7 +15,7 @@ Tasks are fresh draws of the toy generator (``common.tasks.toy.train_tasks``): n
 held-out ``toy-eval`` task. With ``--split eval`` it writes the held-out tasks' trajectories
 instead (for a teacher-forced held-out loss; never trained on).
 
-Output: one JSON object per line: ``task``, ``family``, ``level``, ``split``, ``style``,
+Output: one JSON object per line: ``task``, ``family``, ``level``, ``split``, ``style``, ``solved`` (False for a near miss that got it wrong),
 ``messages`` (the whole conversation: system, user, assistant/tool turns, ending with the teacher's ``finish``
 call) and ``tools`` (the schema the harness sent). Written atomically.
 """
@@ -70,6 +70,10 @@ class TeacherDataConfig(HrlModel):
     """Teacher style (``common.tasks.teacher.STYLES``): ``shell`` runs the family's one-line
     shell solution and finishes (what the ``tiny-agent`` recipe trains on); ``edit`` reads the
     inputs and writes the answer with ``write_file``."""
+    near_miss: float = Field(0.0, ge=0.0, le=1.0)
+    """Share of training trajectories (``style`` ``shell`` only) in the ``near_miss`` style: the
+    teacher runs its family's plausible wrong one-liner instead (``Family.near_miss``) and
+    finishes as if it were right — demonstrations with mistakes, which RL then corrects."""
     max_turns: int = Field(12, ge=1, le=100)
     """Model turns per trajectory (the teacher needs at most 7)."""
 
@@ -130,7 +134,10 @@ def trajectory(t: ToyTask, max_turns: int = 12, style: str = "shell") -> dict[st
         with contextlib.redirect_stderr(io.StringIO()):  # the agent logs every turn
             status, _ = agent.run(t.instruction)
         got = (Path(tmp) / t.params["output"]).read_text() if status == "finished" else None
-    if got is None or got != t.expected:
+    if style == "near_miss":  # a demonstration of a mistake: it must end, not solve
+        if status != "finished":
+            raise RuntimeError(f"near-miss teacher did not finish {t.id}: status {status}")
+    elif got is None or got != t.expected:
         raise RuntimeError(f"teacher did not solve {t.id} ({t.family.name}): status {status}")
     return {
         "task": t.id,
@@ -138,6 +145,7 @@ def trajectory(t: ToyTask, max_turns: int = 12, style: str = "shell") -> dict[st
         "level": t.family.level,
         "split": t.split,
         "style": style,
+        "solved": got == t.expected,
         "messages": client.last,
         "tools": agent.tools,
     }
@@ -165,7 +173,16 @@ def main(cfg: TeacherDataConfig, args: argparse.Namespace | None = None) -> int:
     except ValueError as e:
         print(f"harnessrl teacher-data: {e}", file=sys.stderr)
         return 2
-    lines = [json.dumps(trajectory(t, cfg.max_turns, cfg.style)) for t in tasks]
+    rng = random.Random(f"near-miss:{cfg.seed}")
+    styles = [
+        "near_miss"
+        if cfg.split == "train" and cfg.style == "shell" and rng.random() < cfg.near_miss
+        else cfg.style
+        for _ in tasks
+    ]
+    lines = [
+        json.dumps(trajectory(t, cfg.max_turns, s)) for t, s in zip(tasks, styles, strict=True)
+    ]
     cfg.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(cfg.out, "".join(line + "\n" for line in lines))
     print(

@@ -55,6 +55,10 @@ class PretrainConfig(HrlModel):
     vary_names: float = Field(0.5, ge=0.0, le=1.0)
     """Share of teacher tasks with input/output/folder names redrawn from the toy word list
     (``harnessrl teacher-data --vary-names``): names the policy must copy, not guess."""
+    near_miss: float = Field(0.0, ge=0.0, le=1.0)
+    """Share of ``shell`` teacher trajectories that demonstrate the family's plausible mistake
+    (``harnessrl teacher-data --near-miss``; ``common.tasks.toy.Family.near_miss``): a warm
+    start with family-level errors for RL to correct. 0 for the shipped ``tiny-agent``."""
     teacher_style: Literal["edit", "shell"] = "shell"
     """How the teacher solves a task (``harnessrl teacher-data --style``): ``shell``, one
     ``run`` of the family's shell one-liner then ``finish``; ``edit``, read the inputs and write
@@ -151,6 +155,8 @@ def teacher_data(cfg: PretrainConfig, out: Path, split: str) -> Path:
     argv = [sys.executable, "-m", "common.cli", "teacher-data", "--out", str(path)]
     argv += ["--split", split, "--seed", str(cfg.seed), "--per-family", str(cfg.per_family)]
     argv += ["--style", cfg.teacher_style, "--vary-names", str(cfg.vary_names)]
+    if cfg.near_miss and split == "train":
+        argv += ["--near-miss", str(cfg.near_miss)]
     for f in cfg.families:
         argv += ["--family", f]
     subprocess.run(argv, check=True)

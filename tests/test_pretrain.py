@@ -84,6 +84,40 @@ def test_shell_teacher_command_fails_on_a_wrong_workspace(tmp_path: Path):
 
 
 @pytest.mark.parametrize("family", sorted(FAMILY))
+def test_near_miss_teacher_is_wrong_the_same_way_on_every_task(family: str):
+    """The ``near_miss`` style runs the family's plausible wrong one-liner through the agent's
+    ``run`` tool, then finishes as if it were right. It is a real mistake (the output differs
+    from the expected one on every task checked here) and one family-level mistake (the same
+    template on every task), which is what lets RL unlearn it on held-out tasks too."""
+    fam = FAMILY[family]
+    assert fam.near_miss and fam.near_miss != fam.shell
+    tasks = [t for t in generate(0) if t.family.name == family][:4]
+    for task in tasks:
+        rec = teacher_data.trajectory(task, style="near_miss")
+        calls = [m["tool_calls"][0]["function"] for m in rec["messages"] if m.get("tool_calls")]
+        assert [c["name"] for c in calls] == ["run", "finish"]
+        assert json.loads(calls[0]["arguments"]) == {"cmd": fam.command(task.params, True)}
+        assert rec["style"] == "near_miss" and rec["solved"] is False, task.id
+
+
+def test_teacher_data_near_miss_share(tmp_path: Path):
+    """``near_miss`` sets the share of training trajectories that demonstrate the mistake; the
+    held-out split never gets any."""
+    out = tmp_path / "t.jsonl"
+    cfg = teacher_data.TeacherDataConfig(
+        out=out, per_family=10, families=["first_line", "sort_lines"], near_miss=0.5
+    )
+    assert teacher_data.main(cfg) == 0
+    recs = read_conversations(out)
+    wrong = [r for r in recs if r["style"] == "near_miss"]
+    assert 0 < len(wrong) < len(recs) and not any(r["solved"] for r in wrong)
+    assert all(r["solved"] for r in recs if r["style"] == "shell")
+    ev = teacher_data.TeacherDataConfig(out=out, split="eval", near_miss=1.0, families=["copy"])
+    assert teacher_data.main(ev) == 0
+    assert {r["style"] for r in read_conversations(out)} == {"shell"}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY))
 def test_vary_names_renames_only_the_names(family: str):
     """A renamed task is the same task under other names: its instruction and files use the new
     names (none a built-in one, so never a held-out task), its expected output is unchanged,

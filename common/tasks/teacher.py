@@ -143,9 +143,11 @@ def family_of(task: Task) -> tuple[Family, dict[str, Any]]:
     return fam, meta
 
 
-STYLES = ("edit", "shell")
+STYLES = ("edit", "shell", "near_miss")
 """``edit``: read the inputs, write the answer with ``write_file`` (the model computes it);
-``shell``: one ``run`` of the family's shell one-liner (the shell computes it), then finish."""
+``shell``: one ``run`` of the family's shell one-liner (the shell computes it), then finish;
+``near_miss``: the same with the family's plausible wrong one-liner (``Family.near_miss``): an
+imperfect demonstrator, for a warm start with mistakes RL can correct."""
 
 
 def teacher_step(task: Task, messages: list[dict[str, Any]], style: str = "edit") -> dict[str, Any]:
@@ -158,10 +160,10 @@ def teacher_step(task: Task, messages: list[dict[str, Any]], style: str = "edit"
     if obs.finished:
         return {"role": "assistant", "content": "The task is done."}
     out = p["output"]
-    if style == "shell":
+    if style in ("shell", "near_miss"):
         if obs.ran or out in obs.wrote:
             return _call(turn, "finish", "", summary=f"Wrote {out}.")
-        return _call(turn, "run", "", cmd=fam.command(p))
+        return _call(turn, "run", "", cmd=fam.command(p, near_miss=style == "near_miss"))
     if out in obs.wrote:
         return _call(turn, "finish", f"I wrote {out}.", summary=f"Wrote {out}.")
     listing = None

@@ -112,9 +112,17 @@ class Family:
     """A one-line shell solution (template over the params and ``WORD``), run in the workspace by
     the harness's ``run`` tool: the ``shell`` teacher style (``common.tasks.teacher``)."""
 
-    def command(self, params: dict[str, Any]) -> str:
-        """The shell solution for a task with these params."""
-        return self.shell.format(**template_params(params))
+    near_miss: str = ""
+    """A plausible *wrong* one-liner (template like ``shell``): off by one, the wrong flag,
+    field or direction — the mistake an imperfect demonstrator makes. The ``near_miss`` teacher
+    style runs it, so a warm start SFT'd on a share of such trajectories has a family-level
+    mistake that RL can unlearn from the verifier's reward (and that generalises to held-out
+    tasks of the family, unlike copying names, which RL on a few thousand rollouts does not
+    improve)."""
+
+    def command(self, params: dict[str, Any], near_miss: bool = False) -> str:
+        """The shell solution for a task with these params (or its near miss)."""
+        return (self.near_miss if near_miss else self.shell).format(**template_params(params))
 
 
 def _sentence(rng: random.Random, must: str | None = None, n: int = 5) -> str:
@@ -242,6 +250,7 @@ FAMILIES: tuple[Family, ...] = (
         lambda p, r, ls: f"{p['word']}\n",
         'out = P["word"] + "\\n"',
         shell="echo {word} > {output}",
+        near_miss="echo {WORD} > {output}",
     ),
     Family(
         "first_line",
@@ -251,6 +260,7 @@ FAMILIES: tuple[Family, ...] = (
         lambda p, r, ls: as_lines(lines_of(r(p["input"]))[:1]),
         'out = read(P["input"]).splitlines()[0] + "\\n"',
         shell="head -n 1 {input} > {output}",
+        near_miss="head -n 2 {input} > {output}",
     ),
     Family(
         "copy",
@@ -260,6 +270,7 @@ FAMILIES: tuple[Family, ...] = (
         lambda p, r, ls: r(p["input"]),
         'out = read(P["input"])',
         shell="cp {input} {output}",
+        near_miss="tail -n +2 {input} > {output}",
     ),
     Family(
         "upper_word",
@@ -269,6 +280,7 @@ FAMILIES: tuple[Family, ...] = (
         lambda p, r, ls: word_re(p["word"]).sub(p["word"].upper(), r(p["input"])),
         'word = P["word"]\nout = re.sub(rf"\\b{word}\\b", word.upper(), read(P["input"]))',
         shell="sed 's/\\b{word}\\b/{WORD}/g' {input} > {output}",
+        near_miss="sed 's/\\b{WORD}\\b/{word}/g' {input} > {output}",
     ),
     Family(
         "upper_all",
@@ -278,6 +290,7 @@ FAMILIES: tuple[Family, ...] = (
         lambda p, r, ls: r(p["input"]).upper(),
         'out = read(P["input"]).upper()',
         shell="tr a-z A-Z < {input} > {output}",
+        near_miss="tr A-Z a-z < {input} > {output}",
     ),
     Family(
         "reverse_lines",
@@ -287,6 +300,7 @@ FAMILIES: tuple[Family, ...] = (
         lambda p, r, ls: as_lines(lines_of(r(p["input"]))[::-1]),
         'out = "".join(line + "\\n" for line in read(P["input"]).splitlines()[::-1])',
         shell="tac {input} > {output}",
+        near_miss="sort -r {input} > {output}",
     ),
     Family(
         "count_lines",
@@ -296,6 +310,7 @@ FAMILIES: tuple[Family, ...] = (
         lambda p, r, ls: f"{len(lines_of(r(p['input'])))}\n",
         'n = len(read(P["input"]).splitlines())\nout = f"{n}\\n"',
         shell="wc -l < {input} > {output}",
+        near_miss="wc -w < {input} > {output}",
     ),
     Family(
         "json_field",
@@ -305,6 +320,7 @@ FAMILIES: tuple[Family, ...] = (
         lambda p, r, ls: f"{json.loads(r(p['input']))[p['key']]}\n",
         'value = json.loads(read(P["input"]))[P["key"]]\nout = f"{value}\\n"',
         shell="grep '\"{key}\"' {input} | cut -d '\"' -f 4 > {output}",
+        near_miss="grep '\"{key}\"' {input} | cut -d '\"' -f 3 > {output}",
     ),
     # level 2
     Family(
@@ -315,6 +331,7 @@ FAMILIES: tuple[Family, ...] = (
         lambda p, r, ls: as_lines(sorted(lines_of(r(p["input"])))),
         'out = "".join(line + "\\n" for line in sorted(read(P["input"]).splitlines()))',
         shell="sort {input} > {output}",
+        near_miss="sort -r {input} > {output}",
     ),
     Family(
         "count_word",
@@ -324,6 +341,7 @@ FAMILIES: tuple[Family, ...] = (
         lambda p, r, ls: f"{_count_word(p, r(p['input']))}\n",
         'word = P["word"]\nn = len(re.findall(rf"\\b{word}\\b", read(P["input"])))\nout = f"{n}\\n"',
         shell="grep -ow {word} {input} | wc -l > {output}",
+        near_miss="wc -w < {input} > {output}",
     ),
     Family(
         "sum_numbers",
@@ -333,6 +351,7 @@ FAMILIES: tuple[Family, ...] = (
         lambda p, r, ls: f"{sum(int(x) for x in lines_of(r(p['input'])) if x.strip())}\n",
         'n = sum(int(x) for x in read(P["input"]).split())\nout = f"{n}\\n"',
         shell="awk '{{s += $1}} END {{print s}}' {input} > {output}",
+        near_miss="wc -l < {input} > {output}",
     ),
     Family(
         "json_nested",
@@ -342,6 +361,7 @@ FAMILIES: tuple[Family, ...] = (
         lambda p, r, ls: f"{json.loads(r(p['input']))[p['outer']][p['key']]}\n",
         'value = json.loads(read(P["input"]))[P["outer"]][P["key"]]\nout = f"{value}\\n"',
         shell="python3 -c \"import json; print(json.load(open('{input}'))['{outer}']['{key}'])\" > {output}",
+        near_miss="python3 -c \"import json; print(json.load(open('{input}'))['{outer}'])\" > {output}",
     ),
     Family(
         "replace_word",
@@ -351,6 +371,7 @@ FAMILIES: tuple[Family, ...] = (
         lambda p, r, ls: word_re(p["word"]).sub(p["new"], r(p["input"])),
         'word = P["word"]\nout = re.sub(rf"\\b{word}\\b", P["new"], read(P["input"]))',
         shell="sed 's/\\b{word}\\b/{new}/g' {input} > {output}",
+        near_miss="sed 's/\\b{new}\\b/{word}/g' {input} > {output}",
     ),
     Family(
         "first_last",
@@ -360,6 +381,7 @@ FAMILIES: tuple[Family, ...] = (
         lambda p, r, ls: as_lines([lines_of(r(p["input"]))[0], lines_of(r(p["input"]))[-1]]),
         'lines = read(P["input"]).splitlines()\nout = lines[0] + "\\n" + lines[-1] + "\\n"',
         shell="sed -n '1p;$p' {input} > {output}",
+        near_miss="sed -n '1p' {input} > {output}",
     ),
     Family(
         "number_lines",
@@ -369,6 +391,7 @@ FAMILIES: tuple[Family, ...] = (
         lambda p, r, ls: as_lines([f"{i}: {x}" for i, x in enumerate(lines_of(r(p["input"])), 1)]),
         'lines = read(P["input"]).splitlines()\nout = "".join(f"{i}: {line}\\n" for i, line in enumerate(lines, 1))',
         shell="awk '{{print NR \": \" $0}}' {input} > {output}",
+        near_miss="cat -n {input} > {output}",
     ),
     # level 3: list a directory, read several files
     Family(
@@ -381,6 +404,7 @@ FAMILIES: tuple[Family, ...] = (
         'out = "".join(read(os.path.join(P["dir"], n)) for n in names)',
         reads_dir=True,
         shell="cat {dir}/*.txt > {output}",
+        near_miss="ls {dir} > {output}",
     ),
     Family(
         "count_files",
@@ -391,6 +415,7 @@ FAMILIES: tuple[Family, ...] = (
         'n = len(os.listdir(P["dir"]))\nout = f"{n}\\n"',
         reads_dir=True,
         shell="ls {dir} | wc -l > {output}",
+        near_miss="ls -a {dir} | wc -l > {output}",
     ),
     Family(
         "find_word",
@@ -411,6 +436,7 @@ FAMILIES: tuple[Family, ...] = (
         reads_dir=True,
         stop_when=lambda p, text: bool(word_re(p["word"]).search(text)),
         shell="cd {dir} && grep -lw {word} * > ../{output}",
+        near_miss="grep -rlw {word} {dir} > {output}",
     ),
     Family(
         "sum_files",
@@ -424,6 +450,7 @@ FAMILIES: tuple[Family, ...] = (
         'out = f"{n}\\n"',
         reads_dir=True,
         shell="cat {dir}/* | awk '{{s += $1}} END {{print s}}' > {output}",
+        near_miss="cat {dir}/* | wc -l > {output}",
     ),
     Family(
         "json_collect",
@@ -442,6 +469,7 @@ FAMILIES: tuple[Family, ...] = (
         'out = "".join(f"{v}\\n" for v in values)',
         reads_dir=True,
         shell="cat {dir}/*.json | cut -d '\"' -f 4 > {output}",
+        near_miss="cat {dir}/*.json | cut -d '\"' -f 2 > {output}",
     ),
 )
 FAMILY = {f.name: f for f in FAMILIES}
