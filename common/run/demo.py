@@ -27,11 +27,14 @@ the RL phase's rollouts/s and the plot's path; ``<out>/demo.json`` keeps the num
 phase timings.
 
 What to expect on a 2-core CPU (measured; ``benchmarks/results/demo_learning.json``): the
-defaults take 9.8 min (RL 8.4, eval 1.4). The warm start succeeds on 0.24 of held-out rollouts
-at temperature 1 (mean reward 0.29); 34 GRPO steps of 32 rollouts (2.4 rollouts/s) raise that
-to 0.32 (reward 0.39). At lr 1e-4 - 3e-4 the same budget broke earlier warm starts (success
-0.18 -> 0.12 and 0.12 -> 0.03: noisy AdamW steps erased their name copying and they stopped
-calling ``finish``), hence lr 2e-5. From scratch, SFT inside the live run is slow: held-out
+defaults take 10.0 min (RL 8.5, eval 1.5). The warm start succeeds on 0.28 of held-out rollouts
+at temperature 1; 35 GRPO steps of 32 rollouts (2.4 rollouts/s) at lr 1e-4 raise that to 0.41.
+What RL corrects is what ``tiny-agent`` was shown wrong: half its teacher trajectories ran a
+family's plausible wrong one-liner (``harnessrl pretrain --near-miss``), a family-level mistake
+that generalises to held-out tasks once unlearned. What it cannot fix in minutes is copying
+names from the instruction: a per-task skill that SFT on 19k conversations only half learned
+and a few thousand 1-bit rewards do not move (the README's demo section).
+From scratch, SFT inside the live run is slow: held-out
 reward 0.28 after 40 min (success 1.4 %).
 """
 
@@ -103,12 +106,13 @@ class DemoConfig(HrlModel):
     """RL rollouts per (task, harness) group."""
     batch_groups: int = Field(4, ge=1, le=1024)
     """RL groups per step."""
-    lr: float = Field(2e-5, gt=0, le=1.0)
+    lr: float = Field(1e-4, gt=0, le=1.0)
     """RL peak learning rate (AdamW, linear warmup over ``lr_warmup_steps``, then constant).
-    Keep it under the warm start's last SFT learning rate (1e-4): a fresh AdamW moves every
-    weight by about ``lr`` per step whatever the gradient's noise, and at 1e-4 - 3e-4 a few
-    dozen noisy GRPO steps erased ``tiny-agent``'s name copying (held-out success fell, the
-    policy stopped calling ``finish``); 2e-5 holds it."""
+    At most the warm start's last SFT learning rate (``tiny-agent``: 1e-4): a fresh AdamW moves
+    every weight by about ``lr`` per step whatever the gradient's noise. 1e-4 unlearns
+    ``tiny-agent``'s demonstrated mistakes within the 8-minute budget (2e-5 barely moves them:
+    held-out success 0.300 -> 0.325); at 1e-4 - 3e-4 an earlier warm start trained half as long
+    lost its name copying."""
     lr_warmup_steps: int = Field(3, ge=0, le=1_000_000)
     """RL learning-rate warmup steps."""
     norm: Literal["token", "sequence"] = "sequence"
