@@ -250,12 +250,17 @@ def test_shipped_model_checksums_are_checked(tmp_path: Path, monkeypatch):
         resolve_model("tiny-agent")
 
 
+N_PER_TASK = 3
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_shipped_warm_start_holds_its_recorded_success(tmp_path: Path):
-    """The committed policy, evaluated as its recipe evaluated it (every held-out task, the same
-    rollouts per task, temperature 1, seed 0, the real reference harness in a sandbox), scores
-    no lower than its recorded success minus 0.1."""
+    """The committed policy, evaluated as its recipe evaluated it (every held-out task,
+    temperature 1, seed 0, the real reference harness in a sandbox) but with 3 rollouts per
+    task (120), scores no lower than its recorded success minus 0.1. The recipe records its
+    success over 12 per task (480), so the record's own noise is small (sd 0.02) next to this
+    eval's (sd 0.04 at p = 0.3)."""
     from common.models import resolve_model
 
     recorded = json.loads((resolve_model("tiny-agent") / "harnessrl_recipe.json").read_text())
@@ -263,7 +268,7 @@ def test_shipped_warm_start_holds_its_recorded_success(tmp_path: Path):
     out = tmp_path / "eval.json"
     proc = subprocess.run(
         [sys.executable, "-m", "common.cli", "eval", "--policy", "tiny-agent"]
-        + ["--suite", rec["suite"], "--harness", "reference", "--n", str(rec["n_per_task"])]
+        + ["--suite", rec["suite"], "--harness", "reference", "--n", str(N_PER_TASK)]
         + ["--temperature", str(rec["temperature"]), "--out", str(out)],
         cwd=REPO,
         capture_output=True,
@@ -272,8 +277,9 @@ def test_shipped_warm_start_holds_its_recorded_success(tmp_path: Path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(out.read_text())["summary"]["tiny-agent"]["reference"]
-    assert got["n"] == rec["n"]
+    assert got["n"] == rec["n"] // rec["n_per_task"] * N_PER_TASK
     assert got["success"] >= rec["success"] - 0.1, (got, rec)
     # while the recorded success is under 0.1 the line above cannot fail; the mean reward
-    # (0.28 recorded; a random or broken policy scores ~0) keeps the check meaningful
+    # (0.58 recorded, 0.5 of it for any non-empty output; a random or broken policy scores
+    # ~0) keeps the check meaningful
     assert got["reward"] >= rec["reward"] - 0.1, (got, rec)
