@@ -31,7 +31,7 @@ import shlex
 import shutil
 import tempfile
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -799,20 +799,36 @@ def import_jsonl(
     _duplicates(
         [(_record_id(r, n), w) for w, n, r in records if isinstance(r, dict)], f"records of {src}"
     )
-    staging = _staged(out_root)
+    return _write_staged(
+        src,
+        rep,
+        [
+            (where, lambda st, w=where, n=lineno, r=rec: record_to_native(r, st, w, n, split))
+            for where, lineno, rec in records
+        ],
+    )
+
+
+def _write_staged(
+    src: Path, rep: ImportReport, writes: list[tuple[str, Callable[[Path], Path]]]
+) -> ImportReport:
+    """Run each ``(where, write(staging) -> task folder)`` into a staging folder, record the
+    failures (a TaskError, or a file a task cannot hold) and publish the staging folder as
+    ``rep.out`` at the end; nothing is published when no task could be written."""
+    staging = _staged(rep.out)
     try:
         written = []
-        for where, lineno, rec in records:
+        for where, write in writes:
             try:
-                written.append(record_to_native(rec, staging, where, lineno, split).name)
-            except (ValueError, OSError) as e:  # TaskError, or a file the record cannot hold
+                written.append(write(staging).name)
+            except (ValueError, OSError) as e:
                 rep.failed.append((where, str(e).removeprefix(f"{where}: ")))
         if not written:
             raise TaskError(f"{src}: no task could be imported" + _reasons(rep))
-        _publish(staging, out_root)
+        _publish(staging, rep.out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    rep.written = [out_root / name for name in written]
+    rep.written = [rep.out / name for name in written]
     return rep
 
 
@@ -860,22 +876,18 @@ def import_any(
     _duplicates([(t.id, str(t.path)) for t in tasks], f"task folders of {src}")
     if not tasks:
         raise TaskError(f"{src}: holds no task folder that can be imported" + _reasons(rep))
-    staging = _staged(out_root)
+    return _write_staged(
+        src, rep, [(str(t.path), lambda st, t=t: _write_task(t, st / t.id)) for t in tasks]
+    )
+
+
+def _write_task(t: Task, folder: Path) -> Path:
+    """`write_native`, leaving no half-written folder behind when it fails."""
     try:
-        written = []
-        for t in tasks:
-            try:
-                written.append(write_native(t, staging / t.id).name)
-            except (ValueError, OSError) as e:
-                shutil.rmtree(staging / t.id, ignore_errors=True)
-                rep.failed.append((str(t.path), str(e)))
-        if not written:
-            raise TaskError(f"{src}: no task could be imported" + _reasons(rep))
-        _publish(staging, out_root)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    rep.written = [out_root / name for name in written]
-    return rep
+        return write_native(t, folder)
+    except (ValueError, OSError):
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
 
 
 def _not_task_reason(path: Path) -> str:
