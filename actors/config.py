@@ -71,6 +71,11 @@ class RolloutSettings(ProxySettings):
     expose_solution: bool = False
     """``command`` harness only: bind the task's reference solution read-only at
     ``/opt/hrl/solution`` and name it in ``$HRL_SOLUTION``. For testing tasks; never train so."""
+    reward_weights: dict[str, float] = {}
+    """Weight per checker metric in the reward, over the task's own ``[score] weights`` (a
+    metric named here takes this weight, the others keep theirs): ``{written = 0}`` trains the
+    toy suites on exact correctness alone, without their partial credit for a written output.
+    Success (reward 1.0) is unchanged by it."""
     judge: dict[str, Any] = {}
     """Rubric judge for tasks with rubric rules, as the fields of ``actors.verifier.JudgeConfig``
     (JSON / a TOML table: ``url``, ``model``, ``api_key``, ...); empty scores code checkers
@@ -86,6 +91,14 @@ class RolloutSettings(ProxySettings):
     @property
     def judge_config(self) -> JudgeConfig | None:
         return JudgeConfig.model_validate(self.judge) if self.judge else None
+
+    @field_validator("reward_weights")
+    @classmethod
+    def _weights(cls, v: dict[str, float]) -> dict[str, float]:
+        for k, w in v.items():
+            if w < 0:
+                raise ValueError(f"weight of metric {k!r} is negative")
+        return v
 
     @field_validator("harness_options")
     @classmethod

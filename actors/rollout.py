@@ -370,7 +370,7 @@ class _Rollout:
                 await self._close_proxy()
             res.n_calls = await self._flush()
         finally:
-            self.deps.caller.tito.drop(self.rid)
+            self.deps.caller.drop(self.rid)
             self.deps.recorder.forget(self.rid)
             self.deps.router.forget(self.rid)
         self.durations["total"] = time.monotonic() - t0
@@ -482,6 +482,7 @@ class _Rollout:
         from proxy.server import ProxyServer
 
         self.sock = self.deps.socket_dir / f"{secrets.token_hex(6)}.sock"
+        self.deps.caller.seed_rollout(self.rid, self.req.seed)
         self.server = ProxyServer(
             self.deps.caller,
             {self.token: self.rid},
@@ -588,6 +589,9 @@ class _Rollout:
     async def _verify(self, task: Task, sandbox: Sandbox) -> None:
         from actors.verifier import verify
 
+        if self.settings.reward_weights:
+            weights = {**task.metric_weights, **self.settings.reward_weights}
+            task = task.model_copy(update={"metric_weights": weights})
         t0 = time.monotonic()
         try:
             vr = await verify(task, sandbox, self.deps.judge)

@@ -6,8 +6,9 @@
 Run by hand (not in CI): for each algorithm and seed (default: grpo and ppo, seeds 0 1 2) it
 runs ``harnessrl demo`` with the defaults — RL from the shipped warm start ``tiny-agent``, then
 ``toy-eval`` for the warm start (the baseline, measured in the same run, same tasks and seeds)
-and the RL policy — and reports the change in held-out success (with 95 % Wilson intervals)
-and mean reward, the RL phase's rollouts/s, the per-phase timings against the 15-minute
+and the RL policy — and reports the change in held-out success (with 95 % Wilson intervals),
+the paired outcomes (held-out rollouts with the same task and sampling seed that succeed after
+RL only / before only: their difference is the change, their sum its noise) and mean reward, the RL phase's rollouts/s, the per-phase timings against the 15-minute
 budget, and the RL reward curve (batch reward by version, from the run's metrics.jsonl). The
 warm start's own recorded held-out success (``harnessrl_recipe.json``) is reported beside it.
 Target: success rises by >= 0.25 on at least 2 of 3 seeds per algorithm. Failures are reported
@@ -102,6 +103,12 @@ def run_demo(algo: str, seed: int, folder: Path, args: argparse.Namespace) -> di
     return summarise(folder, wall)
 
 
+def fixed_broken(p: dict[str, int] | None) -> str:
+    """``fixed/broken``: held-out rollouts (same task and seed) that succeed after RL only /
+    before only (``demo.json``'s ``paired``; demos before it was recorded show ``-``)."""
+    return f"{p['fixed']}/{p['broken']}" if p else "-"
+
+
 def summarise(folder: Path, wall: float | None = None) -> dict[str, Any]:
     """The result of a finished demo folder (its demo.json, rl.toml and run metrics)."""
     import tomllib
@@ -131,6 +138,7 @@ def summarise(folder: Path, wall: float | None = None) -> dict[str, Any]:
             "after": ba["after"] if ba else None,
             "gain_success": (ba["after"]["success"] - ba["before"]["success"]) if ba else None,
             "gain_reward": (ba["after"]["reward"] - ba["before"]["reward"]) if ba else None,
+            "paired": ba.get("paired") if ba else None,
             "rl_curve": rl_curve(folder / "rl"),
             "sft_curve": rl_curve(folder / "sft"),
         }
@@ -213,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for r in results:
         if "error" in r:
-            rows.append((r["algo"], r["seed"], "FAILED", "", "", "", f"{r['wall_s']:.0f}s"))
+            rows.append((r["algo"], r["seed"], "FAILED", "", "", "", "", f"{r['wall_s']:.0f}s"))
             continue
         b, a = r["before"], r["after"]
         rows.append(
@@ -222,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
                 r["seed"],
                 f"{b['success']:.3f} {b['ci95']} -> {a['success']:.3f} {a['ci95']}",
                 f"{r['gain_success']:+.3f}",
+                fixed_broken(r.get("paired")),
                 f"{b['reward']:.3f} -> {a['reward']:.3f}",
                 f"{r['rl_rollouts_per_s'] or 0:.2f}",
                 f"{r['wall_s'] / 60:.1f} min",
@@ -230,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(
         "held-out toy-eval: warm start -> after RL (95 % Wilson intervals)",
         rows,
-        ("algo", "seed", "success", "gain", "mean reward", "RL rollouts/s", "wall"),
+        ("algo", "seed", "success", "gain", "fixed/broken", "mean reward", "RL rollouts/s", "wall"),
     )
     for r in results:
         if "rl_curve" in r:

@@ -168,7 +168,10 @@ class TaskRequest(Record, kw_only=True):
     is_eval: bool = False
     """Held-out evaluation rollout: scored and reported, never trained on."""
     seed: int = 0
-    """Seed for any randomness in task setup."""
+    """The rollout's seed: its model calls sample with engine ``sampling_seed``s derived from
+    it and their seq (``proxy.calls.call_seed``), so the same task, seed and policy replay the
+    same draws (the feeder gives each group member its own; eval gives both policies the
+    same)."""
     created_at: float = 0.0
     """Unix time the feeder issued the request."""
     meta: dict[str, str] = {}

@@ -18,6 +18,11 @@ What must stay true:
 * Only a call that succeeded is committed to TITO (``TitoSession.commit``, which counts its
   kind): a failed call (engine down -> 503, engine or parse error, abort, the harness going
   away) is never a TITO miss and leaves no anchor, so it cannot change a later call's prompt.
+* A rollout given a seed (``seed_rollout``, from its TaskRequest's ``seed``) samples every
+  call with an engine ``sampling_seed`` derived from that seed and the call's seq: the same
+  rollout (task, seed, harness) replays the same draws under any policy, so a before/after
+  evaluation compares policies on common random numbers, and a group's members differ because
+  their seeds do.
 * Sampling is the run's, not the harness's; the harness's values are recorded in
   ``requested``. Only ``max_tokens`` is honoured, as an upper bound (a title request asking for
   50 tokens must not get 4000).
@@ -26,6 +31,7 @@ What must stay true:
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -48,7 +54,15 @@ __all__ = [
     "PendingCall",
     "Unavailable",
     "UpstreamError",
+    "call_seed",
 ]
+
+
+def call_seed(seed: int, seq: int) -> int:
+    """The engine ``sampling_seed`` of call ``seq`` of a rollout seeded with ``seed`` (63 bits,
+    well mixed: neighbouring seeds and seqs give unrelated streams)."""
+    digest = hashlib.blake2b(f"{seed}:{seq}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & (2**63 - 1)
 
 
 class CallError(Exception):
@@ -180,6 +194,17 @@ class ModelCaller:
         self.max_context = max_context
         """Context window in tokens (prompt + completion); 0: not checked here."""
         self.label_rules = label_rules
+        self.seeds: dict[str, int] = {}
+        """Sampling seed by rollout id (``seed_rollout``); calls of other rollouts are unseeded."""
+
+    def seed_rollout(self, rollout_id: str, seed: int) -> None:
+        """Sample ``rollout_id``'s calls with seeds derived from ``seed`` (see ``call_seed``)."""
+        self.seeds[rollout_id] = int(seed)
+
+    def drop(self, rollout_id: str) -> None:
+        """Forget a finished rollout: its TITO session and its seed."""
+        self.tito.drop(rollout_id)
+        self.seeds.pop(rollout_id, None)
 
     def engine_sampling(self, n_prompt: int, max_tokens: int | None) -> SamplingParams:
         """The run's sampling, with ``max_new_tokens`` bounded by the harness and the context."""
@@ -265,6 +290,9 @@ class ModelCaller:
             "stop_token_ids": self.renderer.stop_ids,
         }
         t = pending.ticket
+        seed = self.seeds.get(t.rollout_id)
+        if seed is not None:
+            params["sampling_seed"] = call_seed(seed, t.seq)
         rid = f"{t.rollout_id}-{t.seq}-{uuid.uuid4().hex[:8]}"
         t0 = time.monotonic()
         try:

@@ -18,6 +18,7 @@ from common.config import toml_text
 from common.run.demo import (
     DemoConfig,
     final_weights,
+    paired,
     rl_run_file,
     sft_run_file,
     sft_steps,
@@ -85,6 +86,28 @@ def test_training_suite_is_generated_once_and_holds_out_toy_eval(tmp_path: Path)
     (Path(path) / "copy_01" / "marker").write_text("kept")
     assert train_suite(DemoConfig(train_per_family=8), tmp_path) == path  # not rewritten
     assert (Path(path) / "copy_01" / "marker").exists()
+
+
+def test_paired_outcomes_match_task_and_seed() -> None:
+    """Before/after rollouts pair by (task, k) within a harness; unmatched ones are left out."""
+
+    def r(policy: str, task: str, k: int, reward: float, harness: str = "reference") -> dict:
+        return {"policy": policy, "task": task, "k": k, "reward": reward, "harness": harness}
+
+    report = {
+        "results": [
+            *(r("A", "t1", k, x) for k, x in enumerate([1.0, 0.0, 1.0, 0.5])),
+            *(r("B", "t1", k, x) for k, x in enumerate([1.0, 1.0, 0.0, 0.5])),
+            r("B", "t2", 0, 1.0),  # no twin
+            r("A", "t1", 0, 0.0, "codex"),  # another harness
+        ]
+    }
+    assert paired(report, "A", "B", "reference") == {
+        "fixed": 1,
+        "broken": 1,
+        "both": 1,
+        "neither": 1,
+    }
 
 
 def test_sft_steps_default_follows_rl_steps() -> None:
@@ -172,6 +195,7 @@ def test_tiny_demo_runs_every_phase(tmp_path: Path) -> None:
     assert eval_doc["tasks"] == 2
     row = doc["before_after"]["reference"]
     assert row["before"]["n"] == 2 and row["after"]["n"] == 2
+    assert sum(row["paired"].values()) == 2  # each held-out rollout paired with its twin
     assert "before: cold-start SFT v2" in proc.stdout and "after: PPO v1" in proc.stdout
     assert (out / "rl" / "plot.png").exists() and (out / "sft" / "plot.png").exists()
     for log in [*(out / "sft" / "logs").glob("*.log"), *(out / "rl" / "logs").glob("*.log")]:

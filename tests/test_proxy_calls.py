@@ -289,3 +289,23 @@ async def test_loop_against_embedded_engine(embedded_engine: str, bus) -> None:
     full = rebuild(records)
     assert [full[i] for i in range(3)] == [r.prompt.input_ids for r in replies]
     assert all(len(r.output_logprobs) == 4 * len(unpack_ids(r.output_ids)) for r in records)
+
+
+async def test_seeded_rollouts_replay_their_draws(embedded_engine: str, bus) -> None:
+    """A rollout's seed fixes its draws: two rollouts seeded alike sample the same ids even
+    when batched with others (the engine's per-request generator), another seed samples
+    differently, and an unseeded rollout is not replayed; ``drop`` forgets the seed."""
+    async with EngineRouter([embedded_engine], health_interval=0) as router, Recorder(bus) as rec:
+        caller = ModelCaller(
+            router, R, HermesParser(), rec, sampling=SamplingParams(max_new_tokens=24)
+        )
+        for rid, seed in (("s-0-1", 7), ("s-1-1", 7), ("s-2-1", 8)):
+            caller.seed_rollout(rid, seed)
+        rids = ["s-0-1", "s-1-1", "s-2-1", "u-0-1", "u-1-1"]
+        replies = await asyncio.gather(*(caller.call(CallRequest(r, START, TOOLS)) for r in rids))
+        out = {r: rep.result.output_ids for r, rep in zip(rids, replies, strict=True)}
+        assert out["s-0-1"] == out["s-1-1"]
+        assert out["s-0-1"] != out["s-2-1"]
+        assert out["u-0-1"] != out["u-1-1"]
+        caller.drop("s-0-1")
+        assert "s-0-1" not in caller.seeds and "s-0-1" not in caller.tito.sessions

@@ -9,6 +9,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from actors.config import RolloutSettings
 from actors.rollout import RolloutDeps, RolloutReport, run_rollout
 from actors.sandbox import SandboxError
@@ -18,6 +20,7 @@ from common.models import load_tokenizer
 from common.records import CallRecord, TaskRequest, parse_rollout_id, unpack_ids
 from common.tasks import load_task
 from common.tree import assemble
+from proxy.calls import call_seed
 from proxy.scripted import Reply, ScriptedEngine
 
 TOK = load_tokenizer("tiny-1m")
@@ -109,14 +112,40 @@ async def test_doing_nothing_scores_below_one(nats_url, run_name, bwrap):
     assert res.status == "ok" and res.reward < 1.0
 
 
+async def test_reward_weights_override_the_tasks(nats_url, run_name, bwrap):
+    """A wrong but written output earns the toy suite's partial credit (``written``) unless the
+    run's ``reward_weights`` weigh that metric 0; the metrics themselves are unchanged."""
+    wrong = "echo wrong > output.txt"
+    async with rollout_env(nats_url, run_name, bwrap) as (deps, _, _):
+        shaped = await run_rollout(request(cmd=wrong), 1, deps)
+    async with rollout_env(nats_url, run_name, bwrap, reward_weights={"written": 0}) as (
+        deps,
+        _,
+        _,
+    ):
+        exact = await run_rollout(request(cmd=wrong, group_id="g2"), 1, deps)
+        right = await run_rollout(request(cmd="cp notes.txt output.txt", group_id="g3"), 1, deps)
+    assert shaped.metrics == exact.metrics == {"written": 1.0, "correct": 0.0}
+    assert (shaped.reward, exact.reward, right.reward) == (0.5, 0.0, 1.0)
+
+
+def test_reward_weights_must_not_be_negative():
+    with pytest.raises(ValueError, match="'written' is negative"):
+        RolloutSettings(reward_weights={"written": -1})
+
+
 async def test_reference_harness_with_scripted_engine(nats_url, run_name, bwrap):
     """The reference agent writes the answer through the proxy; both calls are on the bus and
     the second call's input extends the first call's input + output exactly (TITO)."""
     async with rollout_env(nats_url, run_name, bwrap, script=toy_solver()) as (deps, eng, bus):
-        res = await run_rollout(request("reference", group_id="gref", k=3), 2, deps)
+        res = await run_rollout(request("reference", group_id="gref", k=3, seed=11), 2, deps)
         calls = await bus.read_subject(bus.subjects.calls(res.rollout_id), CallRecord)
+        assert deps.caller.seeds == {}  # forgotten with the rollout
     assert (res.status, res.reward, res.rollout_id) == ("ok", 1.0, "gref-3-2")
     assert res.n_calls == 2 and len(calls) == 2 and len(eng.requests) == 2
+    # each call samples with a seed derived from the request's seed and the call's seq
+    seeds = [r["sampling_params"]["sampling_seed"] for r in eng.requests]
+    assert seeds == [call_seed(11, 0), call_seed(11, 1)]
     first, second = sorted(calls, key=lambda c: c.seq)
     assert [c.label for c in (first, second)] == ["main", "main"]
     assert second.parent_seq == 0 and second.tito_hit
