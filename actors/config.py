@@ -47,6 +47,15 @@ class RolloutSettings(ProxySettings):
     """Memory limit per sandbox process, MiB."""
     sandbox_max_processes: int = Field(1024, ge=8, le=1_000_000)
     """Processes + threads a sandbox may run."""
+    task_environments: bool = True
+    """Give each sandbox its task's environment (a ``python`` command, pip packages; built once
+    per content and cached, see ``actors/sandbox/envs.py``); off: every task runs in the base
+    userland, and a checker that needs a missing module ends as ``verifier_environment``."""
+    env_cache_dir: Path | None = None
+    """Folder where task environments are built (bwrap: one venv per environment; docker: the
+    wheels, the images live on the engine); empty: ``$HARNESSRL_CACHE/envs`` or
+    ``~/.cache/harnessrl/envs``. The first build of an environment downloads its packages
+    (needs the package index); later ones, in any process, reuse it."""
     proxy_port: int = Field(18080, ge=1, le=65535)
     """Loopback port inside the sandbox where the harness reaches its proxy."""
     harness_cache_dir: Path | None = None

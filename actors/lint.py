@@ -67,10 +67,12 @@ SandboxFactory = Callable[[Task, Path | None], Awaitable[Sandbox]]
 
 
 def backend_factory(backend: Any, **spec_kwargs: Any) -> SandboxFactory:
-    """A `SandboxFactory` over a `SandboxBackend` (e.g. ``BwrapBackend``)."""
+    """A `SandboxFactory` over a `SandboxBackend` (e.g. ``BwrapBackend``); each sandbox has
+    its task's environment (``spec_kwargs`` may override it, ``environment=None``: none)."""
 
     async def make(task: Task, workspace: Path | None) -> Sandbox:
-        spec = SandboxSpec(workspace_src=workspace, workdir=task.mount, **spec_kwargs)
+        kw = {"environment": task.environment, **spec_kwargs}
+        spec = SandboxSpec(workspace_src=workspace, workdir=task.mount, **kw)
         return await backend.create(spec)
 
     return make

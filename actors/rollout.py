@@ -30,7 +30,8 @@ What must stay true:
     ``timeout_scoring = "score"`` the workspace is verified anyway and the status is the
     verifier's);
   - ``sandbox_error`` (``sandbox_create``, ``sandbox_run``, ``sandbox_verify``): the sandbox
-    failed (create, run, file copy, during verification too);
+    failed (create — including a task environment that cannot be built —, run, file copy,
+    during verification too);
   - ``harness_error``: the harness could not run — unknown or missing task
     (``task_not_found``), unknown harness (``unknown_harness``), task changed under the request
     (``task_changed``), ``command`` without a command (``no_command``), not installed
@@ -242,6 +243,8 @@ def make_sandbox_backend(settings: RolloutSettings) -> SandboxBackend:
         kw["root"] = settings.sandbox_root
     if settings.sandbox == "docker" and settings.docker_image:
         kw["image"] = settings.docker_image
+    if settings.env_cache_dir is not None:
+        kw["env_cache_dir"] = settings.env_cache_dir
     return make_backend(settings.sandbox, **kw)
 
 
@@ -508,6 +511,7 @@ class _Rollout:
                 wall_clock_s=timeout + task.verifier_timeout_s + VERIFY_SLACK_S,
             ),
             owner=self.deps.actor,
+            environment=task.environment if s.task_environments else None,
         )
         t0 = time.monotonic()
         try:

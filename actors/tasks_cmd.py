@@ -61,7 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "skipped. Duplicate task ids, or a non-empty --out without --force, stop the import "
         "before anything is written. A JSONL record's hook_code must run one of its reward "
         "files as `python3 reward/<file>.py <workspace>` (that file becomes the checker); a "
-        "record with another hook is skipped. Exit status: 0 all imported, 2 a task was "
+        "record with another hook is skipped. Tasks imported from ClawGym JSONL or folders "
+        'declare the clawgym environment ([environment] name = "clawgym": a python command, '
+        "pytest, pandas, requests, flask, PyYAML). Exit status: 0 all imported, 2 a task was "
         "skipped for an error or nothing was imported.",
     )
     p.add_argument("source", metavar="FILE.jsonl|DIR", type=Path, help="what to import")
@@ -95,7 +97,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--threshold, a checker that crashes on the untouched workspace or reads its own files "
         "from the workspace; with a reference solution, it must score 1.0 and every metric must "
         "drop below 1 when a file it wrote or the checker names is deleted, emptied or truncated. "
-        "Metrics a task declares as reward shaping ([metadata.lint] shaping = [...]) only warn.",
+        "Metrics a task declares as reward shaping ([metadata.lint] shaping = [...]) only warn. "
+        "Each sandbox has its task's environment (built on first use and cached).",
     )
     p.add_argument(
         "targets",
@@ -111,7 +114,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=0.25,
         metavar="X",
-        help="a failing probe scoring at least X is a problem (default 0.25)",
+        help="a failing probe scoring at least X is a problem (0 < X <= 1, default 0.25)",
+    )
+    p.add_argument(
+        "--mutations",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="for a task with a reference solution, also run it (it must score 1.0) and delete, "
+        "empty and truncate each file it wrote or the checker names (every metric must drop "
+        "below 1 under one of these); --no-mutations skips all of that, keeping only the probes "
+        "that need no solution (default: on)",
+    )
+    p.add_argument(
+        "--max-outputs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="probe at most N inferred output files per task, names from the prompt first, then "
+        "the checker's, then the solution's (1 <= N <= 1000, default 24)",
     )
     p.add_argument("--sandbox", default="bwrap", choices=["bwrap"], help="sandbox backend")
     p.add_argument(
@@ -180,6 +200,7 @@ def _show(args: argparse.Namespace) -> int:
         ("workspace", f"{t.workspace_dir} -> {t.mount}"),
         ("checker", f"{t.checker} ({t.reward_dir}/{t.checker_entry})"),
         ("timeouts", f"agent {t.agent_timeout_s:g} s, verifier {t.verifier_timeout_s:g} s"),
+        ("environment", _env_line(t.environment)),
         ("solution", str(t.solution or "none")),
     ]
     for k, v in rows:
@@ -190,6 +211,13 @@ def _show(args: argparse.Namespace) -> int:
         for r in t.rubric:
             print(f"  - {r}")
     return 0
+
+
+def _env_line(env: Any) -> str:
+    if env is None or env.empty:
+        return "base (nothing added)"
+    alias = "python alias, " if env.python_alias else ""
+    return f"{env.name} ({alias}{len(env.pip)} pip packages: {' '.join(env.pip)})"
 
 
 def _import(args: argparse.Namespace) -> int:
@@ -219,10 +247,14 @@ def _lint(args: argparse.Namespace) -> int:
     from common.aio import run
     from common.tasks import list_suites, resolve_tasks
 
+    given = {"threshold": args.threshold, "mutations": args.mutations}
+    given["max_outputs"] = args.max_outputs
     try:
-        cfg = LintConfig(threshold=args.threshold)
+        cfg = LintConfig(**{k: v for k, v in given.items() if v is not None})
     except ValidationError as e:
-        print(f"harnessrl tasks lint: --threshold: {e.errors()[0]['msg']}", file=sys.stderr)
+        err = e.errors()[0]
+        flag = "--" + str(err["loc"][0]).replace("_", "-") if err["loc"] else "lint"
+        print(f"harnessrl tasks lint: {flag}: {err['msg']}", file=sys.stderr)
         return 2
     targets = args.targets or list(list_suites())
     tasks = [t for spec in targets for t in resolve_tasks(spec)]

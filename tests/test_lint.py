@@ -402,12 +402,53 @@ def test_cli_lint(tmp_path: Path, monkeypatch, capsys):
 
 
 def test_cli_lint_help(capsys):
-    """``tasks lint --help`` documents every flag."""
+    """``tasks lint --help`` documents every flag, with LintConfig's defaults."""
     with pytest.raises(SystemExit):
         cli.main(["tasks", "lint", "--help"])
-    out = capsys.readouterr().out
-    for flag in ("--jobs", "--threshold", "--json", "--sandbox"):
+    out = " ".join(capsys.readouterr().out.split())
+    flags = ("--jobs", "--threshold", "--json", "--sandbox", "--mutations", "--no-mutations")
+    for flag in (*flags, "--max-outputs N"):
         assert flag in out
+    d = LintConfig()
+    assert d.mutations is True and "(default: on)" in out
+    assert f"(1 <= N <= 1000, default {d.max_outputs})" in out
+    assert f"default {d.threshold})" in out
+
+
+TWO_OUTPUTS = """import json, os
+def text(name):
+    return open(name).read() if os.path.exists(name) else ""
+print(json.dumps({"a": float(text("a.txt") == "A\\n"), "b": float(text("b.txt") == "B\\n")}))
+"""
+
+
+def test_cli_lint_mutations_and_max_outputs(tmp_path: Path, monkeypatch, capsys):
+    """``--no-mutations`` skips the reference solution and its mutations; ``--max-outputs``
+    caps the probed outputs; out-of-range values exit 2 naming the flag."""
+    monkeypatch.setitem(cli.COMMANDS, "tasks", cli.Command("tasks", "actors.tasks_cmd"))
+    task = native(
+        tmp_path / "t",
+        TWO_OUTPUTS,
+        solve="printf 'A\\n' > a.txt; printf 'B\\n' > b.txt\n",
+        instruction="Write A to a.txt and B to b.txt.",
+    )
+    rc = cli.main(["tasks", "lint", "--json", str(task.path)])
+    out = capsys.readouterr()
+    if "bubblewrap is not usable" in out.err:
+        pytest.skip(out.err)
+    (full,) = json.loads(out.out)
+    assert rc == 0 and full["outputs"] == ["a.txt", "b.txt"]
+    assert "solution" in full["scores"] and "delete a.txt" in full["scores"]
+    assert full["solution_metrics"] == {"a": 1.0, "b": 1.0}
+    rc = cli.main(
+        ["tasks", "lint", "--json", "--no-mutations", "--max-outputs", "1", str(task.path)]
+    )
+    (cut,) = json.loads(capsys.readouterr().out)
+    assert rc == 0 and cut["outputs"] == ["a.txt"] and cut["solution_metrics"] == {}
+    assert not [p for p in cut["scores"] if p == "solution" or " " in p]
+    for flag, value in (("--max-outputs", "0"), ("--max-outputs", "1001"), ("--threshold", "0")):
+        assert cli.main(["tasks", "lint", flag, value, str(task.path)]) == 2
+        assert f"harnessrl tasks lint: {flag}:" in capsys.readouterr().err
 
 
 def test_lint_config_is_documented():

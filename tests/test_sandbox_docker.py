@@ -1,10 +1,11 @@
 """Docker sandboxes, for real: a private dockerd, the offline image, commands, files, the proxy
 forwarder, and the same escape attempts as the bwrap tests.
 
-The module starts its own ``dockerd`` (data root in a temp dir, no iptables/bridge) and imports
-the sandbox image from the rootfs tarball cached per machine (built on first use: ~1 min with
-debootstrap). ``HRL_TEST_DOCKER_HOST`` points the tests at an existing engine instead. Skips
-only when dockerd is not installed or cannot start here.
+The tests use the session's own ``dockerd`` (``docker_engine`` in tests/conftest.py: data root
+in a temp dir, no iptables/bridge) with the sandbox image imported from the rootfs tarball
+cached per machine (built on first use: ~1 min with debootstrap). ``HRL_TEST_DOCKER_HOST``
+points the tests at an existing engine instead. Skips only when dockerd is not installed or
+cannot start here.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -27,30 +27,14 @@ from aiohttp import web
 from actors.sandbox import SandboxError, SandboxSpec, make_backend
 from actors.sandbox.base import Limits, Sandbox, SandboxBackend
 from actors.sandbox.docker import LABEL, DockerBackend, DockerSandbox, _proc_status
-from actors.sandbox.docker_image import DockerdError, PrivateDockerd, ensure_image
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory):
-    """URL of a docker engine with the sandbox image: a private dockerd of this module."""
-    if url := os.environ.get("HRL_TEST_DOCKER_HOST"):
-        asyncio.run(ensure_image(url))
-        yield url
-        return
-    if shutil.which("dockerd") is None:
-        pytest.skip("dockerd not installed (apt-get install docker.io)")
-    daemon = PrivateDockerd(tmp_path_factory.mktemp("dockerd"))
-    try:
-        daemon.start()
-    except DockerdError as e:
-        pytest.skip(f"dockerd cannot start here: {e}")
-    try:
-        asyncio.run(ensure_image(daemon.url))
-        yield daemon.url
-    finally:
-        daemon.stop(remove=True)
+@pytest.fixture
+def engine(docker_engine: str) -> str:
+    """URL of a docker engine with the sandbox image (the session's: tests/conftest.py)."""
+    return docker_engine
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """Sandboxes for rollouts: the small contract in `base`, backends `bwrap` (embedded default)
-and `docker` (containers on a docker engine). Use `make_backend` to pick one by name."""
+and `docker` (containers on a docker engine), and task environments built for both (`envs`).
+Use `make_backend` to pick one by name."""
 
 from __future__ import annotations
 

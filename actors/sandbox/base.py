@@ -17,6 +17,8 @@ Invariants every backend keeps:
   writing outside it.
 * `destroy` is idempotent and leaves nothing behind; `SandboxBackend.sweep` removes what dead
   owners left behind.
+* A spec's ``environment`` is present, read-only at ``/opt/hrl/env``, for every command of the
+  sandbox, whoever set ``PATH`` (its ``bin`` is put first).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
+
+from common.tasks.model import TaskEnv
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -106,6 +110,11 @@ class SandboxSpec:
     owner: str = "hrl"
     """Who owns the sandbox (e.g. the actor's name); part of the host state dir's name."""
     hostname: str = "hrl-sandbox"
+    environment: TaskEnv | None = None
+    """The task's environment (a ``python`` command, pip packages): built once per content by
+    the backend, read-only at ``/opt/hrl/env`` inside, its ``bin`` first on every command's
+    ``PATH`` (see ``actors/sandbox/envs.py``); None or empty: the base userland only. A build
+    that fails makes `SandboxBackend.create` raise `SandboxError`."""
 
     def __post_init__(self) -> None:
         self.workdir = _inside_abs(self.workdir, "workdir")

@@ -29,6 +29,10 @@ Design (the simplest one that is correct):
 * **Limits:** ``prlimit`` (util-linux) sets RLIMIT_NPROC / DATA / FSIZE / NOFILE / CORE=0 inside,
   after the uid drop. The wall clock is enforced from here: ``killpg`` of bwrap's process group
   (bwrap runs in a new session), and the pid namespace does the rest.
+* **Task environment:** a spec's ``environment`` is built once per content into
+  ``<env_cache_dir>/bwrap-<name>-<hash>/env`` (a venv over the host's ``python3``, made
+  inside a bwrap with the folder bound where sandboxes see it; see ``envs.py``), bound
+  read-only at ``/opt/hrl/env`` and put first on each command's ``PATH``.
 * **Proxy forwarder:** when ``spec.proxy_socket`` is set, the host socket is bound at
   ``/run/hrl/proxy.sock`` and the command is wrapped in ``_forwarder.py`` (host python, stdlib
   only), which listens on ``127.0.0.1:<proxy_port>`` in the command's own network namespace
@@ -51,6 +55,7 @@ import re
 import secrets
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -64,7 +69,27 @@ from actors.sandbox.base import (
     SandboxSpec,
     workspace_relpath,
 )
+from actors.sandbox.envs import (
+    BUILD_ENV,
+    ENV_INFO,
+    ENV_INSIDE,
+    INSTALL_TIMEOUT_S,
+    WHEELS_INSIDE,
+    EnvBuildError,
+    EnvBuilds,
+    Target,
+    content_key,
+    file_lock,
+    install_script,
+    log_env_build,
+    probe_host_python,
+    remove_leftovers,
+    wheelhouse,
+    with_env_path,
+)
+from actors.sandbox.envs import env_cache_dir as default_env_cache
 from common.procs import kill_tree
+from common.tasks.model import TaskEnv
 
 DEFAULT_ROOT = Path(tempfile.gettempdir()) / "harnessrl-sandboxes"
 DEFAULT_UID_LOCKS = Path(tempfile.gettempdir()) / "harnessrl-sandbox-uids"
@@ -207,6 +232,9 @@ class BwrapBackend:
     ``mode``: ``"auto"`` (``"root"`` when running as root, else ``"userns"``), ``"root"`` or
     ``"userns"`` — see the module docstring. ``python``: interpreter for the forwarder
     (default ``/usr/bin/python3`` when present, else this interpreter with its prefix bound).
+    ``env_cache_dir``: where task environments are built (default ``$HARNESSRL_CACHE/envs``
+    or ``~/.cache/harnessrl/envs``); ``env_python``: the sandboxes' ``python3`` they are
+    built over.
     """
 
     name = "bwrap"
@@ -224,6 +252,8 @@ class BwrapBackend:
         etc_allow: tuple[str, ...] = ETC_ALLOW,
         etc_cache_dir: Path | str | None = None,
         sweep_on_start: bool = True,
+        env_cache_dir: Path | str | None = None,
+        env_python: str = "/usr/bin/python3",
     ) -> None:
         self.root = Path(root) if root is not None else DEFAULT_ROOT
         if mode == "auto":
@@ -242,6 +272,12 @@ class BwrapBackend:
             else Path(tempfile.gettempdir()) / f"harnessrl-etc-{os.geteuid()}"
         )
         self.sweep_on_start = sweep_on_start
+        self.env_cache_dir = default_env_cache(env_cache_dir)
+        self.env_python = env_python
+        self.env_builds = 0
+        """Task environments this backend built (not found ready in the cache)."""
+        self._envs = EnvBuilds()
+        self._env_target: Target | None = None
         self._tools: dict[str, str] = {}
         self._version: tuple[int, ...] = (0,)
         self._started = False
@@ -364,14 +400,99 @@ class BwrapBackend:
 
     async def create(self, spec: SandboxSpec) -> BwrapSandbox:
         await self.start()
+        env_dir = await self.environment(spec.environment)
         try:
-            return await asyncio.to_thread(self._create_sync, spec)
+            return await asyncio.to_thread(self._create_sync, spec, env_dir)
         except SandboxError:
             raise
         except OSError as e:
             raise SandboxError(f"cannot create sandbox: {e}") from e
 
-    def _create_sync(self, spec: SandboxSpec) -> BwrapSandbox:
+    # ------------------------------------------------------------------ task environments
+
+    async def environment(self, env: TaskEnv | None) -> Path | None:
+        """The host folder of ``env``, built first when missing (once per content, across
+        processes too); None for no or an empty environment. Raises `EnvBuildError`."""
+        if env is None or env.empty:
+            return None
+        await self.start()
+        return await self._envs.get(
+            env.key(),
+            lambda: asyncio.to_thread(self._env_sync, env),
+            valid=lambda d: (d / ENV_INFO).is_file(),
+        )
+
+    def _env_sync(self, env: TaskEnv) -> Path:
+        if self._env_target is None:
+            self._env_target = probe_host_python(self.env_python)
+        target = self._env_target
+        python = os.path.realpath(self.env_python)
+        key = content_key("bwrap", env.key(), target.__dict__, python)
+        final = self.env_cache_dir / f"bwrap-{env.name}-{key}"
+        if (final / "env" / ENV_INFO).is_file():
+            return final / "env"
+        self.env_cache_dir.mkdir(parents=True, exist_ok=True)
+        with file_lock(self.env_cache_dir / f".bwrap-{key}.lock"):
+            if (final / "env" / ENV_INFO).is_file():
+                return final / "env"
+            t0 = time.monotonic()
+            remove_leftovers(self.env_cache_dir, f".new-bwrap-{key}-")
+            wheels = wheelhouse(env, target, self.env_cache_dir) if env.pip else None
+            tmp = Path(tempfile.mkdtemp(prefix=f".new-bwrap-{key}-", dir=self.env_cache_dir))
+            try:
+                os.chmod(tmp, 0o755)
+                (tmp / "env").mkdir(mode=0o755)
+                argv = self._env_build_argv(tmp / "env", wheels, install_script(env, key))
+                try:
+                    p = subprocess.run(
+                        argv,
+                        env=BUILD_ENV,
+                        stdin=subprocess.DEVNULL,
+                        capture_output=True,
+                        text=True,
+                        timeout=INSTALL_TIMEOUT_S,
+                    )
+                except subprocess.TimeoutExpired:
+                    raise EnvBuildError(
+                        f"environment {env.name!r}: install timed out ({INSTALL_TIMEOUT_S:g} s)"
+                    ) from None
+                if p.returncode != 0 or not (tmp / "env" / ENV_INFO).is_file():
+                    out = (p.stderr.strip() or p.stdout.strip())[-1500:]
+                    raise EnvBuildError(
+                        f"environment {env.name!r}: install failed (exit {p.returncode}): {out}"
+                    )
+                if final.exists():  # an incomplete leftover (complete ones are never replaced)
+                    _fs.rmtree(final)
+                os.rename(tmp, final)
+            finally:
+                if tmp.exists():
+                    _fs.rmtree(tmp)
+            self.env_builds += 1
+            took = time.monotonic() - t0
+            log_env_build(env, final / "env", took)
+        return final / "env"
+
+    def _env_build_argv(self, env_dir: Path, wheels: Path | None, script: str) -> list[str]:
+        """bwrap running ``script`` over the host's /usr with ``env_dir`` at `ENV_INSIDE` and
+        ``wheels`` at `WHEELS_INSIDE`: no network, no uid drop (the files are the actor's),
+        no capabilities."""
+        if self.mode == "root":
+            ns = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
+            ns += ["--unshare-cgroup-try", "--cap-drop", "ALL", "--die-with-parent"]
+            ns += ["--new-session"]
+        else:
+            ns = self._ns_args()
+        assert self._etc is not None
+        args = [self._bwrap, *ns, *self._system_binds(), "--ro-bind", str(self._etc), "/etc"]
+        args += ["--tmpfs", "/tmp", "--dir", posixpath.dirname(ENV_INSIDE)]
+        args += ["--bind", str(env_dir), ENV_INSIDE]
+        if wheels is not None:
+            args += ["--ro-bind", str(wheels), WHEELS_INSIDE]
+        return [*args, "--chdir", "/tmp", "--", "/bin/sh", "-c", script]
+
+    # ------------------------------------------------------------------ create (sync part)
+
+    def _create_sync(self, spec: SandboxSpec, env_dir: Path | None = None) -> BwrapSandbox:
         sid = secrets.token_hex(4)
         name = f"{spec.owner}-{os.getpid()}-{sid}"
         tmp_dir = self.root / f".new-{name}"
@@ -394,7 +515,7 @@ class BwrapBackend:
                     os.close(fd)
             _fs.rmtree(tmp_dir)
             raise
-        sb = BwrapSandbox(self, spec, state, uid, lock_fd, uid_fd)
+        sb = BwrapSandbox(self, spec, state, uid, lock_fd, uid_fd, env_dir)
         self._live.add(sb)
         return sb
 
@@ -519,8 +640,11 @@ class BwrapBackend:
         args = ["--ro-bind", str(self._etc), "/etc", "--dir", RUN_DIR]
         return args + ["--ro-bind", str(state / "etc"), ETC_INSIDE]
 
-    def sandbox_prefix(self, spec: SandboxSpec, state: Path) -> list[str]:
-        """The bwrap options shared by every command of one sandbox."""
+    def sandbox_prefix(
+        self, spec: SandboxSpec, state: Path, env_dir: Path | None = None
+    ) -> list[str]:
+        """The bwrap options shared by every command of one sandbox (``env_dir``: the task
+        environment's host folder, bound at ``/opt/hrl/env``)."""
         args = [self._bwrap, *self._ns_args(), "--hostname", spec.hostname]
         args += self._system_binds() + ["--chmod", "1777", "/dev/shm"] + self._etc_binds(state)
         binds = [
@@ -529,6 +653,8 @@ class BwrapBackend:
             ("--bind", state / "workspace", spec.workdir),
             *(("--ro-bind", host, inside) for host, inside in spec.ro_binds),
         ]
+        if env_dir is not None:
+            binds.append(("--ro-bind", env_dir, ENV_INSIDE))
         if spec.proxy_socket is not None:
             binds.append(("--ro-bind", FORWARDER_SRC, FORWARDER_INSIDE))
             if self._python_bind:
@@ -572,13 +698,16 @@ class BwrapSandbox(SandboxBase):
         uid: int,
         lock_fd: int,
         uid_fd: int | None,
+        env_dir: Path | None = None,
     ) -> None:
         self.backend, self.spec, self.state_dir, self.uid = backend, spec, state_dir, uid
+        self.env_dir = env_dir
+        """Host folder of the task environment bound at ``/opt/hrl/env``; None: none."""
         self.workdir = spec.workdir
         self.workspace_host = state_dir / "workspace"
         self._lock_fd, self._uid_fd = lock_fd, uid_fd
         self._owner = (uid, uid) if backend.mode == "root" else None
-        self._prefix = backend.sandbox_prefix(spec, state_dir)
+        self._prefix = backend.sandbox_prefix(spec, state_dir, env_dir)
         self._chain = backend.command_chain(spec, uid)
         self._procs: set[asyncio.subprocess.Process] = set()
         self._destroyed = False
@@ -621,6 +750,8 @@ class BwrapSandbox(SandboxBase):
             raise ValueError("empty argv")
         limit = self.spec.limits.wall_clock_s if timeout is None else timeout
         full_env = self.base_env() | (env or {})
+        if self.env_dir is not None:
+            full_env["PATH"] = with_env_path(full_env.get("PATH"))
         argv_full = [*self._prefix, *self._per_run_args(cwd)]
         argv_full += ["--", *self._chain, *argv]
         t0 = time.monotonic()

@@ -31,6 +31,13 @@ Design:
   cannot leave the cgroup, so none survives. Exit is observed as the end of the exec's output;
   a command whose background children keep its stdout open returns after dockerd's 2 s grace
   for exec output, when those children are killed.
+* **Task environment:** a spec's ``environment`` is built once per content and base image
+  into the derived image ``harnessrl-env:<name>-<hash>`` (a build container of the sandbox
+  image, network none, installs the venv at ``/opt/hrl/env`` from a wheelhouse downloaded on
+  the host and mounted read-only, then is committed; see ``envs.py``); the task's containers
+  are created from it and every command gets ``/opt/hrl/env/bin`` first on ``PATH``. The
+  image stays on the engine; the wheelhouse stays in ``env_cache_dir``, so a new engine
+  re-derives it offline.
 * **Memory** is a real cgroup limit for the whole sandbox: beyond it the kernel's OOM killer
   kills the largest process (exit status 137), unlike bwrap's per-process RLIMIT_DATA.
 
@@ -68,7 +75,10 @@ from actors.sandbox.base import (
     workspace_relpath,
 )
 from actors.sandbox.bwrap import _starttime, _try_lock
-from actors.sandbox.docker_image import DEFAULT_IMAGE
+from actors.sandbox.docker_image import DEFAULT_IMAGE, ensure_env_image
+from actors.sandbox.envs import EnvBuilds, content_key, with_env_path
+from actors.sandbox.envs import env_cache_dir as default_env_cache
+from common.tasks.model import TaskEnv
 
 DEFAULT_ROOT = Path(tempfile.gettempdir()) / "harnessrl-docker-sandboxes"
 RUN_DIR = "/run/hrl"
@@ -180,7 +190,8 @@ class DockerBackend:
     ``uid``/``proxy_uid``: host uids of the commands and of the forwarder (no user namespace:
     pick uids no host account uses). ``cpus``: cpu quota per sandbox (None: unlimited).
     ``tmp_bytes``: size of the tmpfs ``/tmp`` (charged to the memory limit; default: that
-    limit).
+    limit). ``env_cache_dir``: where task environments' wheels are kept (default
+    ``$HARNESSRL_CACHE/envs`` or ``~/.cache/harnessrl/envs``; the images are on the engine).
     """
 
     name = "docker"
@@ -196,6 +207,7 @@ class DockerBackend:
         cpus: float | None = 1.0,
         tmp_bytes: int | None = None,
         sweep_on_start: bool = True,
+        env_cache_dir: Path | str | None = None,
     ) -> None:
         self.root = Path(root) if root is not None else DEFAULT_ROOT
         self.docker_url = docker_url
@@ -204,6 +216,10 @@ class DockerBackend:
         self.cpus = cpus
         self.tmp_bytes = tmp_bytes
         self.sweep_on_start = sweep_on_start
+        self.env_cache_dir = default_env_cache(env_cache_dir)
+        self.env_builds = 0
+        """Task environment images this backend built (not found on the engine)."""
+        self._envs = EnvBuilds()
         self.docker = None
         self._started = False
         self._start_lock = asyncio.Lock()
@@ -267,6 +283,7 @@ class DockerBackend:
 
     async def create(self, spec: SandboxSpec) -> DockerSandbox:
         await self.start()
+        image = await self.environment(spec.environment)
         sid = secrets.token_hex(4)
         name = f"{spec.owner}-{os.getpid()}-{sid}"
         try:
@@ -275,7 +292,7 @@ class DockerBackend:
             raise
         except OSError as e:
             raise SandboxError(f"cannot create sandbox state: {e}") from e
-        sb = DockerSandbox(self, spec, state, lock_fd, f"hrl-{name}")
+        sb = DockerSandbox(self, spec, state, lock_fd, f"hrl-{name}", image)
         self._live.add(sb)
         try:
             await sb._start_container()
@@ -283,6 +300,37 @@ class DockerBackend:
             await sb.destroy()
             raise
         return sb
+
+    # ------------------------------------------------------------------ task environments
+
+    async def environment(self, env: TaskEnv | None) -> str | None:
+        """The derived image of ``env`` over `image`, built first when the engine lacks it
+        (once per content, across processes sharing the cache folder too); None for no or an
+        empty environment. Raises `EnvBuildError`."""
+        if env is None or env.empty:
+            return None
+        await self.start()
+        try:
+            base = await self.docker.images.inspect(self.image)
+        except (aiodocker.DockerError, aiohttp.ClientError) as e:
+            raise SandboxError(f"image {self.image}: {e}") from e
+        key = content_key("docker", env.key(), base["Id"])
+        # not memoised: one image inspect per create notices an image removed meanwhile
+        return await self._envs.get(key, lambda: self._env_image(env, key), valid=lambda _: False)
+
+    async def _env_image(self, env: TaskEnv, key: str) -> str:
+        labels = {
+            LABEL: "docker",
+            "harnessrl.owner": "env-build",
+            "harnessrl.pid": str(os.getpid()),
+            "harnessrl.start": _starttime(os.getpid()) or "",
+            "harnessrl.boot": _boot_id(),
+        }
+        image, built = await ensure_env_image(
+            self.docker, self.image, env, key, self.env_cache_dir, labels
+        )
+        self.env_builds += built
+        return image
 
     def _make_state(self, spec: SandboxSpec, name: str) -> tuple[Path, int]:
         tmp_dir = self.root / f".new-{name}"
@@ -317,12 +365,21 @@ class DockerBackend:
             if not spec.workspace_src.is_dir():
                 raise SandboxError(f"workspace_src is not a directory: {spec.workspace_src}")
             _fs.copy_in(spec.workspace_src, state / "workspace", ".", owner)
+        if self._needs_root_dir(spec):  # read-only: the mount points below must exist now
+            (state / "root").mkdir()
+            os.chmod(state / "root", 0o755)
+            for inside in (spec.workdir, spec.home):
+                if inside.startswith("/root/"):
+                    _fs.make_dirs(state / "root", inside.removeprefix("/root/"), None)
         (state / "etc").mkdir()
         for fname, text in _etc_files(spec, self.uid, self.proxy_uid).items():
             (state / "etc" / fname).write_text(text)
 
-    def container_config(self, spec: SandboxSpec, state: Path, name: str) -> dict:
-        """The ``containers/create`` body of one sandbox."""
+    def container_config(
+        self, spec: SandboxSpec, state: Path, name: str, image: str | None = None
+    ) -> dict:
+        """The ``containers/create`` body of one sandbox (``image``: instead of `image`, e.g.
+        a task environment's derived image)."""
         lim = spec.limits
         mounts = [
             (state / "workspace", spec.workdir, False),
@@ -331,6 +388,8 @@ class DockerBackend:
             (state / "etc" / "group", "/etc/group", True),
             *((host, inside, True) for host, inside in spec.ro_binds),
         ]
+        if self._needs_root_dir(spec):
+            mounts.append((state / "root", "/root", True))
         cmd = ["sleep", "infinity"]
         if spec.proxy_socket is not None:
             mounts.append((FORWARDER_SRC, FORWARDER_INSIDE, True))
@@ -372,7 +431,7 @@ class DockerBackend:
             "harnessrl.state": str(state),
         }
         return {
-            "Image": self.image,
+            "Image": image or self.image,
             "Cmd": cmd,
             "User": f"{self.proxy_uid}:{self.proxy_uid}",
             "Env": [f"PATH={PATH_INSIDE}", "LANG=C.UTF-8"],
@@ -381,6 +440,16 @@ class DockerBackend:
             "Labels": labels,
             "HostConfig": host,
         }
+
+    @staticmethod
+    def _needs_root_dir(spec: SandboxSpec) -> bool:
+        """Whether ``/root`` must be replaced by an empty traversable dir: the workspace or
+        home lies below it (but home is not it). The image's ``/root`` is mode 0700, so the
+        user could not reach e.g. ClawGym's ``/root/.openclaw/workspace`` by its absolute
+        path (bwrap sandboxes make such parents 0755 too). A tmpfs will not do: runc gives a
+        tmpfs the mode of the directory it covers."""
+        below = any(p.startswith("/root/") for p in (spec.workdir, spec.home))
+        return below and spec.home != "/root"
 
     # ------------------------------------------------------------------ sweep
 
@@ -467,9 +536,17 @@ class DockerSandbox(SandboxBase):
     """One rollout's container; see the module docstring. Made by `DockerBackend.create`."""
 
     def __init__(
-        self, backend: DockerBackend, spec: SandboxSpec, state_dir: Path, lock_fd: int, name: str
+        self,
+        backend: DockerBackend,
+        spec: SandboxSpec,
+        state_dir: Path,
+        lock_fd: int,
+        name: str,
+        env_image: str | None = None,
     ) -> None:
         self.backend, self.spec, self.state_dir, self.name = backend, spec, state_dir, name
+        self.env_image = env_image
+        """The task environment's derived image the container runs; None: the base image."""
         self.workdir = spec.workdir
         self.workspace_host = state_dir / "workspace"
         self.uid = backend.uid
@@ -491,7 +568,7 @@ class DockerSandbox(SandboxBase):
         try:
             if sock is not None and sock.exists() and not sock.stat().st_mode & 0o002:
                 os.chown(sock, be.proxy_uid, -1)  # connect() needs write permission
-            config = be.container_config(spec, self.state_dir, self.name)
+            config = be.container_config(spec, self.state_dir, self.name, self.env_image)
             self._container = await be.docker.containers.create(config, name=self.name)
             await self._container.start()
             info = await self._container.show()
@@ -555,6 +632,8 @@ class DockerSandbox(SandboxBase):
 
     async def _run_locked(self, argv, env, cwd, limit, stdin, t0) -> ExecResult:
         full_env = self.base_env() | (env or {})
+        if self.env_image is not None:
+            full_env["PATH"] = with_env_path(full_env.get("PATH"))
         user = f"{self.uid}:{self.uid}"
         try:
             ex = await self._container.exec(

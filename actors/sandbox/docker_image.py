@@ -18,6 +18,12 @@ once per machine, atomically (temp file + rename). Two ways to build it:
 ``auto`` tries debootstrap and falls back to host. The image must provide ``python3`` (the proxy
 forwarder), ``sh`` and coreutils; the backend supplies users, binds and limits.
 
+**Task environment images.** `ensure_env_image` derives ``harnessrl-env:<name>-<hash>`` from
+the sandbox image for one task environment (see ``envs.py``): a build container of the base
+image (network none, no capabilities) installs the environment at ``/opt/hrl/env`` from the
+wheelhouse mounted read-only, and is committed. Once per content and engine: a file lock in
+the cache folder keeps concurrent first uses on this host from building twice.
+
 **Private dockerd.** `PrivateDockerd` runs ``dockerd`` with its own data root, exec root, pid
 file and unix socket under one directory, without iptables or a bridge (sandboxes use
 ``--network none``); it is a child tracked by PID (it gets SIGTERM if this process dies) and is
@@ -42,8 +48,23 @@ import tempfile
 import time
 from pathlib import Path
 
+import aiohttp
+
+from actors.sandbox.envs import (
+    BUILD_ENV,
+    INSTALL_TIMEOUT_S,
+    PROBE_CODE,
+    WHEELS_INSIDE,
+    EnvBuildError,
+    Target,
+    async_file_lock,
+    install_script,
+    log_env_build,
+    wheelhouse,
+)
 from common.models import default_cache_dir
 from common.procs import popen_child
+from common.tasks.model import TaskEnv
 
 DEFAULT_IMAGE = "harnessrl-sandbox:latest"
 DEFAULT_SUITE = "bookworm"
@@ -267,6 +288,134 @@ async def import_rootfs(docker, tarball: Path, image: str) -> None:
         with contextlib.suppress(ValueError):
             if "error" in (msg := json.loads(line)):
                 raise ImageError(f"docker import failed: {msg['error']}")
+
+
+# ---------------------------------------------------------------------- task environment images
+
+ENV_IMAGE_REPO = "harnessrl-env"
+"""Repository of the derived images of task environments (tag ``<name>-<hash>``)."""
+
+
+async def ensure_env_image(
+    docker, base_image: str, env: TaskEnv, key: str, cache_dir: Path, labels: dict[str, str]
+) -> tuple[str, bool]:
+    """``(image, built)``: the derived image of ``env`` over ``base_image`` (``key`` names the
+    pair), built first when the engine lacks it. ``labels`` mark the build containers (so a
+    backend's sweep removes those of dead builders). Raises `EnvBuildError`."""
+    import aiodocker
+
+    tag = f"{env.name}-{key}"
+    image = f"{ENV_IMAGE_REPO}:{tag}"
+    if await _has_image(docker, image):
+        return image, False
+    async with async_file_lock(cache_dir / f".docker-{key}.lock"):
+        if await _has_image(docker, image):
+            return image, False
+        t0 = time.monotonic()
+        probe = ["python3", "-I", "-c", PROBE_CODE]
+        rc, out, _ = await _build_container(docker, base_image, probe, [], labels)
+        if rc != 0:
+            raise EnvBuildError(f"the sandbox image's python3 failed (exit {rc}): {out[-500:]}")
+        target = Target.parse(out)
+        mounts = []
+        if env.pip:
+            wheels = await asyncio.to_thread(wheelhouse, env, target, cache_dir)
+            mounts.append((wheels, WHEELS_INSIDE))
+        cmd = ["/bin/sh", "-c", install_script(env, key)]
+        rc, out, container = await _build_container(
+            docker, base_image, cmd, mounts, labels, keep=True
+        )
+        try:
+            if rc != 0:
+                raise EnvBuildError(
+                    f"environment {env.name!r}: install failed (exit {rc}): {out[-1500:]}"
+                )
+            await container.commit(
+                repository=ENV_IMAGE_REPO,
+                tag=tag,
+                message=f"harnessrl task environment {env.name} ({env.key()})",
+                changes=[f"LABEL harnessrl.env={env.name} harnessrl.env_key={key}"],
+                pause=False,
+            )
+        except (aiodocker.DockerError, aiohttp.ClientError) as e:
+            raise EnvBuildError(f"environment {env.name!r}: docker commit: {e}") from e
+        finally:
+            await asyncio.shield(_remove(container))
+        log_env_build(env, image, time.monotonic() - t0)
+    return image, True
+
+
+async def _has_image(docker, image: str) -> bool:
+    import aiodocker
+
+    try:
+        await docker.images.inspect(image)
+    except aiodocker.DockerError as e:
+        if e.status == 404:
+            return False
+        raise EnvBuildError(f"image {image}: {e}") from e
+    return True
+
+
+async def _remove(container) -> None:
+    import aiodocker
+
+    with contextlib.suppress(aiodocker.DockerError, aiohttp.ClientError):
+        await container.delete(force=True, v=True)
+
+
+async def _build_container(
+    docker,
+    image: str,
+    cmd: list[str],
+    mounts: list[tuple[Path, str]],
+    labels: dict[str, str],
+    *,
+    keep: bool = False,
+):
+    """Run ``cmd`` as root in a container of ``image`` (network none, no capabilities, the
+    ``mounts`` read-only, a tmpfs /tmp): ``(exit status, output, container)``; the container
+    is removed unless ``keep`` (then the caller removes it)."""
+    import aiodocker
+
+    config = {
+        "Image": image,
+        "Cmd": cmd,
+        "User": "0:0",
+        "Env": [f"{k}={v}" for k, v in BUILD_ENV.items()],
+        "WorkingDir": "/tmp",
+        "Labels": labels,
+        "HostConfig": {
+            "NetworkMode": "none",
+            "CapDrop": ["ALL"],
+            "SecurityOpt": ["no-new-privileges"],
+            "Tmpfs": {"/tmp": "rw,exec,nosuid,nodev,mode=1777"},
+            "Mounts": [
+                {"Type": "bind", "Source": str(h), "Target": i, "ReadOnly": True} for h, i in mounts
+            ],
+        },
+    }
+    name = f"hrl-envbuild-{os.getpid()}-{os.urandom(4).hex()}"
+    try:
+        container = await docker.containers.create(config, name=name)
+    except (aiodocker.DockerError, aiohttp.ClientError) as e:
+        raise EnvBuildError(f"cannot create an environment build container: {e}") from e
+    try:
+        await container.start()
+        try:
+            res = await container.wait(timeout=INSTALL_TIMEOUT_S)
+        except TimeoutError:
+            raise EnvBuildError(f"environment build timed out ({INSTALL_TIMEOUT_S:g} s)") from None
+        out = "".join(await container.log(stdout=True, stderr=True))
+    except (aiodocker.DockerError, aiohttp.ClientError) as e:
+        await asyncio.shield(_remove(container))
+        raise EnvBuildError(f"environment build container: {e}") from e
+    except BaseException:
+        await asyncio.shield(_remove(container))
+        raise
+    if not keep:
+        await asyncio.shield(_remove(container))
+    return int(res.get("StatusCode", -1)), out, container
 
 
 # ---------------------------------------------------------------------- private dockerd

@@ -11,8 +11,10 @@ Public API::
     import_any(src, out_dir, split=None, force=False) -> ImportReport
                                        # ClawGym JSONL / folders, Harbor -> native folders
     hash_paths(...)                    # the content hash behind Task.task_hash
+    TaskEnv, BUILTIN_ENVS              # task environments (python alias, pip packages)
 """
 
+from common.tasks.environments import BUILTIN_ENVS
 from common.tasks.formats import (
     ImportReport,
     detect_format,
@@ -27,6 +29,7 @@ from common.tasks.model import (
     DEFAULT_MOUNT,
     RUBRIC_SCORES,
     Task,
+    TaskEnv,
     TaskError,
     hash_paths,
 )
@@ -42,12 +45,14 @@ from common.tasks.registry import (
 )
 
 __all__ = [
+    "BUILTIN_ENVS",
     "BUILTIN_SUITES",
     "CLAWGYM_MOUNT",
     "DEFAULT_MOUNT",
     "ImportReport",
     "RUBRIC_SCORES",
     "Task",
+    "TaskEnv",
     "TaskError",
     "detect_format",
     "hash_paths",

@@ -7,7 +7,8 @@ Folder formats (recognised by their files, in this order):
   grading_type, rule}``, ``input_mount_dir``), ``input_files/`` (the workspace), ``reward/``
   (``reward.sh`` printing one float as its last stdout line, usually via ``check.py
   WORKSPACE`` printing a JSON dict). Its scripts use absolute paths under
-  ``input_mount_dir`` and expect the reward files at ``<input_mount_dir>/reward``.
+  ``input_mount_dir`` and expect the reward files at ``<input_mount_dir>/reward``. Its
+  environment is the built-in ``clawgym`` (``python``, pytest, pandas, requests, …).
 * **Harbor** — ``instruction.md`` + ``tests/test.sh`` (+ ``task.toml``, ``environment/``,
   ``solution/solve.sh``). The workspace is what ``environment/Dockerfile`` COPYs below its
   WORKDIR (RUN steps cannot be replayed without Docker; they are listed in the task's
@@ -19,7 +20,8 @@ Folder formats (recognised by their files, in this order):
 Record format: **ClawGym JSONL** — one task per line: ``prompt``, ``input_files[{file_path,
 content}]`` where files under ``reward/`` are the hidden checker (``reward/test.py``), or the
 checker in a field (``test_code``), ``rule``/``rules`` rubric, ``category``. JSONL is imported
-into native folders (`import_jsonl`), not loaded in place.
+into native folders (`import_jsonl`), not loaded in place; the folders it writes declare the
+``clawgym`` environment, as do those imported from ClawGym folders.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import shlex
 import shutil
 import tempfile
 import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -39,6 +41,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from common.config import toml_text
+from common.tasks.environments import CLAWGYM_ENV, EnvironmentToml, environment_table
+from common.tasks.harbor import HARBOR_MOUNT, materialise_harbor_workspace, parse_dockerfile
 from common.tasks.model import (
     CLAWGYM_MOUNT,
     DEFAULT_MOUNT,
@@ -46,6 +50,7 @@ from common.tasks.model import (
     Task,
     TaskError,
     hash_paths,
+    hash_with_env,
 )
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
@@ -55,7 +60,6 @@ DEFAULT_ENTRY: dict[str, str] = {
     "harbor": "test.sh",
     "none": "",
 }
-HARBOR_MOUNT = "/app"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -137,6 +141,9 @@ class NativeToml(_Strict):
     """Checker."""
     rubric: RubricToml = RubricToml()
     """Rubric."""
+    environment: EnvironmentToml | None = None
+    """What the sandbox provides beyond its base userland (a ``python`` command, pip
+    packages; see ``common.tasks.environments``); omitted: the suite's, else none."""
     metadata: dict[str, Any] = {}
     """Free-form metadata."""
 
@@ -250,6 +257,7 @@ def load_native(path: Path, suite: str = "") -> Task:
     elif not t.rubric.rules:
         raise TaskError(f"{toml_path}: field 'checker.kind' is 'none' and there is no rubric")
     reward_mount = _reward_mount(t.checker.reward_mount, t.mount, toml_path)
+    env = t.environment.resolve() if t.environment is not None else None
     return Task(
         id=t.id,
         suite=suite,
@@ -272,15 +280,19 @@ def load_native(path: Path, suite: str = "") -> Task:
         code_weight=t.score.code_weight,
         rubric_weight=t.score.rubric_weight,
         solution=_solution(path),
-        task_hash=hash_paths(
-            [
-                ("task.toml", toml_path),
-                ("instruction.md", path / "instruction.md" if not t.instruction else None),
-                ("workspace", path / "workspace"),
-                ("reward", path / "reward"),
-            ]
+        task_hash=hash_with_env(
+            hash_paths(
+                [
+                    ("task.toml", toml_path),
+                    ("instruction.md", path / "instruction.md" if not t.instruction else None),
+                    ("workspace", path / "workspace"),
+                    ("reward", path / "reward"),
+                ]
+            ),
+            env,
         ),
         metadata=t.metadata,
+        environment=env,
     )
 
 
@@ -359,14 +371,18 @@ def load_clawgym(path: Path, suite: str = "") -> Task:
         reward_mount=f"{mount}/reward",
         rubric=rules,
         solution=_solution(path),
-        task_hash=hash_paths(
-            [
-                ("data_entry.json", entry_path),
-                ("workspace", path / "input_files"),
-                ("reward", path / "reward"),
-            ]
+        task_hash=hash_with_env(
+            hash_paths(
+                [
+                    ("data_entry.json", entry_path),
+                    ("workspace", path / "input_files"),
+                    ("reward", path / "reward"),
+                ]
+            ),
+            CLAWGYM_ENV,
         ),
         metadata={"grading_type": str(meta.get("grading_type", ""))},
+        environment=CLAWGYM_ENV,
     )
 
 
@@ -398,7 +414,7 @@ def load_harbor(path: Path, suite: str = "") -> Task:
     mount, workspace, ignored = HARBOR_MOUNT, None, []
     if (env_dir / "Dockerfile").is_file():
         mount, copies, ignored = parse_dockerfile(env_dir / "Dockerfile")
-        workspace = _materialise_harbor_workspace(env_dir, mount, copies)
+        workspace = materialise_harbor_workspace(env_dir, mount, copies)
     task_id = path.name if _ID_RE.match(path.name) else re.sub(r"[^A-Za-z0-9_.-]", "_", path.name)
     return Task(
         id=task_id,
@@ -426,101 +442,6 @@ def load_harbor(path: Path, suite: str = "") -> Task:
         ),
         metadata={"harbor_ignored": ignored} if ignored else {},
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# Harbor environments: the part of a Dockerfile we can replay without Docker
-# ---------------------------------------------------------------------------------------------
-
-
-def _dockerfile_lines(text: str) -> Iterator[str]:
-    buf = ""
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not buf and (not line or line.startswith("#")):
-            continue
-        if line.endswith("\\"):
-            buf += line[:-1] + " "
-            continue
-        yield (buf + line).strip()
-        buf = ""
-    if buf.strip():
-        yield buf.strip()
-
-
-def parse_dockerfile(path: Path) -> tuple[str, list[tuple[str, str]], list[str]]:
-    """``(workdir, [(context_src, dest_inside)], ignored_instructions)`` of a Dockerfile.
-
-    Only ``WORKDIR`` and local ``COPY``/``ADD`` are replayed; ``RUN`` and the rest are
-    returned as ignored (a task that needs them needs the docker sandbox backend).
-    """
-    workdir, copies, ignored = "/", [], []
-    for line in _dockerfile_lines(path.read_text()):
-        op, _, rest = line.partition(" ")
-        op = op.upper()
-        if op == "WORKDIR":
-            workdir = str(PurePosixPath(workdir) / rest.strip().strip("\"'"))
-        elif op in ("COPY", "ADD"):
-            if rest.lstrip().startswith("["):
-                try:
-                    args = [str(a) for a in json.loads(rest)]
-                except json.JSONDecodeError:
-                    ignored.append(line)
-                    continue
-            else:
-                args = shlex.split(rest)
-            flags = [a for a in args if a.startswith("--")]
-            args = [a for a in args if not a.startswith("--")]
-            if any(f.startswith("--from") for f in flags) or len(args) < 2:
-                ignored.append(line)
-                continue
-            dest = str(PurePosixPath(workdir) / args[-1]) + ("/" if args[-1].endswith("/") else "")
-            if len(args) > 2 and not dest.endswith("/"):
-                dest += "/"
-            copies += [(src, dest) for src in args[:-1]]
-        elif op not in ("FROM", "ENV", "ARG", "LABEL", "USER", "EXPOSE", "CMD", "ENTRYPOINT"):
-            ignored.append(line)
-    mount = workdir if workdir != "/" else HARBOR_MOUNT
-    return mount, copies, ignored
-
-
-def _materialise_harbor_workspace(
-    env_dir: Path, mount: str, copies: list[tuple[str, str]]
-) -> Path | None:
-    """Build (once, in a cache keyed by content) the files COPYd below the WORKDIR."""
-    wanted = []
-    for src, dest in copies:
-        d = PurePosixPath(dest.rstrip("/") or "/")
-        if d != PurePosixPath(mount) and PurePosixPath(mount) not in d.parents:
-            continue
-        rel = d.relative_to(mount)
-        host_src = (env_dir / src).resolve()
-        if env_dir.resolve() not in (host_src, *host_src.parents) or not host_src.exists():
-            continue
-        if host_src.is_file() and (dest.endswith("/") or str(rel) == "."):
-            rel = rel / host_src.name
-        wanted.append((host_src, rel))
-    if not wanted:
-        return None
-    key = hash_paths([("environment", env_dir), (f"mount:{mount}", None)])
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "harnessrl/harbor"
-    final = cache / key
-    if final.is_dir():
-        return final
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".new-", dir=cache))
-    for host_src, rel in wanted:
-        target = tmp / rel
-        if host_src.is_dir():
-            shutil.copytree(host_src, target, dirs_exist_ok=True, symlinks=True)
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(host_src, target)
-    try:
-        os.rename(tmp, final)
-    except OSError:  # built meanwhile by someone else
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
 
 
 # ---------------------------------------------------------------------------------------------
@@ -553,6 +474,7 @@ def native_toml_text(task: Task) -> str:
             "reward_mount": task.reward_mount,
         },
         "rubric": {"rules": task.rubric},
+        "environment": environment_table(task.environment) if task.environment else None,
         "metadata": meta,
     }
     return toml_text(doc, multiline_strings=True)
@@ -700,6 +622,7 @@ def record_to_native(
             reward_mount=f"{CLAWGYM_MOUNT}/reward" if has_checker else "",
             rubric=rules,
             metadata=extra,
+            environment=CLAWGYM_ENV,
         )
         (staged / "task.toml").write_text(native_toml_text(task))
         load_native(staged)
@@ -845,7 +768,9 @@ def import_any(
     folder in `ImportReport.not_tasks` (hidden entries and plain files are passed over), and
     the rest imported. Raises `TaskError` before writing anything for duplicate task ids, an
     ``out_root`` that is not empty (without ``force``, which replaces it), a bad ``split``,
-    or a source with no task to import. ``split`` overrides each task's split."""
+    a bad ``suite.toml`` or a source with no task to import. ``split`` overrides each task's
+    split; a task without an environment of its own gets the source suite's (``suite.toml``),
+    written into its task.toml."""
     src = Path(src)
     if src.is_file():
         return import_jsonl(src, out_root, split=split, force=force)
@@ -865,6 +790,9 @@ def import_any(
                 folders.append(p)
             else:
                 rep.not_tasks.append((str(p), _not_task_reason(p)))
+    from common.tasks.registry import suite_environment  # registry imports this module
+
+    suite_env = suite_environment(src) if folders != [src] else None
     tasks: list[Task] = []
     for f in folders:  # all load before anything is written
         try:
@@ -872,6 +800,8 @@ def import_any(
         except (ValueError, OSError) as e:
             rep.failed.append((str(f), str(e)))
             continue
+        if t.environment is None and suite_env is not None:  # written into its task.toml
+            t = t.model_copy(update={"environment": suite_env})
         tasks.append(t.model_copy(update={"split": split}) if split else t)
     _duplicates([(t.id, str(t.path)) for t in tasks], f"task folders of {src}")
     if not tasks:

@@ -7,19 +7,21 @@ task_hash)`` in each TaskRequest. Invariants:
 * The workspace never contains the hidden reward files; they reach the sandbox only after the
   harness has exited (see ``actors/verifier.py``).
 * ``task_hash`` depends only on the content the rollout sees and is scored by (the task's
-  definition file, workspace and reward files), never on where the folder lies, mtimes or the
-  reference solution: two actors holding the same task agree on its hash, and any edit that can
-  change a score changes it.
+  definition file, workspace and reward files, and its environment when it has one), never on
+  where the folder lies, mtimes or the reference solution: two actors holding the same task
+  agree on its hash, and any edit that can change a score changes it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 CheckerKind = Literal["test_py", "reward_sh", "harbor", "none"]
 """How the hidden reward files are run:
@@ -46,6 +48,91 @@ HASH_SKIP = frozenset({"__pycache__", ".DS_Store", ".pytest_cache", ".git"})
 
 class TaskError(ValueError):
     """A task or suite cannot be loaded; the message names the file and field at fault."""
+
+
+# ---------------------------------------------------------------------------------------------
+# task environments
+# ---------------------------------------------------------------------------------------------
+
+ENV_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+_REQ_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
+_REQ_VERSION = r"(?:===|==|!=|~=|<=|>=|<|>)\s*[A-Za-z0-9.*+!_-]+"
+_REQUIREMENT = re.compile(
+    rf"^({_REQ_NAME})\s*(?:\[\s*{_REQ_NAME}(?:\s*,\s*{_REQ_NAME})*\s*\])?"
+    rf"\s*(?:{_REQ_VERSION}(?:\s*,\s*{_REQ_VERSION})*)?$"
+)
+
+
+def requirement_project(req: str) -> str:
+    """The normalised project name of a pip requirement (``Foo_Bar[x]==1`` -> ``foo-bar``);
+    raises ValueError for anything but ``name[extras] <version specifiers>``."""
+    m = _REQUIREMENT.match(req.strip()) if isinstance(req, str) else None
+    if m is None:
+        raise ValueError(
+            f"{req!r} is not a pip requirement of the form name[extras]==version (URLs, paths, "
+            "options and environment markers are not accepted)"
+        )
+    return re.sub(r"[-_.]+", "-", m.group(1)).lower()
+
+
+class TaskEnv(BaseModel):
+    """The software a task's prompt and checker assume beyond the sandbox's base userland
+    (``python3``, ``sh``, coreutils): a ``python`` command and pip packages.
+
+    Declared by a task (``[environment]`` in task.toml), by its suite (``suite.toml``) or by
+    its format (ClawGym tasks use the built-in ``clawgym``; see `common.tasks.environments`).
+    The sandbox backend builds it once per content (`key`) into a cache and shows it read-only
+    at ``/opt/hrl/env`` inside, first on ``PATH``, for the harness and the checker alike
+    (``actors/sandbox/envs.py``). An environment that adds nothing (`empty`) is no build."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    name: str = "base"
+    """Name, for reports and image tags (the named environment it was made from)."""
+    python_alias: bool = False
+    """Provide a ``python`` command (the environment's ``python3``)."""
+    pip: list[str] = Field(default_factory=list)
+    """pip requirements installed into the environment (binary wheels only), one project
+    each; pin every package (``name==version``), dependencies included, for builds that do
+    not change with the day they were made."""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not ENV_NAME_RE.match(v):
+            raise ValueError(f"{v!r} must be 1-64 lowercase letters, digits, '_', '.' or '-'")
+        return v
+
+    @field_validator("pip")
+    @classmethod
+    def _pip(cls, v: list[str]) -> list[str]:
+        seen: set[str] = set()
+        for req in v:
+            project = requirement_project(req)
+            if project in seen:
+                raise ValueError(f"{project!r} is required twice")
+            seen.add(project)
+        return [r.strip() for r in v]
+
+    @property
+    def empty(self) -> bool:
+        """Whether it adds nothing to the base userland (no build, nothing mounted)."""
+        return not self.python_alias and not self.pip
+
+    def key(self) -> str:
+        """Content hash (16 hex digits) of what gets built: the same for two environments
+        that install the same things, whatever their names."""
+        blob = json.dumps({"python_alias": self.python_alias, "pip": sorted(self.pip)})
+        return hashlib.blake2b(blob.encode(), digest_size=8, person=b"hrl-env-v1").hexdigest()
+
+
+def hash_with_env(task_hash: str, env: TaskEnv | None) -> str:
+    """A task's content hash extended by its environment (which can change its scores); the
+    hash itself when the task declares none."""
+    if env is None:
+        return task_hash
+    blob = f"{task_hash}\0{env.name}\0{env.key()}".encode()
+    return hashlib.blake2b(blob, digest_size=16, person=b"hrl-task-env-v1").hexdigest()
 
 
 class Task(BaseModel):
@@ -98,9 +185,12 @@ class Task(BaseModel):
     solution: Path | None = None
     """Reference solution script (``solve.sh`` or ``*.py``), run with the workspace as cwd."""
     task_hash: str = ""
-    """Content hash (see `hash_paths`)."""
+    """Content hash (see `hash_paths`), extended by the environment (`hash_with_env`)."""
     metadata: dict[str, Any] = Field(default_factory=dict)
     """Format-specific extras (toy family parameters, ClawGym grading type, …)."""
+    environment: TaskEnv | None = None
+    """What the sandbox provides beyond its base userland (a ``python`` command, pip packages);
+    None: declared neither by the task, its suite nor its format (the base userland)."""
 
     @property
     def name(self) -> str:
@@ -120,6 +210,7 @@ class Task(BaseModel):
             "rubric": bool(self.rubric),
             "solution": self.solution is not None,
             "task_hash": self.task_hash,
+            "environment": self.environment.name if self.environment else "",
             "path": str(self.path),
         }
 

@@ -5,6 +5,11 @@ A suite is a directory whose subdirectories are task folders (any format; names 
 under ``common/tasks/suites/`` and then every directory listed in ``$HRL_SUITE_PATH``
 (``:``-separated, each holding suites as subdirectories); a path to a suite directory works
 wherever a suite name does, and a path to a task folder wherever a task is named.
+
+A suite may hold a ``suite.toml`` (`SuiteToml`) beside its task folders: its
+``[environment]`` table is the environment of every task that declares none of its own (see
+``common.tasks.environments``; it applies to a task loaded by path too, when the folder above
+it holds the file).
 """
 
 from __future__ import annotations
@@ -12,11 +17,46 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from common.tasks.formats import is_task_dir, load_folder
-from common.tasks.model import Task, TaskError
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from common.tasks.environments import EnvironmentToml
+from common.tasks.formats import _read_toml, _validation_error, is_task_dir, load_folder
+from common.tasks.model import Task, TaskEnv, TaskError, hash_with_env
 
 BUILTIN_SUITES = Path(__file__).resolve().parent / "suites"
 SUITE_PATH_ENV = "HRL_SUITE_PATH"
+SUITE_TOML = "suite.toml"
+
+
+class SuiteToml(BaseModel):
+    """A suite's ``suite.toml``: defaults for the suite's tasks."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    environment: EnvironmentToml | None = None
+    """Environment of each task of the suite that declares none itself (by its own
+    ``[environment]`` or by its format)."""
+
+
+def suite_environment(suite_dir: Path) -> TaskEnv | None:
+    """The environment ``suite_dir/suite.toml`` declares; None without one. Raises
+    `TaskError` naming the field of a bad file."""
+    path = suite_dir / SUITE_TOML
+    if not path.is_file():
+        return None
+    try:
+        cfg = SuiteToml.model_validate(_read_toml(path))
+    except ValidationError as e:
+        raise _validation_error(e, path) from None
+    return cfg.environment.resolve() if cfg.environment is not None else None
+
+
+def _with_suite_env(task: Task, env: TaskEnv | None) -> Task:
+    if env is None or task.environment is not None:
+        return task
+    return task.model_copy(
+        update={"environment": env, "task_hash": hash_with_env(task.task_hash, env)}
+    )
 
 
 def suite_roots() -> list[Path]:
@@ -69,7 +109,8 @@ def list_tasks(suite: str, *, split: str | None = None) -> list[Task]:
     """Every task of a suite (name or directory), sorted by id; ``split`` filters."""
     d = suite_dir(suite)
     name = _suite_name(suite, d)
-    tasks = [load_folder(p, suite=name) for p in _task_folders(d)]
+    env = suite_environment(d)
+    tasks = [_with_suite_env(load_folder(p, suite=name), env) for p in _task_folders(d)]
     seen: dict[str, Path] = {}
     for t in tasks:
         if t.id in seen:
@@ -84,7 +125,8 @@ def load_task_path(path: Path | str, suite: str = "") -> Task:
     p = Path(path).expanduser()
     if not p.exists():
         raise TaskError(f"{p}: no such task folder")
-    return load_folder(p, suite=suite)
+    task = load_folder(p, suite=suite)
+    return _with_suite_env(task, suite_environment(task.path.parent))
 
 
 def load_task(suite: str, task_id: str) -> Task:
@@ -97,7 +139,7 @@ def load_task(suite: str, task_id: str) -> Task:
     if direct.is_dir() and is_task_dir(direct):
         task = load_folder(direct, suite=name)
         if task.id == task_id:
-            return task
+            return _with_suite_env(task, suite_environment(d))
     for task in list_tasks(suite):
         if task.id == task_id:
             return task
