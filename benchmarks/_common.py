@@ -16,6 +16,10 @@ from pathlib import Path
 from typing import Any
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+"""Committed results of full runs."""
+QUICK_DIR = RESULTS_DIR / "quick"
+"""Where ``--quick`` results go when ``--out`` is left at `RESULTS_DIR` (not committed: CI's
+smoke runs must not overwrite the measured full runs)."""
 
 
 def parse_args(description: str, argv: list[str] | None = None) -> argparse.Namespace:
@@ -53,7 +57,10 @@ def write_result(
     quick: bool = False,
     out: Path = RESULTS_DIR,
 ) -> Path:
-    """Write the result JSON; ``targets`` maps a target name to {"value", "target", "met"}."""
+    """Write the result JSON; ``targets`` maps a target name to {"value", "target", "met"}.
+    A ``quick`` result aimed at `RESULTS_DIR` goes to `QUICK_DIR` instead."""
+    if quick and Path(out).resolve() == RESULTS_DIR.resolve():
+        out = QUICK_DIR
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.json"
     doc = {
