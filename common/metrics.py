@@ -2,7 +2,9 @@
 
 Metric objects are module-level singletons created through ``counter``/``gauge``/``histogram``,
 which return the existing metric when a name is registered twice (modules imported by several
-entry points, tests creating services repeatedly).
+entry points, tests creating services repeatedly). Every name is in one namespace,
+``hrl_<component>_...`` (`NAMESPACE`; the embedded engine's too), so one scrape config, one
+dashboard query prefix and one alert rule file cover every process.
 """
 
 from __future__ import annotations
@@ -23,10 +25,15 @@ from prometheus_client import (
 _lock = threading.Lock()
 _metrics: dict[str, Any] = {}
 
+NAMESPACE = "hrl_"
+"""Prefix of every metric name (checked when a metric is created)."""
+
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
 
 def _get(kind: type, name: str, doc: str, labels: tuple[str, ...], **kw: Any) -> Any:
+    if not name.startswith(NAMESPACE):
+        raise ValueError(f"metric {name!r} is outside the {NAMESPACE}* namespace")
     with _lock:
         m = _metrics.get(name)
         if m is None:

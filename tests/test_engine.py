@@ -651,19 +651,19 @@ async def test_info_endpoints_and_metrics(model_dir: Path) -> None:
             assert await r.json() == {"weight_version": "3"}
         async with http.get("/get_server_info") as r:
             assert (await r.json())["max_running_requests"] == 16
-        before = metrics.sample_value("harnessrl_engine_generated_tokens_total")
+        before = metrics.sample_value("hrl_engine_generated_tokens_total")
         await generate(http, rand_ids(6, 16), max_new_tokens=3, ignore_eos=True)
         async with http.get("/metrics") as r:
             text = await r.text()
         for name in (
-            "harnessrl_engine_requests_total",
-            "harnessrl_engine_tokens_per_second",
-            "harnessrl_engine_batch_size",
-            "harnessrl_engine_queue_depth",
-            "harnessrl_engine_prefix_cache_lookups_total",
+            "hrl_engine_requests_total",
+            "hrl_engine_tokens_per_second",
+            "hrl_engine_batch_size",
+            "hrl_engine_queue_depth",
+            "hrl_engine_prefix_cache_lookups_total",
         ):
             assert name in text
-        after = metrics.sample_value("harnessrl_engine_generated_tokens_total")
+        after = metrics.sample_value("hrl_engine_generated_tokens_total")
         assert after == before + 3
         srv.ready = False
         async with http.get("/health") as r:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
+
 import aiohttp
+import pytest
 
 from common import metrics
 from common import records as r
@@ -40,3 +43,16 @@ async def test_metrics_endpoint_exports_bus_counters(nats_url: str, run_name: st
 
 async def test_metrics_disabled_with_minus_one() -> None:
     assert await metrics.start_metrics_server(-1) is None
+
+
+def test_every_metric_is_in_one_namespace() -> None:
+    """A metric outside ``hrl_*`` is refused when created; the engine's (once
+    ``harnessrl_engine_*``) are inside it like every other process's."""
+    for mod in ("proxy.engine.cache", "proxy.engine.scheduler"):  # register their metrics
+        importlib.import_module(mod)
+
+    with pytest.raises(ValueError, match="outside the hrl_"):
+        metrics.counter("harnessrl_engine_x_total", "x")
+    names = [n for n in metrics._metrics if n.startswith("hrl_engine_")]
+    assert "hrl_engine_generated_tokens_total" in names
+    assert all(n.startswith(metrics.NAMESPACE) for n in metrics._metrics)

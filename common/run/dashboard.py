@@ -312,7 +312,7 @@ class Monitor:
         )
         self.copy_learner_lines()
         now = time.monotonic()
-        gen = total(self._scraped("engine"), "harnessrl_engine_generated_tokens_total")
+        gen = total(self._scraped("engine"), "hrl_engine_generated_tokens_total")
         trained = total(self._scraped("learner"), "hrl_learner_trained_rollouts_total")
         self._rate_hist.append((now, gen, trained))
         while self._rate_hist and now - self._rate_hist[0][0] > RATE_WINDOW_S:

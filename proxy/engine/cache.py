@@ -31,7 +31,7 @@ from common import metrics as m
 _MIN_CAP = 256  # smallest KV capacity per slot, tokens
 _SHRINK_BYTES = 64 << 20  # a KV pool smaller than this keeps its memory
 
-M_CACHE_BYTES = m.gauge("harnessrl_engine_prefix_cache_bytes", "Bytes held by the prefix cache.")
+M_CACHE_BYTES = m.gauge("hrl_engine_prefix_cache_bytes", "Bytes held by the prefix cache.")
 
 
 # ---------------------------------------------------------------------------------------------

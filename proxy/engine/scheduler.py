@@ -61,23 +61,21 @@ _DEFER_MIN_SHARED = 64  # tokens a waiting prompt must share with a running pref
 # Metrics (process-wide; several engines in one process share them)
 # ---------------------------------------------------------------------------------------------
 
-M_REQUESTS = m.counter(
-    "harnessrl_engine_requests_total", "Finished /generate requests.", ("finish",)
-)
-M_PROMPT = m.counter("harnessrl_engine_prompt_tokens_total", "Prompt tokens of finished requests.")
-M_GENERATED = m.counter("harnessrl_engine_generated_tokens_total", "Tokens sampled.")
-M_PREFILLED = m.counter("harnessrl_engine_prefill_tokens_total", "Prompt tokens computed.")
-M_CACHED = m.counter("harnessrl_engine_cached_tokens_total", "Prompt tokens reused from cache.")
+M_REQUESTS = m.counter("hrl_engine_requests_total", "Finished /generate requests.", ("finish",))
+M_PROMPT = m.counter("hrl_engine_prompt_tokens_total", "Prompt tokens of finished requests.")
+M_GENERATED = m.counter("hrl_engine_generated_tokens_total", "Tokens sampled.")
+M_PREFILLED = m.counter("hrl_engine_prefill_tokens_total", "Prompt tokens computed.")
+M_CACHED = m.counter("hrl_engine_cached_tokens_total", "Prompt tokens reused from cache.")
 M_CACHE_LOOKUPS = m.counter(
-    "harnessrl_engine_prefix_cache_lookups_total", "Prefix cache lookups.", ("result",)
+    "hrl_engine_prefix_cache_lookups_total", "Prefix cache lookups.", ("result",)
 )
-M_BATCH = m.gauge("harnessrl_engine_batch_size", "Requests decoded in the last step.")
-M_RUNNING = m.gauge("harnessrl_engine_running_requests", "Requests holding a slot.")
-M_QUEUE = m.gauge("harnessrl_engine_queue_depth", "Requests waiting for a slot.")
-M_TPS = m.gauge("harnessrl_engine_tokens_per_second", "Tokens sampled per second (last 10 s).")
-M_STEP = m.histogram("harnessrl_engine_step_seconds", "Duration of one scheduler step.")
-M_VERSION = m.gauge("harnessrl_engine_weight_version", "Numeric weight version (-1 if not).")
-M_UPDATES = m.counter("harnessrl_engine_weight_updates_total", "Weight updates.", ("source",))
+M_BATCH = m.gauge("hrl_engine_batch_size", "Requests decoded in the last step.")
+M_RUNNING = m.gauge("hrl_engine_running_requests", "Requests holding a slot.")
+M_QUEUE = m.gauge("hrl_engine_queue_depth", "Requests waiting for a slot.")
+M_TPS = m.gauge("hrl_engine_tokens_per_second", "Tokens sampled per second (last 10 s).")
+M_STEP = m.histogram("hrl_engine_step_seconds", "Duration of one scheduler step.")
+M_VERSION = m.gauge("hrl_engine_weight_version", "Numeric weight version (-1 if not).")
+M_UPDATES = m.counter("hrl_engine_weight_updates_total", "Weight updates.", ("source",))
 
 
 # ---------------------------------------------------------------------------------------------
