@@ -37,14 +37,14 @@ async def serve(cfg: ActorConfig, stop: asyncio.Event | None = None) -> int:
     from actors.rollout import RolloutDeps, default_actor_name
     from actors.service import ActorService
     from common import metrics
-    from common.bus import connect
+    from common.bus import connect_service
 
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     name = cfg.name or default_actor_name()
-    bus = await connect(cfg.nats, cfg.run, name=f"actor-{name}")
+    bus = await connect_service(cfg, f"actor {name}")
     served = await metrics.start_metrics_server(cfg.metrics_port)
     try:
         async with RolloutDeps.open(cfg, bus, actor=name) as deps:

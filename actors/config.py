@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from actors.verifier import JudgeConfig
-from common.config import ServiceConfig
+from common.config import NatsClientSettings, ServiceConfig
 from common.records import check_token
 from proxy.proxy_config import ProxySettings
 
@@ -157,8 +157,9 @@ class ActorConfig(RolloutSettings, ServiceConfig):
         return self.heartbeat_s or self.ack_wait_s / 3
 
 
-class RolloutConfig(RolloutSettings):
-    """``harnessrl rollout``: one rollout by hand, with the actor's settings."""
+class RolloutConfig(RolloutSettings, NatsClientSettings):
+    """``harnessrl rollout``: one rollout by hand, with the actor's settings (with ``nats``, the
+    admin credential: it publishes calls and reads them back)."""
 
     nats: str = ""
     """NATS server URL; empty starts an embedded nats-server in a temp dir for this command."""

@@ -32,13 +32,13 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from actors.config import RolloutSettings
-from common.config import HrlModel
+from common.config import NatsClientSettings
 
 TEACHER = "teacher"
 """Policy name of the scripted toy teacher."""
 
 
-class EvalConfig(HrlModel):
+class EvalConfig(NatsClientSettings):
     """``harnessrl eval``: a fixed task pool, several policies and harnesses, no training."""
 
     policies: list[str] = ["tiny"]
@@ -244,7 +244,13 @@ async def evaluate(cfg: EvalConfig, urls: list[str], *, progress: Any = None) ->
 
     tasks = task_pool(cfg.suites, cfg.limit)
     run = "eval" + secrets.token_hex(4)
-    bus = await connect(cfg.nats or f"memory://{run}", run, name="harnessrl-eval")
+    bus = await connect(
+        cfg.nats or f"memory://{run}",
+        run,
+        name="harnessrl eval",
+        creds=cfg.nats_creds,
+        ca=cfg.nats_ca,
+    )
     results: list[dict[str, Any]] = []
     done = [0]
     total = len(cfg.policies) * len(tasks) * len(cfg.harnesses) * cfg.n

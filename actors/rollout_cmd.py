@@ -195,7 +195,9 @@ async def rollout(cfg: RolloutConfig, args: argparse.Namespace) -> dict[str, Any
         if not url:
             store = stack.enter_context(tempfile.TemporaryDirectory(prefix="hrl-rollout-nats-"))
             url = stack.enter_context(NatsServer(store)).url
-        bus = await connect(url, cfg.run, name="harnessrl-rollout")
+        bus = await connect(
+            url, cfg.run, name="harnessrl rollout", creds=cfg.nats_creds, ca=cfg.nats_ca
+        )
         try:
             watch = None
             if not getattr(args, "quiet", False):

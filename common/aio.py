@@ -9,6 +9,12 @@ from collections.abc import Coroutine
 from typing import Any
 
 
+class StartupError(RuntimeError):
+    """A process cannot start for a reason its user must fix (credentials the server refuses,
+    an unreadable key file): ``harnessrl`` prints it as one line naming the command, without a
+    traceback, and exits 1."""
+
+
 def run(coro: Coroutine[Any, Any, Any]) -> Any:
     """Run ``coro`` on uvloop when it is installed, else on the default asyncio loop."""
     try:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from common import metrics
+from common.aio import StartupError
 from common.records import (
     DeadLetter,
     Record,
@@ -142,6 +143,16 @@ class BusError(RuntimeError):
 
 class PayloadTooLarge(BusError):
     """A record exceeds the server's max_payload: the caller must split it."""
+
+
+class PermissionDenied(BusError):
+    """The server's permissions refuse this credential the publish or JetStream call (see
+    ``common.natsauth`` for what each role may do)."""
+
+
+class BusConnectError(BusError, StartupError):
+    """The server refused this process (credentials, TLS) or its credential files cannot be
+    read: a one-line error naming the process and the URL, never retried."""
 
 
 M_PUBLISHED = metrics.counter("hrl_bus_published_total", "Records published", ("stream",))
@@ -392,7 +403,8 @@ class Bus(ABC):
 
 
 async def connect(url: str, run: str, *, create_streams: bool = True, **kw: Any) -> Bus:
-    """Connect to a bus: ``memory://`` for the in-process twin, otherwise a NATS URL."""
+    """Connect to a bus: ``memory://`` for the in-process twin, otherwise a NATS URL (``kw``:
+    ``JetStreamBus.connect``'s options, e.g. ``name``, ``creds``, ``ca``)."""
     if url.startswith("memory://"):
         bus: Bus = MemoryBus(run, MemoryBroker.named(url))
     else:
@@ -402,6 +414,20 @@ async def connect(url: str, run: str, *, create_streams: bool = True, **kw: Any)
     if create_streams:
         await bus.ensure_streams()
     return bus
+
+
+async def connect_service(cfg: Any, name: str, *, create_streams: bool = True) -> Bus:
+    """`connect` with a service config's NATS fields (``nats``, ``run``, ``nats_creds``,
+    ``nats_ca``: ``common.config.NatsClientSettings``); ``name`` names the process in the
+    server's connection list and in a refused connection's error."""
+    return await connect(
+        cfg.nats,
+        cfg.run,
+        create_streams=create_streams,
+        name=name,
+        creds=cfg.nats_creds,
+        ca=cfg.nats_ca,
+    )
 
 
 # ---------------------------------------------------------------------------------------------

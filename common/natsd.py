@@ -4,6 +4,12 @@ The server is a child process tracked by PID. It is started with a config file (
 has no command-line flag) and ``--ports_file_dir`` so port 0 yields a free port we can read
 back. ``NatsServer`` is synchronous on purpose: fixtures, the supervisor and ``harnessrl nats``
 all use it outside or before an event loop.
+
+With ``auth`` (a ``common.natsauth.ServerAuth``) the server refuses clients without one of the
+role credentials, enforces each role's permissions, and serves TLS when the auth carries a
+certificate; its config file then holds the passwords and is written 0600. Without ``auth`` the
+server is open: for private loopback servers (tests, ``harnessrl rollout``) and
+``harnessrl nats --insecure``.
 """
 
 from __future__ import annotations
@@ -17,8 +23,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from common.files import atomic_write
 from common.procs import popen_child
+
+if TYPE_CHECKING:
+    from common.natsauth import ServerAuth
 
 
 class NatsServerError(RuntimeError):
@@ -54,8 +65,10 @@ class NatsServer:
         port: int = 0,
         max_payload_mb: int = 8,
         binary: str = "",
+        auth: ServerAuth | None = None,
     ) -> None:
         self.store_dir = Path(store_dir).resolve()
+        self.auth = auth
         self.host = host
         self.port = port
         self.max_payload_mb = max_payload_mb
@@ -65,7 +78,20 @@ class NatsServer:
 
     @property
     def url(self) -> str:
-        return f"nats://{self.host}:{self.port}"
+        """``tls://`` when the server requires TLS, else ``nats://``; a wildcard listen address
+        is reached on loopback."""
+        scheme = "tls" if self.auth is not None and self.auth.tls_cert is not None else "nats"
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return f"{scheme}://{host}:{self.port}"
+
+    def creds(self, role: str) -> str:
+        """Credential file of ``role`` ("" for an open server)."""
+        return str(self.auth.creds(role)) if self.auth is not None else ""
+
+    @property
+    def ca(self) -> str:
+        """CA file that verifies this server's certificate ("" without TLS or a generated CA)."""
+        return str(self.auth.ca) if self.auth is not None and self.auth.ca else ""
 
     @property
     def pid(self) -> int | None:
@@ -73,11 +99,14 @@ class NatsServer:
 
     def _write_conf(self) -> Path:
         conf = self.store_dir / "nats-server.conf"
-        conf.write_text(
+        text = (
             f"max_payload: {self.max_payload_mb * 1024 * 1024}\n"
             "max_pending: 268435456\n"
             f"jetstream {{\n  store_dir: {json.dumps(str(self.store_dir / 'js'))}\n}}\n"
         )
+        if self.auth is not None:
+            text += self.auth.conf_block()
+        atomic_write(conf, text, mode=0o600)
         return conf
 
     def start(self, timeout: float = 15.0) -> NatsServer:

@@ -27,10 +27,10 @@ async def serve(cfg: AssemblerConfig) -> int:
     """Connect, serve ``/metrics``, run the loop; a signal cancels it (in-flight work is simply
     redelivered later: nothing is acked before its sample is stored)."""
     from common import metrics
-    from common.bus import connect
+    from common.bus import connect_service
     from learner.assembler import Assembler
 
-    bus = await connect(cfg.nats, cfg.run)
+    bus = await connect_service(cfg, "assembler")
     served = await metrics.start_metrics_server(cfg.metrics_port)
     if served:
         print(f"assembler: metrics on :{served[1]}/metrics", file=sys.stderr, flush=True)

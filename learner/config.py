@@ -99,6 +99,9 @@ class BroadcastConfig(HrlModel):
     mixes old and new buckets."""
     timeout_s: float = Field(300.0, gt=0, le=86_400)
     """``distributed``: timeout of joining the group and of each broadcast."""
+    engine_api_key_file: str = ""
+    """``distributed``: file holding the engines' API key (``Authorization: Bearer KEY``);
+    empty: none."""
 
 
 def _learner_config() -> type:

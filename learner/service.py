@@ -515,10 +515,10 @@ async def serve(cfg: Any, bus: Bus | None = None) -> int:
     """Connect, serve ``/metrics``, run the learner until a signal or ``max_steps``."""
     import signal
 
-    from common.bus import connect
+    from common.bus import connect_service
 
     own_bus = bus is None
-    bus = bus or await connect(cfg.nats, cfg.run)
+    bus = bus or await connect_service(cfg, "learner")
     served = await metrics.start_metrics_server(cfg.metrics_port)
     learner = Learner(cfg, bus)
     loop = asyncio.get_running_loop()

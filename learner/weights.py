@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 from common import metrics
 from common.bus import Bus
+from common.files import read_secret
 from common.layout import weights_folder
 from common.records import WeightChunk, WeightsReady, encode
 from common.weights import (
@@ -236,8 +237,10 @@ class DistributedPublisher(_Base):
         timeout_s: float = 300.0,
         group_name: str = "",
         dtype: str = "float32",
+        api_key: str = "",
     ) -> None:
         super().__init__(bus, dtype=dtype, keep=1)
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         if not engines:
             raise ValueError("the distributed transport needs at least one engine URL")
         self.engines = [u.rstrip("/") for u in engines]
@@ -255,7 +258,7 @@ class DistributedPublisher(_Base):
 
         if self.session is None:
             self.session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s)
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s), headers=self.headers
             )
         self.sender = WeightSender(
             world_size=1 + len(self.engines),
@@ -379,5 +382,8 @@ def make_publisher(
             pause=cfg.pause,
             timeout_s=cfg.timeout_s,
             dtype=dtype,
+            api_key=read_secret(cfg.engine_api_key_file, "engine API key file")
+            if cfg.engine_api_key_file
+            else "",
         )
     return None

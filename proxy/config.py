@@ -55,6 +55,13 @@ class EngineConfig(HrlModel):
     """Timeout of the distributed weight-update group (joining it and each broadcast)."""
     suites: list[str] = ["toy"]
     """``kind = "teacher"``: the task suites whose tasks the teacher knows (repeat the flag)."""
+    api_key_file: str = ""
+    """File holding the API key every request must carry as ``Authorization: Bearer KEY``
+    (SGLang's ``--api-key`` convention; generation, weight updates and groups, pause/continue/
+    abort, ``/flush_cache``...; only ``/health*`` and ``/metrics`` stay open); empty: no key."""
+    api_key: str = ""
+    """The API key itself (SGLang's ``--api-key``). Prefer ``api_key_file``: a key given here
+    is visible in process listings and in ``commands.sh``."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Logging level."""
 
@@ -83,3 +90,5 @@ class WeightSyncConfig(ServiceConfig):
     """HF model folder to load into the engine once, then exit; no NATS needed."""
     load_version: str = Field("0", min_length=1, max_length=128)
     """Weight version the engine reports after ``load``."""
+    engine_api_key_file: str = ""
+    """File holding the engine's API key (sent as ``Authorization: Bearer KEY``); empty: none."""

@@ -20,11 +20,11 @@ log = logging.getLogger("harnessrl.proxy")
 
 async def serve(cfg: ProxyConfig) -> int:
     from common import metrics
-    from common.bus import connect
+    from common.bus import connect_service
     from proxy.server import ProxyServer
     from proxy.stack import open_proxy_stack
 
-    bus = await connect(cfg.nats, cfg.run)
+    bus = await connect_service(cfg, "proxy")
     served = None
     code = 0
     try:

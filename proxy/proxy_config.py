@@ -48,6 +48,9 @@ class ProxySettings(SamplingSettings):
     prompts and tools by it."""
     max_context: int = Field(0, ge=0, le=10_000_000)
     """Context window in tokens; 0 asks the engine (``/get_model_info``)."""
+    engine_api_key_file: str = ""
+    """File holding the engines' API key (sent as ``Authorization: Bearer KEY`` on every
+    engine call; SGLang's ``--api-key``); empty: none. Never enters a sandbox."""
 
     def output_limit(self) -> int:
         """``max_new_tokens``, or when 0 the model's own limit (else `DEFAULT_MAX_NEW_TOKENS`)."""

@@ -47,6 +47,8 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
+from proxy.engine.auth import api_key_middleware
+
 __all__ = ["Reply", "ScriptedEngine", "main"]
 
 
@@ -111,6 +113,7 @@ class ScriptedEngine:
         weight_version: int = 0,
         model_path: str = "scripted",
         eos_ids: Sequence[int] | None = None,
+        api_key: str = "",
     ) -> None:
         if isinstance(tokenizer, str | Path):
             from common.models import load_tokenizer
@@ -128,6 +131,9 @@ class ScriptedEngine:
 
             eos_ids = eos_token_ids(tokenizer)
         self.eos_ids = list(eos_ids or [])
+        self.api_key = api_key
+        """With a key, requests without ``Authorization: Bearer KEY`` get 401 (``/health``
+        excepted), as with SGLang's ``--api-key``."""
         self.healthy = True
         self.paused = False
         self._resumed = asyncio.Event()
@@ -159,8 +165,9 @@ class ScriptedEngine:
         return await handler(request)
 
     def app(self) -> web.Application:
+        guard = [api_key_middleware(self.api_key)] if self.api_key else []
         app = web.Application(
-            client_max_size=256 * 1024 * 1024, middlewares=[self._inject_failures]
+            client_max_size=256 * 1024 * 1024, middlewares=[*guard, self._inject_failures]
         )
         app.router.add_post("/generate", self._generate)
         app.router.add_get("/health", self._health)

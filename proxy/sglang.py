@@ -201,8 +201,9 @@ class EngineClient:
     """Async client of one engine speaking SGLang's native API.
 
     ``timeout`` bounds one ``generate`` (long: an agent turn may sample thousands of tokens);
-    ``control_timeout`` bounds every other call. Use as ``async with EngineClient(url) as c``
-    or call ``close()``.
+    ``control_timeout`` bounds every other call. ``api_key`` (SGLang's ``--api-key``) goes
+    out as ``Authorization: Bearer KEY`` on every call. Use as
+    ``async with EngineClient(url) as c`` or call ``close()``.
     """
 
     def __init__(
@@ -215,8 +216,10 @@ class EngineClient:
         retries: int = 3,
         retry_backoff: float = 0.2,
         max_connections: int = 1024,
+        api_key: str = "",
     ) -> None:
         self.url = url.rstrip("/")
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.control_timeout = control_timeout
@@ -237,6 +240,7 @@ class EngineClient:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self.max_connections),
                 timeout=aiohttp.ClientTimeout(total=None),
+                headers=self.headers,
             )
         return self._session
 
@@ -289,6 +293,9 @@ class EngineClient:
             )
         if status == 404:
             msg = f"{msg} (is {self.url} an SGLang-compatible engine?)"
+        if status == 401:
+            sent = "refused the API key sent" if self.headers else "requires an API key"
+            msg = f"{msg}: the engine {sent} (engine_api_key_file)"
         raise EngineError(f"{where}: HTTP {status}: {msg}", url=self.url, status=status)
 
     async def _idempotent(

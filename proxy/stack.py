@@ -39,6 +39,7 @@ from typing import Any
 from common.bus import Bus
 from common.records import SamplingParams
 from proxy.calls import ModelCaller
+from proxy.engine.auth import load_api_key
 from proxy.labels import DEFAULT_RULES, LabelRules
 from proxy.parsers import get_parser
 from proxy.proxy_config import ProxySettings
@@ -233,7 +234,10 @@ async def open_proxy_stack(
     ``record_buffer`` and ``health_interval_s`` are the recorder's capacity and the router's
     health-check period."""
     async with contextlib.AsyncExitStack() as stack:
-        router = TrackingRouter(settings.engines, health_interval=health_interval_s)
+        key = load_api_key(key_file=settings.engine_api_key_file)
+        router = TrackingRouter(
+            settings.engines, health_interval=health_interval_s, client_kw={"api_key": key}
+        )
         await router.start()
         stack.push_async_callback(router.close)
         max_context = settings.max_context or await engine_context(router)

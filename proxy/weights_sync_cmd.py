@@ -47,9 +47,10 @@ async def _wait_healthy(client: Any, cfg: WeightSyncConfig, stop: asyncio.Event)
 
 async def load(cfg: WeightSyncConfig) -> int:
     """Load ``cfg.load`` into the engine as ``cfg.load_version``, once."""
+    from proxy.engine.auth import load_api_key
     from proxy.sglang import EngineClient, EngineError
 
-    client = EngineClient(cfg.engine)
+    client = EngineClient(cfg.engine, api_key=load_api_key(key_file=cfg.engine_api_key_file))
     try:
         if not await _wait_healthy(client, cfg, asyncio.Event()):
             print(
@@ -80,12 +81,14 @@ async def load(cfg: WeightSyncConfig) -> int:
 
 async def serve(cfg: WeightSyncConfig) -> int:
     from common import metrics
-    from common.bus import connect
+    from common.bus import connect_service
+    from proxy.engine.auth import load_api_key
     from proxy.sglang import EngineClient
     from proxy.weights_sync import WeightUpdater, durable_name, engine_apply
 
-    bus = await connect(cfg.nats, cfg.run)
-    client = EngineClient(cfg.engine)
+    key = load_api_key(key_file=cfg.engine_api_key_file)
+    bus = await connect_service(cfg, f"weights-sync {cfg.name or cfg.engine}")
+    client = EngineClient(cfg.engine, api_key=key)
     served = await metrics.start_metrics_server(cfg.metrics_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -114,7 +114,7 @@ def test_cli_rejects_bad_flag_value_naming_it() -> None:
 
 def test_nats_command_serves_until_sigterm_and_leaves_nothing(tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        [*HRL, "nats", "--port", "0", "--store-dir", str(tmp_path / "store")],
+        [*HRL, "nats", "--port", "0", "--store-dir", str(tmp_path / "store"), "--insecure"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

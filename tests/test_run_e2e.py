@@ -163,6 +163,55 @@ def test_run_trains_broadcasts_and_cleans_up(tmp_path: Path) -> None:
     assert summary["leftover_pids"] == []
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_run_with_credentials_tls_and_engine_key(tmp_path: Path) -> None:
+    """One step of a run whose bus requires per-role credentials and TLS and whose engine
+    requires its API key (the defaults): it trains and broadcasts, no process was refused
+    anything (the role permissions cover a real run), and no secret is on a command line."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap not installed")
+    sandboxes = tmp_path / "sandboxes"
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(RUN_FILE.format(steps=1, sandboxes=sandboxes))
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "common.cli", "run", str(run_file), "--out", str(out)]
+        + ["--actors", "1", "--drain-timeout-s", "30"],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    lines = read_lines(out / "metrics.jsonl")
+    summary = [ln for ln in lines if ln.get("event") == "summary"][-1]
+    assert summary["outcome"] == "done" and summary["version"] == 1, summary
+    assert summary["samples_trained"] > 0
+    assert summary["engine_versions"] == {"engine-0": "1"}  # updater and monitor sent the key
+
+    commands = (out / "commands.sh").read_text()
+    assert "tls://" in commands and "--nats-creds" in commands and "--nats-ca" in commands
+    assert "--api-key-file" in commands and "--insecure" not in commands
+    auth = out / "auth"
+    assert auth.stat().st_mode & 0o077 == 0
+    secrets = [(auth / "engine-api-key").read_text().strip()]
+    for cred in sorted((auth / "nats").glob("*.cred")):
+        assert cred.stat().st_mode & 0o777 == 0o600, cred
+        secrets.append(cred.read_text().strip().split(":", 1)[1])
+    assert len(secrets) == 7
+    for secret in secrets:
+        assert secret not in commands
+        for resolved in (out / "resolved").glob("*.toml"):
+            assert secret not in resolved.read_text(), resolved
+    for role in ("actor", "assembler", "learner", "weights_sync"):
+        assert f"auth/nats/{role}.cred" in commands
+    for log in [*(out / "logs").glob("*.log"), out / "nats" / "nats-server.log"]:
+        text = log.read_text().lower()
+        assert "permission" not in text and "authorization violation" not in text, log.name
+        assert "traceback" not in text, log.name
+
+
 # ---------------------------------------------------------------------------------------------
 # the pieces of the run's bookkeeping (no processes)
 # ---------------------------------------------------------------------------------------------
@@ -258,3 +307,51 @@ def test_run_file_errors_name_the_problem(tmp_path: Path) -> None:
         bad.write_text(text)
         with pytest.raises(ConfigError, match=re.escape(expected)):
             resolve(argparse.Namespace(run_file=str(bad), config=None))
+
+
+def _argv_pairs(argv: list[str]) -> dict[str, str]:
+    return {a: b for a, b in zip(argv, argv[1:], strict=False) if a.startswith("--")}
+
+
+def test_plan_gives_each_role_its_own_credential_and_no_secret(tmp_path: Path) -> None:
+    """Embedded defaults: TLS URL, the server made for this run, each child its own role's
+    credential file, the CA and the engine key file; ``nats_insecure`` drops them all; an
+    external server's credentials come from ``nats_auth_dir``."""
+    from common.run.plan import SECTIONS, Paths, Plan
+
+    sections = {s: {} for s in SECTIONS}
+    plan = Plan(RunConfig(name="p1"), sections, Paths(tmp_path / "a"))
+    auth = plan.paths.nats_auth
+    assert plan.nats_url.startswith("tls://127.0.0.1:")
+    nats = _argv_pairs(plan.nats_argv())
+    assert nats["--runs"] == "p1" and nats["--auth-dir"] == str(auth)
+    assert "--insecure" not in plan.nats_argv()
+    for role, argv in [
+        ("actor", plan.actor_argv(0)),
+        ("assembler", plan.assembler_argv()),
+        ("learner", plan.learner_argv()),
+        ("weights_sync", plan.weights_sync_argv("engine-0")),
+    ]:
+        flags = _argv_pairs(argv)
+        assert flags["--nats-creds"] == str(auth / f"{role}.cred"), role
+        assert flags["--nats-ca"] == str(auth / "tls" / "ca.pem"), role
+    key = str(plan.paths.engine_key)
+    assert _argv_pairs(plan.engine_argv("engine-0"))["--api-key-file"] == key
+    assert _argv_pairs(plan.actor_argv(0))["--engine-api-key-file"] == key
+    assert _argv_pairs(plan.learner_argv())["--broadcast.engine-api-key-file"] == key
+
+    open_plan = Plan(RunConfig(name="p2", nats_insecure=True), sections, Paths(tmp_path / "b"))
+    assert open_plan.nats_url.startswith("nats://") and "--insecure" in open_plan.nats_argv()
+    assert "--nats-creds" not in open_plan.actor_argv(0)
+
+    ext_auth = tmp_path / "ext"
+    (ext_auth / "tls").mkdir(parents=True)
+    (ext_auth / "tls" / "ca.pem").write_text("x")
+    cfg = RunConfig(name="p3", nats="tls://nats.example:4222", nats_auth_dir=str(ext_auth))
+    ext = Plan(cfg, sections, Paths(tmp_path / "c"))
+    flags = _argv_pairs(ext.assembler_argv())
+    assert flags["--nats"] == "tls://nats.example:4222"
+    assert flags["--nats-creds"] == str(ext_auth / "assembler.cred")
+    assert flags["--nats-ca"] == str(ext_auth / "tls" / "ca.pem")
+    assert ext.nats_creds("admin") == str(ext_auth / "admin.cred")
+    assert ext.specs()["nats"] == []

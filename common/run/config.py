@@ -67,11 +67,28 @@ class RunConfig(HrlModel):
     nats: str = ""
     """URL of an existing NATS server; empty starts an embedded nats-server in
     ``<out>/nats``."""
+    nats_insecure: bool = False
+    """The embedded nats-server without credentials or TLS (``harnessrl nats --insecure``): any
+    process that reaches its port may publish samples and weights or delete streams."""
+    nats_tls: bool = True
+    """The embedded nats-server serves TLS (a CA and certificate made in ``<out>/auth/nats``)."""
+    nats_auth_dir: str = ""
+    """With an existing ``nats``: the folder of its credentials as ``harnessrl nats`` writes
+    them (``<role>.cred`` per role; the supervisor uses ``admin.cred``, each process its own
+    role's file); empty: connect without credentials. The embedded server's are made in
+    ``<out>/auth/nats``."""
+    nats_ca: str = ""
+    """With an existing ``nats``: CA file of its TLS certificate; empty: ``tls/ca.pem`` of
+    ``nats_auth_dir`` when it exists (else plain TCP, or system CAs for a ``tls://`` URL)."""
     engines: list[str] = []
     """URLs of existing engines (SGLang or ``harnessrl engine``; ``--engine URL``, repeat for
     several); empty starts ``num_engines`` embedded engines."""
     num_engines: int = Field(1, ge=1, le=64)
     """Embedded engines to start (when ``engines`` is empty)."""
+    engine_api_key_file: str = ""
+    """File holding the engines' API key (sent by actors, updaters, the learner and the
+    supervisor as ``Authorization: Bearer KEY``): with ``engines``, theirs (empty: none);
+    with embedded engines, empty makes one in ``<out>/auth/engine-api-key`` (0600)."""
     engine_kind: Literal["embedded", "teacher"] = "embedded"
     """What the embedded engines are: ``harnessrl engine`` (the ``[engine]`` table), or the
     scripted toy teacher (``harnessrl engine --kind teacher``; cold-start SFT data)."""

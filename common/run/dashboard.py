@@ -209,12 +209,14 @@ class Monitor:
         steps: int,
         learner_metrics: Path | None = None,
         engines: dict[str, str] | None = None,
+        engine_api_key_file: str = "",
     ) -> None:
         self.run_name = run_name
         self.run_dir = Path(run_dir)
         self.steps = steps
         self.learner_metrics = learner_metrics
         self.engines = dict(engines or {})
+        self.engine_api_key_file = engine_api_key_file
         self.targets: dict[str, Target] = {}
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.t0 = time.monotonic()
@@ -245,11 +247,14 @@ class Monitor:
     def add_target(self, name: str, role: str, url: str) -> None:
         self.targets[name] = Target(name, role, url)
 
-    async def connect(self, nats_url: str) -> None:
-        """Connect to the bus and start following every RolloutResult of the run."""
+    async def connect(self, nats_url: str, *, creds: str = "", ca: str = "") -> None:
+        """Connect to the bus (``creds``/``ca``: file paths, the admin's) and start following
+        every RolloutResult of the run."""
         from common.bus import connect
 
-        self.bus = await connect(nats_url, self.run_name, name="harnessrl-run-monitor")
+        self.bus = await connect(
+            nats_url, self.run_name, name="harnessrl run (monitor)", creds=creds, ca=ca
+        )
         with contextlib.suppress(Exception):
             await self._follow_results()
 
@@ -331,7 +336,14 @@ class Monitor:
 
     async def _engine_version(self, name: str, url: str) -> None:
         try:
-            async with self._session.get(url.rstrip("/") + "/get_weight_version") as resp:
+            headers = {}
+            if self.engine_api_key_file:
+                from common.files import read_secret
+
+                key = read_secret(self.engine_api_key_file, "engine API key file")
+                headers["Authorization"] = f"Bearer {key}"
+            version_url = url.rstrip("/") + "/get_weight_version"
+            async with self._session.get(version_url, headers=headers) as resp:
                 body = await resp.json(content_type=None)
             self.engine_versions[name] = str(body.get("weight_version"))
         except Exception:

@@ -90,10 +90,17 @@ class DemoConfig(HrlModel):
     """Start from random weights: a cold-start SFT phase on live teacher trajectories first
     (``model`` then defaults to ``tiny-1m``); slow on 2 cores, see the module docstring."""
     nats: str = ""
-    """An existing NATS server; empty: each phase starts its own."""
+    """An existing NATS server; empty: each phase starts its own (with credentials and TLS
+    made in the phase's run folder)."""
+    nats_auth_dir: str = ""
+    """With ``nats``: the folder of its role credentials (``harnessrl run --nats-auth-dir``)."""
+    nats_ca: str = ""
+    """With ``nats``: the CA file of its TLS certificate (``harnessrl run --nats-ca``)."""
     engines: list[str] = []
     """Existing engines for the RL phase (``--engine``, repeat; loaded with the SFT weights by
     ``harnessrl weights-sync --load`` first); empty: an embedded engine."""
+    engine_api_key_file: str = ""
+    """With ``engines``: file holding their API key; empty: none."""
     actors: int = Field(2, ge=1, le=64)
     """Actor processes per phase."""
     concurrency: int = Field(8, ge=1, le=256)
@@ -218,6 +225,9 @@ def _run(cfg: DemoConfig, name: str, steps: int, minutes: float, **kw: Any) -> d
     }
     if cfg.nats:
         table["nats"] = cfg.nats
+        for key in ("nats_auth_dir", "nats_ca"):
+            if getattr(cfg, key):
+                table[key] = getattr(cfg, key)
     return table
 
 
@@ -291,6 +301,8 @@ def rl_run_file(cfg: DemoConfig, name: str, policy: Path, suite: str = "toy") ->
     run = _run(cfg, name, cfg.steps, cfg.rl_minutes)
     if cfg.engines:
         run["engines"] = cfg.engines
+        if cfg.engine_api_key_file:
+            run["engine_api_key_file"] = cfg.engine_api_key_file
     return typed_tables(
         {
             "run": run,
@@ -328,13 +340,15 @@ def final_weights(run_dir: Path, version: int) -> Path:
     return path
 
 
-def load_into_engines(urls: list[str], policy: Path) -> None:
+def load_into_engines(urls: list[str], policy: Path, key_file: str = "") -> None:
     """Make external engines serve ``policy`` as version 0 before the RL phase (one
-    ``harnessrl weights-sync --load`` child per engine)."""
+    ``harnessrl weights-sync --load`` child per engine; ``key_file``: their API key)."""
     from common.run.plan import command_prefix
 
     for url in urls:
         argv = [*command_prefix(sys.executable, "weights-sync"), "--engine", url]
+        if key_file:
+            argv += ["--engine-api-key-file", key_file]
         argv += ["--load", str(policy), "--load-version", "0"]
         res = subprocess.run(argv, capture_output=True, text=True)
         if res.returncode != 0:
@@ -412,7 +426,7 @@ class Demo:
 
                 sft_policy = resolve_model(cfg.model)
             if cfg.engines:
-                load_into_engines(cfg.engines, sft_policy)
+                load_into_engines(cfg.engines, sft_policy, cfg.engine_api_key_file)
             self.say(
                 f"phase {n - 1}/{n}: {cfg.algo.upper()} from {sft_policy} ({cfg.steps} steps, "
                 f"at most {cfg.rl_minutes:g} min)"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import shlex
 import sys
 import tomllib
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from common.config import ConfigError, load_config, overrides_from_args, toml_text
-from common.files import atomic_write, free_port
+from common.files import atomic_write, free_port, write_secret
 from common.layout import checkpoint_version, latest_weights
 from common.run.config import RunConfig
 
@@ -120,6 +121,9 @@ class Paths:
         self.checkpoints = r / "checkpoints"
         self.weights = r / "weights"
         self.nats = r / "nats"
+        self.auth = r / "auth"
+        self.nats_auth = self.auth / "nats"
+        self.engine_key = self.auth / "engine-api-key"
 
 
 @dataclass
@@ -138,7 +142,9 @@ class Plan:
     def __post_init__(self) -> None:
         c = self.cfg
         self.py = c.python or sys.executable
-        self.nats_url = c.nats or f"nats://{c.host}:{free_port(c.host)}"
+        scheme = "tls" if self.nats_auth_dir and c.nats_tls else "nats"
+        near = "127.0.0.1" if c.host in ("0.0.0.0", "::") else c.host  # what the cert names
+        self.nats_url = c.nats or f"{scheme}://{near}:{free_port(c.host)}"
         if c.engines:
             self.engines = {f"engine-{i}": u for i, u in enumerate(c.engines)}
         else:
@@ -153,6 +159,51 @@ class Plan:
     @property
     def embedded_engines(self) -> bool:
         return not self.cfg.engines
+
+    # -- trust: NATS credentials and the engines' API key (file paths only) ---------------
+
+    @property
+    def nats_auth_dir(self) -> Path | None:
+        """Folder of the role credentials (None: connect without)."""
+        if self.embedded_nats:
+            return None if self.cfg.nats_insecure else self.paths.nats_auth
+        return Path(self.cfg.nats_auth_dir).resolve() if self.cfg.nats_auth_dir else None
+
+    def nats_creds(self, role: str) -> str:
+        """Credential file of ``role`` ("" without credentials)."""
+        d = self.nats_auth_dir
+        return str(d / f"{role}.cred") if d is not None else ""
+
+    @property
+    def nats_ca(self) -> str:
+        """CA file of the server's TLS certificate ("" for none)."""
+        c, d = self.cfg, self.nats_auth_dir
+        if not self.embedded_nats and c.nats_ca:
+            return str(Path(c.nats_ca).resolve())
+        ca = d / "tls" / "ca.pem" if d is not None else None
+        if self.embedded_nats:
+            return str(ca) if ca is not None and c.nats_tls else ""
+        return str(ca) if ca is not None and ca.exists() else ""
+
+    def nats_flags(self, role: str) -> list[str]:
+        """``--nats-creds`` / ``--nats-ca`` of a process of ``role``."""
+        out = []
+        if creds := self.nats_creds(role):
+            out += ["--nats-creds", creds]
+        if self.nats_ca:
+            out += ["--nats-ca", self.nats_ca]
+        return out
+
+    @property
+    def engine_key_file(self) -> str:
+        """File of the engines' API key ("" for none)."""
+        if self.cfg.engine_api_key_file:
+            return str(Path(self.cfg.engine_api_key_file).resolve())
+        return str(self.paths.engine_key) if self.embedded_engines else ""
+
+    def engine_key_flags(self, flag: str = "--engine-api-key-file") -> list[str]:
+        key = self.engine_key_file
+        return [flag, key] if key else []
 
     @property
     def with_weights_sync(self) -> bool:
@@ -177,6 +228,7 @@ class Plan:
             str(self.paths.config),
             "--nats",
             self.nats_url,
+            *self.nats_flags(_role(name)),
             "--run",
             self.cfg.name,
             "--metrics-port",
@@ -187,14 +239,20 @@ class Plan:
 
     def nats_argv(self) -> list[str]:
         port = self.nats_url.rsplit(":", 1)[1]
-        return [*command_prefix(self.py, "nats")] + [
+        argv = [*command_prefix(self.py, "nats")] + [
             "--host",
             self.cfg.host,
             "--port",
             port,
             "--store-dir",
             str(self.paths.nats),
+            "--runs",
+            self.cfg.name,
         ]
+        if self.cfg.nats_insecure:
+            return [*argv, "--insecure"]
+        argv += ["--auth-dir", str(self.paths.nats_auth)]
+        return argv if self.cfg.nats_tls else [*argv, "--no-tls"]
 
     def engine_argv(self, name: str, restart: bool = False) -> list[str]:
         url = self.engines[name]
@@ -204,8 +262,10 @@ class Plan:
             for s in self.cfg.teacher_suites:
                 argv += ["--suites", s]
             argv += ["--model", str(self.sections["actor"].get("model", "tiny"))]
+            argv += self.engine_key_flags("--api-key-file")
             return [*argv, "--host", self.cfg.host, "--port", port]
         argv = [*command_prefix(self.py, "engine"), "--config", str(self.paths.engine_config)]
+        argv += self.engine_key_flags("--api-key-file")
         argv += ["--host", self.cfg.host, "--port", port]
         if restart or self.cfg.resume:
             argv += self._restart_weights(name)
@@ -237,6 +297,7 @@ class Plan:
             f"{self.cfg.name}-{engine}",
             "--work-dir",
             str(self.paths.weights / engine),
+            *self.engine_key_flags(),
         ]
 
     def assembler_argv(self) -> list[str]:
@@ -248,6 +309,7 @@ class Plan:
         argv = [*command_prefix(self.py, "learner"), *self.service_flags("learner")]
         argv += ["--run-dir", str(self.paths.learner)]
         argv += ["--checkpoint-dir", str(self.paths.checkpoints), "--max-steps", str(remaining)]
+        argv += self.engine_key_flags("--broadcast.engine-api-key-file")
         if done is not None:
             argv.append("--resume")
         return argv
@@ -257,7 +319,7 @@ class Plan:
         argv = [*command_prefix(self.py, "actor"), *self.service_flags(name)]
         for url in self.engines.values():
             argv += ["--engine", url]
-        return [*argv, "--name", f"{self.cfg.name}-a{i}"]
+        return [*argv, *self.engine_key_flags(), "--name", f"{self.cfg.name}-a{i}"]
 
     # -- children ---------------------------------------------------------------------------
 
@@ -371,6 +433,9 @@ def prepare_run_dir(cfg: RunConfig, sections: dict[str, dict[str, Any]]) -> Path
         print(f"harnessrl run: no checkpoint in {paths.checkpoints}; starting from the beginning")
     for d in (paths.run_dir, paths.logs, paths.resolved, paths.learner, paths.weights):
         d.mkdir(parents=True, exist_ok=True)
+    paths.auth.mkdir(mode=0o700, exist_ok=True)
+    if not cfg.engines and not cfg.engine_api_key_file and not paths.engine_key.exists():
+        write_secret(paths.engine_key, secrets.token_urlsafe(32))
     run_table = json.loads(cfg.model_dump_json())
     atomic_write(paths.config, toml_text({"run": run_table, **sections}))
     atomic_write(paths.engine_config, toml_text(sections["engine"]))

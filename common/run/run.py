@@ -29,6 +29,9 @@ Run folder::
     checkpoints/       learner checkpoints (``--resume`` continues from them)
     weights/ENGINE/    versions received by each engine's updater (restarted engines load them)
     nats/              the embedded nats-server's JetStream store
+    auth/              (0700) nats/ROLE.cred and nats/tls/ca.pem of the embedded server, and
+                       engine-api-key of the embedded engines (0600 each); every child gets
+                       the paths of what its role needs, never a secret on its command line
 
 Exit status: 0 when the learner reached ``steps``, 1 when a process's death stopped the run (the
 message names it and shows its last lines), 2 for a bad config, 130/143 after SIGINT/SIGTERM.
@@ -106,6 +109,7 @@ class Run:
             steps=cfg.steps,
             learner_metrics=self.paths.learner / "metrics.jsonl",
             engines=plan.engines,
+            engine_api_key_file=plan.engine_key_file,
         )
         self._plotting = False
         self.time_limited = False
@@ -228,14 +232,36 @@ class Run:
                 need = [s.name for s in specs]
             if not await self.wait_ready(need):
                 return False
+            if phase == "nats":
+                await self.ensure_streams()
         everyone = [s.name for specs in self.phases.values() for s in specs]
         if not await self.wait_ready(everyone):
             return False
         for name, role, url in self.plan.metrics_targets():
             self.monitor.add_target(name, role, url)
-        await self.monitor.connect(self.plan.nats_url)
+        await self.monitor.connect(
+            self.plan.nats_url, creds=self.plan.nats_creds("admin"), ca=self.plan.nats_ca
+        )
         self._event("every process is ready")
         return True
+
+    async def ensure_streams(self) -> None:
+        """Create the run's streams as the admin before any other process starts (no other
+        role may create them; the embedded server already did, with ``--runs``)."""
+        from common.bus import BusError, connect
+        from common.run.supervisor import ChildFailed
+
+        try:
+            bus = await connect(
+                self.plan.nats_url,
+                self.cfg.name,
+                name="harnessrl run (supervisor)",
+                creds=self.plan.nats_creds("admin"),
+                ca=self.plan.nats_ca,
+            )
+        except BusError as e:
+            raise ChildFailed(str(e)) from None
+        await bus.close()
 
     async def wait_ready(self, names: list[str]) -> bool:
         from common.run.supervisor import ChildFailed

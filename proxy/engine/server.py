@@ -17,6 +17,7 @@ from aiohttp import web
 
 from common import metrics as m
 from proxy.config import EngineConfig
+from proxy.engine.auth import api_key_middleware, load_api_key
 from proxy.engine.requests import BadRequest, EngineStopped, Overloaded, parse_generate
 from proxy.engine.scheduler import Engine, Request
 from proxy.engine.weights import _parse_dtype, _WeightGroup
@@ -109,6 +110,7 @@ class EngineServer:
 
     def __init__(self, cfg: EngineConfig):
         self.cfg = cfg
+        self.api_key = load_api_key(cfg.api_key, cfg.api_key_file)
         self.engine = Engine(cfg)
         self.ready = False
         self.url = ""
@@ -125,7 +127,8 @@ class EngineServer:
         await self.stop()
 
     async def start(self) -> EngineServer:
-        app = web.Application(middlewares=[_errors], client_max_size=256 << 20)
+        guard = [api_key_middleware(self.api_key)] if self.api_key else []
+        app = web.Application(middlewares=[*guard, _errors], client_max_size=256 << 20)
         get, post = app.router.add_get, app.router.add_post
         get("/health", self._health)
         get("/health_generate", self._health)
@@ -410,8 +413,8 @@ async def serve(cfg: EngineConfig, stop: asyncio.Event | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    srv = EngineServer(cfg)
     try:
+        srv = EngineServer(cfg)
         await srv.start()
     except (ValueError, OSError) as e:
         print(f"harnessrl engine: {e}", file=sys.stderr, flush=True)
@@ -419,7 +422,8 @@ async def serve(cfg: EngineConfig, stop: asyncio.Event | None = None) -> int:
     try:
         print(
             f"engine ready: {srv.url} (model {srv.engine.folder}, "
-            f"weight_version {srv.engine.version})",
+            f"weight_version {srv.engine.version}"
+            f"{', API key required' if srv.api_key else ''})",
             flush=True,
         )
         await stop.wait()

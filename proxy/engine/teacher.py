@@ -36,6 +36,8 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
+from proxy.engine.auth import load_api_key
+
 if TYPE_CHECKING:
     from proxy.config import EngineConfig
 
@@ -165,15 +167,26 @@ def _finish(summary: str) -> dict[str, Any]:
 
 
 def make_teacher_engine(
-    suites: list[str], tokenizer: str = "tiny", *, host: str = "127.0.0.1", port: int = 0
+    suites: list[str],
+    tokenizer: str = "tiny",
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    api_key: str = "",
 ) -> Any:
-    """A `ScriptedEngine` (not started) answering as the toy teacher."""
+    """A `ScriptedEngine` (not started) answering as the toy teacher (``api_key``: required
+    on every request but ``/health``)."""
     from common.models import load_tokenizer, resolve_model
     from proxy.scripted import ScriptedEngine
 
     tok = load_tokenizer(resolve_model(tokenizer))
     return ScriptedEngine(
-        tok, Teacher(tok, suites), host=host, port=port, model_path=f"teacher:{tokenizer}"
+        tok,
+        Teacher(tok, suites),
+        host=host,
+        port=port,
+        model_path=f"teacher:{tokenizer}",
+        api_key=api_key,
     )
 
 
@@ -186,7 +199,8 @@ async def serve_teacher(cfg: EngineConfig, stop: asyncio.Event | None = None) ->
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     try:
-        eng = make_teacher_engine(cfg.suites, cfg.model, host=cfg.host, port=cfg.port)
+        key = load_api_key(cfg.api_key, cfg.api_key_file)
+        eng = make_teacher_engine(cfg.suites, cfg.model, host=cfg.host, port=cfg.port, api_key=key)
         await eng.start()
     except (ValueError, KeyError, OSError) as e:
         print(f"harnessrl engine: {e}", file=sys.stderr, flush=True)

@@ -1,0 +1,448 @@
+"""Trust on the bus: per-role NATS credentials, server permissions, TLS, and the client side.
+
+``harnessrl nats`` (``common.natsd``) writes, into its auth folder (``<store>/auth`` by default):
+
+* ``<role>.cred`` (0600) for every role in `ROLES`: one line ``user:password``; the user is the
+  role's name. Existing files are reused, so a restarted server accepts the clients it had.
+* ``tls/`` : ``ca.pem`` (the self-signed CA clients verify the server with, public),
+  ``ca-key.pem`` (0600), ``server.pem`` / ``server-key.pem`` (0600), made on demand with the
+  ``cryptography`` package when installed, else the ``openssl`` command.
+
+Clients take *file paths* only (``nats_creds``, ``nats_ca`` in every config; never a secret on a
+command line, which ``harnessrl run`` writes to ``commands.sh``). A credential file is either
+that ``user:password`` line or a NATS ``.creds`` file (JWT + nkey seed) for operator-mode
+deployments. `client_options` turns the paths into ``nats.connect`` options; the inbox prefix
+is ``_INBOX.<user>``, so one role cannot subscribe to another role's replies and deliveries.
+
+Least privilege, enforced by the server (`role_permissions`; ``R`` is a run name the server
+was started for, ``S(K)`` the stream ``HRL_R_K``; every role may also subscribe to its own
+``_INBOX.<role>.>`` and read ``$JS.API.STREAM.INFO`` of the run's streams)::
+
+    role          publishes                      consumes (JetStream consumer API + acks)
+    actor         hrl.R.calls.>, hrl.R.rollouts  S(TASKS) durable "actors"
+                  hrl.R.dead.tasks
+    proxy         hrl.R.calls.>                  -
+    assembler     hrl.R.samples                  S(ROLLOUTS) durable "assembler";
+                  hrl.R.dead.rollouts            S(CALLS) ephemeral readers (create/next/delete)
+    learner       hrl.R.tasks, hrl.R.weights.>   S(SAMPLES) durable "learner";
+                  hrl.R.dead.samples             $JS.API.STREAM.PURGE.S(WEIGHTS) (old versions)
+    weights_sync  hrl.R.dead.weights             S(WEIGHTS): durables and ephemeral readers
+    admin         everything (">")               everything: creates, updates, deletes streams
+
+Consumer API grants are per stream and per consumer name: ``$JS.API.CONSUMER.{DURABLE.CREATE,
+CREATE,INFO,MSG.NEXT}.S.NAME`` and ``$JS.ACK.S.NAME.>``; nobody but admin may create, update or
+delete streams. Deleting consumers is granted only for the per-subject readers, on the one
+stream whose consumers all belong to that role (CALLS: assembler; WEIGHTS: weights_sync), so no
+role can delete another role's consumer. A refused publish or API call reaches the client
+as an asynchronous ``Permissions Violation`` (``common.bus_nats`` turns it into
+``PermissionDenied`` for the call that caused it).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import secrets
+import shutil
+import socket
+import ssl
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from common.files import SecretFileError, atomic_write, read_secret
+
+ROLES = ("admin", "learner", "assembler", "actor", "proxy", "weights_sync")
+"""Roles with their own credential file (``<auth_dir>/<role>.cred``)."""
+
+JWT_CREDS_MARK = "-----BEGIN NATS USER JWT-----"
+
+# durable consumer names (the services' own constants; a test checks they agree)
+ACTOR_DURABLE = "actors"
+ASSEMBLER_DURABLE = "assembler"
+LEARNER_DURABLE = "learner"
+
+
+class AuthError(SecretFileError):
+    """Credentials or TLS files are missing, unreadable or malformed; the message names the file."""
+
+
+# ---------------------------------------------------------------------------------------------
+# permissions
+# ---------------------------------------------------------------------------------------------
+
+
+def _stream(run: str, kind: str) -> str:
+    return f"HRL_{run}_{kind}"
+
+
+def _consumer(run: str, kind: str, name: str, *, ack: bool = True) -> list[str]:
+    """JS API subjects to create, bind to, pull from (and ack) consumer ``name`` of a stream;
+    ``name`` may be ``*`` (any consumer of that stream)."""
+    s = _stream(run, kind)
+    api = "$JS.API.CONSUMER"
+    out = [
+        f"{api}.DURABLE.CREATE.{s}.{name}",
+        f"{api}.CREATE.{s}.{name}",
+        f"{api}.CREATE.{s}.{name}.>",
+        f"{api}.INFO.{s}.{name}",
+        f"{api}.MSG.NEXT.{s}.{name}",
+    ]
+    return [*out, f"$JS.ACK.{s}.{name}.>"] if ack else out
+
+
+def _reader(run: str, kind: str) -> list[str]:
+    """Ephemeral per-subject readers (``Bus.read_subject``): create, pull, delete any consumer
+    of this one stream."""
+    s = _stream(run, kind)
+    return [*_consumer(run, kind, "*", ack=False), f"$JS.API.CONSUMER.DELETE.{s}.*"]
+
+
+def _run_grants(role: str, run: str) -> list[str]:
+    p = f"hrl.{run}"
+    info = [f"$JS.API.STREAM.INFO.{_stream(run, k)}" for k in STREAM_KINDS]
+    if role == "actor":
+        own = [f"{p}.calls.>", f"{p}.rollouts", f"{p}.dead.tasks"]
+        return [*info, *own, *_consumer(run, "TASKS", ACTOR_DURABLE)]
+    if role == "proxy":
+        return [*info, f"{p}.calls.>"]
+    if role == "assembler":
+        own = [f"{p}.samples", f"{p}.dead.rollouts"]
+        return [*info, *own, *_consumer(run, "ROLLOUTS", ASSEMBLER_DURABLE), *_reader(run, "CALLS")]
+    if role == "learner":
+        own = [f"{p}.tasks", f"{p}.weights.>", f"{p}.dead.samples"]
+        purge = f"$JS.API.STREAM.PURGE.{_stream(run, 'WEIGHTS')}"
+        return [*info, *own, purge, *_consumer(run, "SAMPLES", LEARNER_DURABLE)]
+    if role == "weights_sync":
+        own = [f"{p}.dead.weights"]
+        return [*info, *own, *_consumer(run, "WEIGHTS", "*"), *_reader(run, "WEIGHTS")]
+    raise AuthError(f"unknown role {role!r} (roles: {', '.join(ROLES)})")
+
+
+STREAM_KINDS = ("TASKS", "CALLS", "ROLLOUTS", "SAMPLES", "WEIGHTS", "DEAD")
+"""The stream kinds of ``common.bus.STREAMS`` (a test checks they agree)."""
+
+
+def inbox_prefix(user: str) -> str:
+    """The reply/delivery subject prefix of a user: ``_INBOX.<user>``."""
+    return f"_INBOX.{user}"
+
+
+def role_permissions(role: str, runs: list[str]) -> dict[str, Any]:
+    """nats-server ``permissions`` of ``role`` over ``runs`` (see the module docstring)."""
+    if role == "admin":
+        return {"publish": {"allow": [">"]}, "subscribe": {"allow": [">"]}}
+    pub: list[str] = []
+    for run in runs:
+        pub += _run_grants(role, run)
+    return {"publish": {"allow": pub}, "subscribe": {"allow": [inbox_prefix(role) + ".>"]}}
+
+
+# ---------------------------------------------------------------------------------------------
+# server side: credentials, authorization block, TLS files
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ServerAuth:
+    """What ``common.natsd.NatsServer`` needs to require credentials (and TLS)."""
+
+    auth_dir: Path
+    """Folder of ``<role>.cred`` files (and ``tls/`` when generated)."""
+    runs: list[str]
+    """Runs the role permissions cover."""
+    passwords: dict[str, str]
+    """Role -> password."""
+    tls_cert: Path | None = None
+    """Server certificate (PEM); None serves plain TCP."""
+    tls_key: Path | None = None
+    """Its private key (PEM)."""
+    ca: Path | None = None
+    """CA file clients verify the server with (None: the certificate is publicly trusted)."""
+
+    def creds(self, role: str) -> Path:
+        """Credential file of ``role``."""
+        return self.auth_dir / f"{role}.cred"
+
+    def conf_block(self) -> str:
+        """The ``authorization`` (and ``tls``) blocks of the server's config file."""
+        users = []
+        for role in ROLES:
+            users.append(
+                {
+                    "user": role,
+                    "password": self.passwords[role],
+                    "permissions": role_permissions(role, self.runs),
+                }
+            )
+        # nats-server's config syntax accepts JSON values
+        text = f"authorization {{\n  users: {json.dumps(users, indent=2)}\n}}\n"
+        if self.tls_cert is not None:
+            text += (
+                "tls {\n"
+                f"  cert_file: {json.dumps(str(self.tls_cert))}\n"
+                f"  key_file: {json.dumps(str(self.tls_key))}\n"
+                "  timeout: 5\n"
+                "}\n"
+            )
+        return text
+
+
+def ensure_credentials(auth_dir: Path | str) -> dict[str, str]:
+    """One ``<role>.cred`` per role in ``auth_dir`` (0700), made once and reused; role ->
+    password."""
+    d = Path(auth_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    os.chmod(d, 0o700)
+    out = {}
+    for role in ROLES:
+        path = d / f"{role}.cred"
+        if path.exists():
+            user, password = parse_userpass(path)
+            if user != role:
+                raise AuthError(f"{path}: user {user!r} is not the role {role!r}")
+        else:
+            password = secrets.token_urlsafe(24)
+            atomic_write(path, f"{role}:{password}\n", mode=0o600)
+        out[role] = password
+    return out
+
+
+def parse_userpass(path: Path | str) -> tuple[str, str]:
+    """``(user, password)`` of a ``user:password`` credential file."""
+    text = read_secret(path, "NATS credentials file")
+    user, sep, password = text.partition(":")
+    if not sep or not user or not password or "\n" in text:
+        raise AuthError(f"NATS credentials file {path}: expected one line 'user:password'")
+    return user, password
+
+
+def default_tls_hosts(host: str) -> list[str]:
+    """Names and addresses a generated server certificate covers: loopback, this machine's
+    name, and ``host`` when it is a specific address."""
+    hosts = ["localhost", "127.0.0.1", "::1", socket.gethostname()]
+    if host and host not in ("0.0.0.0", "::", ""):
+        hosts.append(host)
+    return list(dict.fromkeys(hosts))
+
+
+def ensure_tls(tls_dir: Path | str, hosts: list[str]) -> tuple[Path, Path, Path]:
+    """``(ca.pem, server.pem, server-key.pem)`` in ``tls_dir``: a self-signed CA made once and
+    a server certificate for ``hosts`` (remade when the hosts change)."""
+    d = Path(tls_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    os.chmod(d, 0o700)
+    ca, ca_key = d / "ca.pem", d / "ca-key.pem"
+    cert, key, meta = d / "server.pem", d / "server-key.pem", d / "server-hosts.json"
+    make = _make_with_cryptography if _has_cryptography() else _make_with_openssl
+    if not (ca.exists() and ca_key.exists()):
+        make(d, hosts, ca_only=True)
+    want = sorted(hosts)
+    have = json.loads(meta.read_text()) if meta.exists() else None
+    if have != want or not (cert.exists() and key.exists()):
+        make(d, hosts, ca_only=False)
+        atomic_write(meta, json.dumps(want))
+    os.chmod(ca, 0o644)
+    return ca, cert, key
+
+
+def _has_cryptography() -> bool:
+    try:
+        import cryptography  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _san_entries(hosts: list[str]) -> list[tuple[str, str]]:
+    out = []
+    for h in hosts:
+        try:
+            out.append(("IP", str(ipaddress.ip_address(h))))
+        except ValueError:
+            out.append(("DNS", h))
+    return out
+
+
+def _make_with_openssl(d: Path, hosts: list[str], *, ca_only: bool) -> None:
+    exe = shutil.which("openssl")
+    if exe is None:
+        raise AuthError(
+            "cannot make TLS certificates: neither the `cryptography` package nor the `openssl` "
+            "command is installed (install one, or pass --tls-cert/--tls-key)"
+        )
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    old = os.umask(0o077)
+    try:
+        with tempfile.TemporaryDirectory(dir=d) as tmp:
+            t = Path(tmp)
+            if ca_only:
+                _openssl(
+                    exe,
+                    "req", "-x509", *ec, "-keyout", str(t / "ca-key.pem"),
+                    "-out", str(t / "ca.pem"), "-days", "3650",
+                    "-subj", "/CN=harnessrl local NATS CA",
+                    "-addext", "basicConstraints=critical,CA:TRUE",
+                    "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+                )  # fmt: skip
+                os.replace(t / "ca-key.pem", d / "ca-key.pem")
+                os.replace(t / "ca.pem", d / "ca.pem")
+                return
+            san = ",".join(f"{k}:{v}" for k, v in _san_entries(hosts))
+            (t / "ext.cnf").write_text(
+                f"subjectAltName={san}\nbasicConstraints=critical,CA:FALSE\n"
+                "keyUsage=critical,digitalSignature,keyEncipherment\n"
+                "extendedKeyUsage=serverAuth\nsubjectKeyIdentifier=hash\n"
+                "authorityKeyIdentifier=keyid:always\n"
+            )
+            _openssl(
+                exe, "req", *ec, "-keyout", str(t / "server-key.pem"),
+                "-out", str(t / "server.csr"), "-subj", "/CN=harnessrl nats",
+            )  # fmt: skip
+            _openssl(
+                exe, "x509", "-req", "-in", str(t / "server.csr"), "-CA", str(d / "ca.pem"),
+                "-CAkey", str(d / "ca-key.pem"), "-CAcreateserial", "-out", str(t / "server.pem"),
+                "-days", "825", "-extfile", str(t / "ext.cnf"),
+            )  # fmt: skip
+            os.replace(t / "server-key.pem", d / "server-key.pem")
+            os.replace(t / "server.pem", d / "server.pem")
+    finally:
+        os.umask(old)
+
+
+def _openssl(*argv: str) -> None:
+    p = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if p.returncode != 0:
+        raise AuthError(f"openssl {argv[1]} failed: {p.stderr.strip()[-500:]}")
+
+
+def _make_with_cryptography(d: Path, hosts: list[str], *, ca_only: bool) -> None:
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    def pem_key(k: Any) -> bytes:
+        return k.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+
+    now = datetime.datetime.now(datetime.UTC)
+    if ca_only:
+        key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "harnessrl local NATS CA")])
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=3650))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(False, False, False, False, False, True, True, False, False), True
+            )
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
+            .sign(key, hashes.SHA256())
+        )
+        atomic_write(d / "ca-key.pem", pem_key(key), mode=0o600)
+        atomic_write(d / "ca.pem", cert.public_bytes(serialization.Encoding.PEM), mode=0o644)
+        return
+    ca_key = serialization.load_pem_private_key((d / "ca-key.pem").read_bytes(), None)
+    ca = x509.load_pem_x509_certificate((d / "ca.pem").read_bytes())
+    key = ec.generate_private_key(ec.SECP256R1())
+    sans: list[x509.GeneralName] = [
+        x509.IPAddress(ipaddress.ip_address(v)) if k == "IP" else x509.DNSName(v)
+        for k, v in _san_entries(hosts)
+    ]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "harnessrl nats")]))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=825))
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),  # type: ignore[arg-type]
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
+    )
+    atomic_write(d / "server-key.pem", pem_key(key), mode=0o600)
+    atomic_write(d / "server.pem", cert.public_bytes(serialization.Encoding.PEM), mode=0o644)
+
+
+def prepare_server_auth(
+    auth_dir: Path | str,
+    runs: list[str],
+    *,
+    tls: bool = True,
+    host: str = "127.0.0.1",
+    tls_hosts: list[str] | None = None,
+    tls_cert: str = "",
+    tls_key: str = "",
+    tls_ca: str = "",
+) -> ServerAuth:
+    """Credentials (made or reused) and TLS files for a server: the user's certificate and key
+    when given, else a self-signed CA and server certificate in ``<auth_dir>/tls``."""
+    auth_dir = Path(auth_dir).resolve()
+    passwords = ensure_credentials(auth_dir)
+    sa = ServerAuth(auth_dir, list(runs), passwords)
+    if not tls:
+        return sa
+    if bool(tls_cert) != bool(tls_key):
+        raise AuthError("tls_cert and tls_key go together")
+    if tls_cert:
+        for p in (tls_cert, tls_key, tls_ca):
+            if p and not os.access(p, os.R_OK):
+                raise AuthError(f"TLS file {p} is missing or unreadable")
+        sa.tls_cert, sa.tls_key = Path(tls_cert).resolve(), Path(tls_key).resolve()
+        sa.ca = Path(tls_ca).resolve() if tls_ca else None
+        return sa
+    hosts = list(dict.fromkeys([*default_tls_hosts(host), *(tls_hosts or [])]))
+    sa.ca, sa.tls_cert, sa.tls_key = ensure_tls(auth_dir / "tls", hosts)
+    return sa
+
+
+# ---------------------------------------------------------------------------------------------
+# client side
+# ---------------------------------------------------------------------------------------------
+
+
+def tls_context(ca_file: str = "") -> ssl.SSLContext:
+    """A client TLS context that verifies the server with ``ca_file`` (empty: system CAs)."""
+    if ca_file and not os.access(ca_file, os.R_OK):
+        raise AuthError(f"NATS CA file {ca_file} is missing or unreadable")
+    try:
+        return ssl.create_default_context(cafile=ca_file or None)
+    except ssl.SSLError as e:
+        raise AuthError(f"NATS CA file {ca_file}: not a PEM certificate ({e})") from None
+
+
+def client_options(creds: str = "", ca: str = "", url: str = "") -> dict[str, Any]:
+    """``nats.connect`` keyword options for a credential file and a CA file (either may be
+    empty): user/password or ``user_credentials``, the user's inbox prefix, a TLS context when
+    ``ca`` is set or the URL says ``tls://``."""
+    out: dict[str, Any] = {}
+    if creds:
+        text = read_secret(creds, "NATS credentials file")
+        if JWT_CREDS_MARK in text:
+            out["user_credentials"] = str(creds)
+        else:
+            user, password = parse_userpass(creds)
+            out.update(user=user, password=password, inbox_prefix=inbox_prefix(user))
+    if ca or url.startswith("tls://"):
+        out["tls"] = tls_context(ca)
+    return out
