@@ -29,9 +29,13 @@ What must stay true:
   - ``timeout`` (reason ``timeout``): the harness outlived its limit and was killed (with
     ``timeout_scoring = "score"`` the workspace is verified anyway and the status is the
     verifier's);
-  - ``sandbox_error`` (``sandbox_create``, ``sandbox_run``, ``sandbox_verify``): the sandbox
-    failed (create — including a task environment that cannot be built —, run, file copy,
-    during verification too);
+  - ``sandbox_error`` (``sandbox_create``, ``sandbox_run``, ``sandbox_verify``,
+    ``sandbox_killed``): the sandbox failed (create — including a task environment that cannot
+    be built —, run, file copy, during verification too), or it was killed from outside while
+    the harness ran (``sandbox_killed``: the OOM killer, an operator, the infrastructure — the
+    backend's `ExecResult.killed`, e.g. bwrap or the sandbox's init killed by a signal, or the
+    harness killed by SIGKILL): the harness's exit status then says nothing about the model,
+    so the rollout is never scored, whatever calls it made;
   - ``harness_error``: the harness could not run — unknown or missing task
     (``task_not_found``), unknown harness (``unknown_harness``), task changed under the request
     (``task_changed``), ``command`` without a command (``no_command``), not installed
@@ -573,6 +577,13 @@ class _Rollout:
 
     def _judge_exit(self, done: ExecResult, n_calls: int, timeout: float) -> bool:
         """Whether the workspace is to be verified (raises `_Fail` for a failed run)."""
+        if done.killed:  # an infrastructure death is never the model's failure
+            raise _Fail(
+                "sandbox_error",
+                "sandbox_killed",
+                f"sandbox killed from outside while the harness ran ({done.killed}; exit "
+                f"{done.returncode}, {n_calls} model calls): {_tail(done.stderr, 1000)}",
+            )
         if done.timed_out:
             msg = f"harness killed at its {timeout:g} s timeout"
             if self.settings.timeout_scoring == "discard":

@@ -13,7 +13,13 @@ Contract (both implementations):
 * A delivery that is neither acked nor kept alive (``in_progress``) within ``ack_wait`` is
   redelivered, possibly to another consumer instance: consumers must be idempotent.
 * ``read_subject`` returns every message currently stored on one subject, in order (the
-  assembler's per-rollout read of CallRecords).
+  assembler's per-rollout read of CallRecords). A reader that owns the subject's data passes
+  ``dead_letter_as`` (its name): an undecodable message is then dead-lettered like a poison
+  delivery (once per message and reader, however often it is read) and left out.
+* ``Bus.dead_letter`` is the one way anything is given up on: the message is kept on
+  ``hrl.<run>.dead.<kind>`` as a ``DeadLetter`` with the reason (msg id
+  ``dead:<kind>:<consumer>:<stream seq>``) and counted in ``hrl_bus_dead_lettered_total``
+  (only when newly stored, so a message given up twice counts once).
 
 Streams (``HRL_<run>_<KIND>``) and consumers are created idempotently by whoever comes first.
 """
@@ -281,20 +287,7 @@ class Consumer(ABC, Generic[R]):
                 yield d
 
     async def _dead_letter(self, data: bytes, subject: str, seq: int, reason: str) -> None:
-        dl = DeadLetter(
-            stream=self.bus.subjects.stream(self.kind),
-            subject=subject,
-            seq=seq,
-            consumer=self.durable,
-            reason=reason[:2000],
-            data=data[: 256 * 1024],
-            at=time.time(),
-        )
-        await self.bus.publish(
-            self.bus.subjects.dead(self.kind), dl, f"dead:{self.kind}:{self.durable}:{seq}"
-        )
-        M_DEAD.labels(**self._labels).inc()
-        log.warning("dead-lettered %s seq=%d on %s: %s", self.kind, seq, subject, reason)
+        await self.bus.dead_letter(self.kind, self.durable, subject, seq, data, reason)
 
     async def _ack(self, d: Delivery[R]) -> None:
         await self._ack_raw(d._raw)
@@ -379,10 +372,46 @@ class Bus(ABC):
     ) -> Consumer[R]:
         """Bind (creating if needed) a durable pull consumer on the run's ``kind`` stream."""
 
+    async def dead_letter(
+        self, kind: str, consumer: str, subject: str, seq: int, data: bytes, reason: str
+    ) -> bool:
+        """Keep message ``seq`` of stream ``kind`` (on ``subject``, payload ``data``) on the
+        dead-letter subject with ``reason``, as given up by ``consumer``; count it. Idempotent
+        per (kind, consumer, seq): returns whether it was newly stored (and counted)."""
+        dl = DeadLetter(
+            stream=self.subjects.stream(kind),
+            subject=subject,
+            seq=seq,
+            consumer=consumer,
+            reason=reason[:2000],
+            data=bytes(data[: 256 * 1024]),
+            at=time.time(),
+        )
+        res = await self.publish(self.subjects.dead(kind), dl, f"dead:{kind}:{consumer}:{seq}")
+        if res.duplicate:
+            return False
+        M_DEAD.labels(stream=kind, consumer=consumer).inc()
+        log.warning("dead-lettered %s seq=%d on %s: %s", kind, seq, subject, reason)
+        return True
+
+    async def _undecodable(
+        self, subject: str, seq: int, data: bytes, err: Exception, reader: str | None
+    ) -> None:
+        """``read_subject``'s handling of a message that does not decode."""
+        if reader is None or self.subjects.kind_of(subject) == "DEAD":
+            log.warning("skipping undecodable message seq=%d on %s: %s", seq, subject, err)
+            return
+        await self.dead_letter(
+            self.subjects.kind_of(subject), reader, subject, seq, data, f"undecodable: {err}"
+        )
+
     @abstractmethod
-    async def read_subject(self, subject: str, record_type: type[R]) -> list[R]:
-        """Every record currently stored on ``subject``, in stream order (undecodable: skipped
-        and dead-lettered)."""
+    async def read_subject(
+        self, subject: str, record_type: type[R], *, dead_letter_as: str | None = None
+    ) -> list[R]:
+        """Every record currently stored on ``subject``, in stream order. An undecodable
+        message is left out: dead-lettered as given up by ``dead_letter_as`` when set (the
+        reader that owns the data), else only logged (read-only tools)."""
 
     @abstractmethod
     async def purge(self, kind: str, subject: str | None = None) -> None:
@@ -538,7 +567,9 @@ class MemoryBus(Bus):
             st.consumers[durable] = state
         return _MemConsumer(self, kind, durable, record_type, state.ack_wait, st, state)
 
-    async def read_subject(self, subject: str, record_type: type[R]) -> list[R]:
+    async def read_subject(
+        self, subject: str, record_type: type[R], *, dead_letter_as: str | None = None
+    ) -> list[R]:
         st = self.broker.stream_for(subject)
         out = []
         for seq in sorted(st.msgs):
@@ -547,7 +578,7 @@ class MemoryBus(Bus):
                 try:
                     out.append(decode(m.data, record_type))
                 except RecordDecodeError as e:
-                    log.warning("skipping undecodable message seq=%d on %s: %s", seq, subject, e)
+                    await self._undecodable(subject, seq, m.data, e, dead_letter_as)
         return out
 
     async def purge(self, kind: str, subject: str | None = None) -> None:

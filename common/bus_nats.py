@@ -376,7 +376,9 @@ class JetStreamBus(Bus):
         psub = await self.js.pull_subscribe_bind(durable=durable, stream=stream)
         return _NatsConsumer(self, kind, durable, record_type, ack_wait, psub)
 
-    async def read_subject(self, subject: str, record_type: type[R]) -> list[R]:
+    async def read_subject(
+        self, subject: str, record_type: type[R], *, dead_letter_as: str | None = None
+    ) -> list[R]:
         kind = self.subjects.kind_of(subject)
         stream = self.subjects.stream(kind)
         cfg = api.ConsumerConfig(
@@ -403,7 +405,8 @@ class JetStreamBus(Bus):
                     try:
                         out.append(decode(m.data, record_type))
                     except RecordDecodeError as e:
-                        log.warning("skipping undecodable message on %s: %s", subject, e)
+                        seq = m.metadata.sequence.stream
+                        await self._undecodable(subject, seq, m.data, e, dead_letter_as)
                 if not msgs:
                     break
         finally:

@@ -277,7 +277,19 @@ class SummaryLine(RunLine, kw_only=True):
     samples: int = 0
     tombstones: dict[str, int] = {}
     assembled: int = 0
+    """RolloutResults the assembler settled (from its durable consumer on ROLLOUTS)."""
     unaccounted: int = 0
+    """Issued rollouts (TaskRequests) that are neither pending, nor settled with a result for
+    their member, nor dead-lettered: lost. Counted from the streams alone
+    (``common.run.audit``), so process restarts never make it non-zero; 0 when the streams
+    could not be read (``accounting`` says so)."""
+    pending: int = 0
+    """TaskRequests still stored at the end: queued, or running on an actor."""
+    dead_lettered_tasks: int = 0
+    """TaskRequests dead-lettered without a result for their member."""
+    accounting: str = "exact"
+    """``exact``; ``incomplete`` (not every result could be read: ``unaccounted`` may be too
+    high); ``unavailable`` (the streams could not be read at the end)."""
     failures: dict[str, float] = {}
     dropped: dict[str, float] = {}
     reward_first: float | None = None

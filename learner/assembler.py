@@ -21,10 +21,16 @@ What must stay true:
   that finds *more* calls than the first attempt (a straggler that arrived after a
   ``missing_calls`` tombstone was published) still maps to the same id and is dropped, so the
   tombstone stands.
-* **Never stuck.** A result that cannot be processed at all (a rollout id that is not a subject
-  token) is dead-lettered; an exception inside ``assemble`` (a bug) still yields an
-  ``assembler_error`` tombstone, so the learner's group never waits, and the result is
-  dead-lettered for inspection; bus errors nak the result for a retry and the loop goes on.
+* **Never stuck, nothing dropped silently.** A result that cannot be processed at all (a rollout
+  id that is not a subject token) is dead-lettered; so is a message on a rollout's calls subject
+  that is not a valid CallRecord (garbage, another record type, fields of the wrong type): it is
+  kept on ``hrl.<run>.dead.calls`` with the reason and counted once in
+  ``hrl_bus_dead_lettered_total{stream="CALLS",consumer="assembler"}`` however often the
+  rollout's calls are re-read (within the de-duplication window), and the rollout is assembled
+  from its valid calls (a call the garbage replaced is missing: ``missing_calls``). An
+  exception inside ``assemble`` (a bug) still yields an ``assembler_error`` tombstone, so the
+  learner's group never waits, and the result is dead-lettered for inspection; bus errors nak
+  the result for a retry and the loop goes on.
 * **Oversized samples** are split by nodes (see ``common.tree.split_sample``); if the server still
   refuses a part (its ``max_payload`` is below ``max_part_bytes``), nothing of it was stored —
   sizes are checked before any part is sent — and a ``too_large`` tombstone is published instead.
@@ -184,7 +190,7 @@ class Assembler:
         subject = self.bus.subjects.calls(res.rollout_id)
         deadline = time.monotonic() + self.cfg.straggler_wait_s
         while True:
-            calls = await self.bus.read_subject(subject, CallRecord)
+            calls = await self.bus.read_subject(subject, CallRecord, dead_letter_as=DURABLE)
             have = {c.seq for c in calls}
             left = deadline - time.monotonic()
             if all(s in have for s in range(res.n_calls)) or left <= 0:

@@ -2,8 +2,8 @@
 
 Each rollout id reaches exactly one *outcome*: ``trained`` (at some version) or dropped with a
 reason (``tombstone:<why>``, ``stale``, ``zero_variance``, ``group_too_small``,
-``duplicate_attempt``, ``group_closed``, ``eval``, ``low_reward``, ``bad_parts``, ``empty``,
-``malformed``).
+``duplicate_attempt``, ``group_closed``, ``eval``, ``low_reward``, ``bad_parts``,
+``incomplete_parts``, ``empty``, ``malformed``).
 The ``Ledger`` records outcomes and holds the deliveries behind them; deliveries are acked only
 after a checkpoint holding their outcome is durable (``Ledger.commit``), so a crash redelivers
 exactly the rollouts whose outcome was lost, and a redelivered rollout whose outcome *was*
@@ -20,7 +20,13 @@ Rules (GRPO):
 * duplicates: the same rollout id again (a redelivery, a re-published part) rides along with
   the first; another attempt of a member that already ended is ``duplicate_attempt``; a
   member of a group already decided is ``group_closed``;
-* split samples (``n_parts > 1``) are joined (``common.tree.join_parts``) once every part is in.
+* split samples (``n_parts > 1``) are joined (``common.tree.join_parts``) once every part is in;
+  parts that do not make a whole are ``bad_parts``. The wait is bounded: a sample whose parts
+  are not all in ``parts_timeout_s`` after its first one arrived (a part lost, or a record that
+  merely claims to be part 1 of 1000) is given up: the member ends as ``incomplete_parts`` and
+  its parts, and any that arrive later, are handed back for the dead letters
+  (``take_dead_letters``) with the reason, instead of being held unacked forever. A part whose
+  index is not below its ``n_parts`` is dead-lettered on arrival.
 
 PPO and SFT take any fresh samples in arrival order, ``batch_rollouts`` per step (membership is
 still tracked per group, so a second attempt is ignored here too). Eval samples are never
@@ -50,6 +56,13 @@ M_DUPLICATES = metrics.counter(
     "Deliveries of a rollout already pending or decided (redeliveries, re-published samples)",
 )
 M_PENDING = metrics.gauge("hrl_learner_pending_rollouts", "Rollouts waiting for their group/batch")
+M_INCOMPLETE = metrics.counter(
+    "hrl_learner_incomplete_samples_total",
+    "Split samples given up: not every part arrived within parts_timeout_s (parts dead-lettered)",
+)
+
+INCOMPLETE = "incomplete_parts"
+"""Ledger reason of a split sample whose parts did not all arrive in time."""
 
 Mode = Literal["grpo", "ppo", "sft"]
 
@@ -259,6 +272,17 @@ class BatchRules:
     vocab_size: int = 0
     """Token ids must be below this (0: unchecked); a sample that is not a well-formed tree
     would fail every step it is in, so it is dropped on arrival (``malformed``)."""
+    parts_timeout_s: float = 300.0
+    """Give up a split sample whose parts are not all in this long after its first part."""
+
+
+@dataclass
+class Partial:
+    """The parts of one split sample received so far."""
+
+    parts: dict[int, TreeSample]
+    deliveries: list[Delivery[Any]]
+    first_seen: float
 
 
 class Batcher:
@@ -278,7 +302,9 @@ class Batcher:
         self.rules = rules
         self.ledger = ledger
         self.on_end = on_end or (lambda gid, k: None)
-        self.parts: dict[str, tuple[dict[int, TreeSample], list[Delivery[Any]]]] = {}
+        self.parts: dict[str, Partial] = {}
+        self.dead: list[tuple[Delivery[Any], str]] = []
+        """Deliveries to dead-letter, with the reason (``take_dead_letters``)."""
         self.items: dict[str, Item] = {}
         self.groups: dict[str, Group] = {}
         self.ready_groups: deque[Group] = deque()
@@ -299,6 +325,14 @@ class Batcher:
         s = d.record
         rid = s.rollout_id
         self.version = version
+        if s.n_parts > 1 and not 0 <= s.part < s.n_parts:
+            self.dead.append((d, f"part index {s.part} is not below n_parts {s.n_parts}"))
+            return []
+        if self.ledger.outcome(rid) == INCOMPLETE and s.n_parts > 1:
+            self.dead.append(
+                (d, f"part {s.part} of {s.n_parts} came after the sample was given up")
+            )
+            return []
         if self.ledger.outcome(rid) is not None:
             M_DUPLICATES.inc()
             if self.ledger.committed(rid):
@@ -310,18 +344,20 @@ class Batcher:
             self.items[rid].deliveries.append(d)
             return []
         if s.n_parts > 1:
-            parts, deliveries = self.parts.setdefault(rid, ({}, []))
-            parts[s.part] = s
-            deliveries.append(d)
-            if len(parts) < s.n_parts:
+            p = self.parts.get(rid)
+            if p is None:
+                p = self.parts[rid] = Partial({}, [], time.monotonic())
+            p.parts[s.part] = s
+            p.deliveries.append(d)
+            if len(p.parts) < s.n_parts:
                 return []
             del self.parts[rid]
             try:
-                s = join_parts(parts.values())
+                s = join_parts(p.parts.values())
             except ValueError:
-                self._end_member(s, deliveries, "bad_parts")
+                self._end_member(s, p.deliveries, "bad_parts")
                 return []
-            self._admit(s, deliveries, version)
+            self._admit(s, p.deliveries, version)
         else:
             self._admit(s, [d], version)
         M_PENDING.set(len(self.items))
@@ -423,6 +459,33 @@ class Batcher:
             self.groups.pop(g.group_id, None)
             self.ledger.close_group(g.group_id)
 
+    def expire_parts(self, now: float | None = None) -> int:
+        """Give up split samples waiting longer than ``parts_timeout_s`` for a part: the member
+        ends as ``incomplete_parts`` and its parts go to ``dead``; return how many."""
+        now = time.monotonic() if now is None else now
+        n = 0
+        for rid, p in list(self.parts.items()):
+            waited = now - p.first_seen
+            if waited <= self.rules.parts_timeout_s:
+                continue
+            del self.parts[rid]
+            first = next(iter(p.parts.values()))
+            why = (
+                f"incomplete split sample {rid}: parts {sorted(p.parts)} of {first.n_parts} "
+                f"after {waited:.0f} s (parts_timeout_s {self.rules.parts_timeout_s:g})"
+            )
+            self.dead += [(d, why) for d in p.deliveries]
+            self._end_member(first, [], INCOMPLETE)
+            self._check(self.groups.get(first.group_id), self.version)
+            M_INCOMPLETE.inc()
+            n += 1
+        return n
+
+    def take_dead_letters(self) -> list[tuple[Delivery[Any], str]]:
+        """Deliveries to dead-letter (with the reason) since the last call."""
+        out, self.dead = self.dead, []
+        return out
+
     def expire(self, now: float | None = None) -> int:
         """Close GRPO groups incomplete for longer than ``group_timeout_s``; return how many."""
         if self.rules.group_timeout_s <= 0:
@@ -446,6 +509,7 @@ class Batcher:
         """The next batch if one is complete at ``version`` (stale members are dropped first)."""
         self.version = version
         self.expire()
+        self.expire_parts()
         if self.grpo:
             return self._take_groups(version)
         return self._take_rollouts(version)
@@ -522,7 +586,8 @@ class Batcher:
 
     def held(self) -> list[Delivery[Any]]:
         """Every delivery not yet acked (pending or awaiting a commit): keep them alive."""
-        out = [d for _, ds in self.parts.values() for d in ds]
+        out = [d for p in self.parts.values() for d in p.deliveries]
+        out += [d for d, _ in self.dead]
         out += [d for it in self.items.values() for d in it.deliveries]
         return out + self.ledger.held + self.ledger._committing_held
 

@@ -143,6 +143,13 @@ def _learner_config() -> type:
         group_timeout_s: float = Field(0.0, ge=0, le=7 * 86_400)
         """GRPO: close a group still incomplete this long after its first sample (missing members
         count as lost); 0 waits forever (every rollout ends as a sample or a tombstone)."""
+        parts_timeout_s: float = Field(300.0, gt=0, le=7 * 86_400)
+        """A sample split into parts (``n_parts > 1``) whose parts are not all in this long
+        after its first part arrived is given up: its parts are dead-lettered with the reason
+        and the rollout is dropped as ``incomplete_parts`` (counted in
+        ``hrl_learner_incomplete_samples_total``), so a lost part or a record claiming to be
+        part 1 of 1000 is never held unacknowledged forever. The assembler publishes all parts
+        of a sample at once, so they normally arrive within seconds of each other."""
         max_steps: int = Field(0, ge=0, le=100_000_000)
         """Stop after this many optimiser steps in this process (0: run until stopped)."""
         run_dir: str = ""

@@ -185,6 +185,7 @@ class Learner:
             min_group_size=c.min_group_size,
             max_staleness=c.max_staleness,
             group_timeout_s=c.group_timeout_s,
+            parts_timeout_s=c.parts_timeout_s,
             sft_min_reward=c.sft_min_reward,
             adv_eps=c.loss.adv_eps,
             adv_scale_by_std=c.loss.adv_scale_by_std,
@@ -310,15 +311,27 @@ class Learner:
             await self.feeder.top_up(self.version)
 
     async def _heartbeat(self) -> None:
-        """Keep every held delivery from being redelivered while it waits."""
+        """Keep every held delivery from being redelivered while it waits; dead-letter what the
+        batcher gave up on."""
         every = max(0.5, self.cfg.ack_wait / 3)
         while not self._closing:
             await asyncio.sleep(every)
+            await self._dead_letter()
             for d in self.batcher.held():
                 try:
                     await d.in_progress()
                 except Exception as e:  # best effort; a redelivery is handled anyway
                     log.debug("in_progress failed: %r", e)
+
+    async def _dead_letter(self) -> None:
+        """Dead-letter the deliveries the batcher gave up (parts of an incomplete split sample,
+        with the reason); one that fails stays held and is retried on the next beat."""
+        for d, why in self.batcher.take_dead_letters():
+            try:
+                await d.dead_letter(why)
+            except Exception as e:
+                log.warning("dead-lettering sample seq %d failed (%r); will retry", d.seq, e)
+                self.batcher.dead.append((d, why))
 
     async def _ack(self, deliveries: list[Any]) -> None:
         for d in deliveries:

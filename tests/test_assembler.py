@@ -325,3 +325,41 @@ async def test_infrastructure_statuses_become_tombstones(bus: Bus) -> None:
         rid: f"rollout_{status}" for rid, status in statuses.items()
     }
     assert all(s.is_tombstone and not s.nodes for s in got.values())
+
+
+async def test_garbage_calls_are_dead_lettered_and_counted_once(bus: Bus) -> None:
+    """Garbage on a rollout's calls subject (not msgpack, another record type, a CallRecord
+    whose fields have the wrong types) is dead-lettered with its reason and counted once per
+    message, however often the subject is re-read while stragglers are awaited; the valid
+    calls still make the sample."""
+    import msgspec
+
+    s = bus.subjects
+    wrong_type = msgspec.msgpack.encode(
+        {"record": "CallRecord", "schema_version": 1, "rollout_id": "x", "seq": "three"}
+    )
+    junk = [b"\x93not a record", r.encode(result_for(0, rid="gx-9-1")), wrong_type]
+    # gw-0-1: every call present -> a sample; gw-1-1: one call never comes -> the subject is
+    # re-read every straggler poll until the wait ends (a missing_calls tombstone)
+    for rid, extra in (("gw-0-1", 0), ("gw-1-1", 1)):
+        calls = make_calls(CHAIN, rid=rid)
+        await publish_calls(bus, calls)
+        for i, g in enumerate(junk):
+            await bus.publish(s.calls(rid), g, f"junk:{rid}:{i}")
+        await bus.publish(s.rollouts, result_for(len(calls) + extra, rid=rid, ended_at=time.time()))
+    labels = {"stream": "CALLS", "consumer": "assembler"}
+    before = metrics.sample_value("hrl_bus_dead_lettered_total", labels)
+    waits = metrics.sample_value("hrl_assembler_straggler_waits_total")
+    async with running(bus, straggler_wait_s=1.0, straggler_poll_s=0.05):
+        got = by_rid(await drain_samples(bus, 2))
+    assert not got["gw-0-1"].is_tombstone and got["gw-0-1"].counters.n_calls == len(CHAIN)
+    assert got["gw-1-1"].dropped_reason == "missing_calls"
+    assert metrics.sample_value("hrl_assembler_straggler_waits_total") - waits >= 5  # re-read
+    dead = await bus.read_subject(s.dead("CALLS"), r.DeadLetter)
+    assert len(dead) == 6 and {d.consumer for d in dead} == {"assembler"}
+    assert {d.subject for d in dead} == {s.calls("gw-0-1"), s.calls("gw-1-1")}
+    assert sorted(d.data for d in dead) == sorted(junk * 2)
+    assert all(d.reason.startswith("undecodable") for d in dead)
+    assert any("expected a CallRecord" in d.reason for d in dead)
+    assert any("invalid CallRecord" in d.reason for d in dead)
+    assert metrics.sample_value("hrl_bus_dead_lettered_total", labels) == before + 6

@@ -288,3 +288,45 @@ async def test_sft_drops_low_reward_and_ignores_staleness(bus: Bus) -> None:
     batch = h.batcher.take(9)
     assert batch is not None and batch.rollout_ids == ["hi-0-1"]
     assert h.ledger.dropped == {"lo-0-1": "low_reward"}
+
+
+async def test_incomplete_split_samples_are_given_up_after_parts_timeout(bus: Bus) -> None:
+    """A record claiming to be part 1 of 1000, and a split sample whose last part never came,
+    are held (and kept alive) only until ``parts_timeout_s``: then each member ends as
+    ``incomplete_parts`` and every part is handed out for the dead letters with the reason; a
+    part arriving later, or one whose index is beyond its ``n_parts``, is dead-lettered too."""
+    import time
+
+    import msgspec
+
+    from common.records import DeadLetter
+
+    h = Harness(bus, mode="ppo", batch_rollouts=1, parts_timeout_s=5)
+    big = synthetic_sample("gi", 0, reward=1, group_size=1, tokens=3000, seed=1)
+    parts = split_sample(big, 8 * 1024)
+    assert len(parts) > 2
+    forged = msgspec.structs.replace(synthetic_sample("gf", 0, group_size=1), part=1, n_parts=1000)
+    beyond = msgspec.structs.replace(synthetic_sample("gb", 0, group_size=1), part=3, n_parts=3)
+    await h.deliver([*parts[:-1], forged, beyond])
+    out_of_range = h.batcher.take_dead_letters()
+    assert [why for _, why in out_of_range] == ["part index 3 is not below n_parts 3"]
+    assert h.batcher.take(0) is None  # nothing whole yet
+    assert h.batcher.expire_parts(time.monotonic() + 1) == 0  # within the bound: still waiting
+    assert len(h.batcher.held()) == len(parts)  # the waiting parts are kept alive meanwhile
+    assert h.batcher.expire_parts(time.monotonic() + 10) == 2
+    dead = h.batcher.take_dead_letters()
+    assert len(dead) == len(parts)  # len(parts) - 1 real parts + the forged one
+    assert all(why.startswith("incomplete split sample") for _, why in dead)
+    assert any("parts [1] of 1000" in why for _, why in dead)
+    assert h.ledger.dropped == {"gi-0-1": "incomplete_parts", "gf-0-1": "incomplete_parts"}
+    assert sorted(h.ends) == [("gf", 0), ("gi", 0)] and h.batcher.parts == {}
+    await h.deliver(parts[-1:])  # the missing part, too late
+    late = h.batcher.take_dead_letters()
+    n = len(parts)
+    assert [why for _, why in late] == [f"part {n - 1} of {n} came after the sample was given up"]
+    assert h.batcher.take(0) is None
+    for d, why in out_of_range + dead + late:
+        await d.dead_letter(why)
+    assert await bus.stream_count("SAMPLES") == 0  # nothing left held on the work queue
+    letters = await bus.read_subject(bus.subjects.dead("SAMPLES"), DeadLetter)
+    assert len(letters) == len(parts) + 2

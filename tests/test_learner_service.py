@@ -138,6 +138,37 @@ async def test_updates_per_batch_steps_each_batch_k_times(tmp_path: Path) -> Non
         await bus.close()
 
 
+async def test_incomplete_split_sample_is_dead_lettered_not_held(tmp_path: Path) -> None:
+    """A sample claiming to be part 1 of 1000 is dead-lettered with its reason once
+    ``parts_timeout_s`` passed in the running learner, instead of being held unacked forever."""
+    import msgspec
+
+    from common import metrics
+    from common.records import DeadLetter
+
+    bus = await connect(f"memory://{uuid.uuid4().hex}", "t")
+    cfg = in_process_config(tmp_path, parts_timeout_s=1, ack_wait=1, feeder={"enabled": False})
+    forged = msgspec.structs.replace(synthetic_sample("gp", 0, group_size=2), part=1, n_parts=1000)
+    await bus.publish(bus.subjects.samples, forged)
+    before = metrics.sample_value("hrl_learner_incomplete_samples_total")
+    learner = Learner(cfg, bus)
+    run = asyncio.create_task(learner.run())
+    try:
+        letters: list[DeadLetter] = []
+        deadline = time.monotonic() + 240
+        while not letters and not run.done() and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+            letters = await bus.read_subject(bus.subjects.dead("SAMPLES"), DeadLetter)
+        assert len(letters) == 1 and "parts [1] of 1000" in letters[0].reason, letters
+        assert await bus.stream_count("SAMPLES") == 0  # terminated: not held, not redelivered
+        assert metrics.sample_value("hrl_learner_incomplete_samples_total") == before + 1
+        assert learner.batcher.ledger.outcome(forged.rollout_id) == "incomplete_parts"
+    finally:
+        learner.stop()
+        await asyncio.wait_for(run, 120)
+        await bus.close()
+
+
 # ------------------------------------------------------------------------------------------
 # subprocess, SIGKILL, --resume
 # ------------------------------------------------------------------------------------------

@@ -321,3 +321,78 @@ async def test_checker_crash_is_scored_zero_and_missing_module_tombstoned(
     assert "FileNotFoundError" in crash.error and "out.json" in crash.error
     assert (env.status, env.reason) == ("verifier_error", "verifier_environment")
     assert "pandas_missing_here" in env.error
+
+
+MODEL_CALL = (
+    "import json, os, urllib.request as u; u.urlopen(u.Request("
+    "os.environ['OPENAI_BASE_URL'] + '/chat/completions', json.dumps({'model': "
+    "os.environ['OPENAI_MODEL'], 'messages': [{'role': 'user', 'content': 'hi'}]}).encode(), "
+    "{'Authorization': 'Bearer ' + os.environ['OPENAI_API_KEY'], "
+    "'Content-Type': 'application/json'})).read()"
+)
+"""A command harness's one model call through the proxy (stdlib only)."""
+
+
+def comm_and_ppid(pid: int) -> tuple[str, int]:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.index("(") + 1 : stat.rindex(")")], int(
+        stat[stat.rindex(")") + 2 :].split()[1]
+    )
+
+
+async def killed_mid_run(deps, group_id: str, then: str, victim: str):
+    """Run a command harness that calls the model once and then runs ``then`` (``exec sleep
+    N``); once that sleep runs, SIGKILL ``victim`` from outside: the harness (``sleep``, as the
+    OOM killer would), the sandbox's ``bwrap``, or its pid namespace's ``init``."""
+    import asyncio
+    import shlex
+    import signal
+
+    cmd = f"python3 -c {shlex.quote(MODEL_CALL)} && {then}"
+    task = asyncio.create_task(run_rollout(request(cmd=cmd, group_id=group_id), 1, deps))
+    secs = then.split()[-1]
+    for _ in range(600):
+        sleeping = processes_with(f"sleep\x00{secs}")
+        if sleeping or task.done():
+            break
+        await asyncio.sleep(0.05)
+    assert sleeping, "the harness never got past its model call"
+    (sleep_pid,) = sleeping
+    chain = [p for p in processes_with(f"exec sleep {secs}") if comm_and_ppid(p)[0] == "bwrap"]
+    outer = [p for p in chain if comm_and_ppid(p)[1] == os.getpid()]
+    init = [p for p in chain if comm_and_ppid(p)[1] in outer]
+    pid = {"sleep": [sleep_pid], "bwrap": outer, "init": init}[victim]
+    assert len(pid) == 1, (victim, chain, outer, init)
+    os.kill(pid[0], signal.SIGKILL)
+    return await asyncio.wait_for(task, 60)
+
+
+@pytest.mark.parametrize("victim", ["sleep", "bwrap", "init"])
+async def test_sandbox_killed_from_outside_is_tombstoned(nats_url, run_name, bwrap, victim):
+    """A sandbox killed from outside mid-run (the harness SIGKILLed as by the OOM killer, or
+    bwrap itself, or the sandbox's init) after the harness called the model is an
+    infrastructure death: ``sandbox_error``/``sandbox_killed``, never verified, tombstoned
+    downstream, nothing left behind; never ``ok`` with a reward the model would be trained
+    on."""
+    script = lambda ids, body: Reply(text="hello")  # noqa: E731
+    async with rollout_env(nats_url, run_name, bwrap, script=script) as (deps, _, bus):
+        res = await killed_mid_run(deps, f"gk{victim}", "exec sleep 4245", victim)
+        calls = await bus.read_subject(bus.subjects.calls(res.rollout_id), CallRecord)
+        assert sandbox_dirs(bwrap) == []
+    assert (res.status, res.reason, res.n_calls) == ("sandbox_error", "sandbox_killed", 1), res
+    assert "killed from outside" in res.error and "verify" not in res.durations
+    assert assemble(calls, res).dropped_reason == "rollout_sandbox_error"
+    assert processes_with("sleep\x004245") == []
+
+
+async def test_harness_exiting_137_by_itself_is_scored(nats_url, run_name, bwrap):
+    """The control: a harness that calls the model and then exits 137 on its own (or dies of
+    a signal other than SIGKILL, a crash) is the model's outcome, scored as usual."""
+    script = lambda ids, body: Reply(text="hello")  # noqa: E731
+    call = f"python3 -c {__import__('shlex').quote(MODEL_CALL)}"
+    async with rollout_env(nats_url, run_name, bwrap, script=script) as (deps, _, _):
+        own = await run_rollout(request(cmd=f"{call} && exit 137", group_id="gx1"), 1, deps)
+        crash = await run_rollout(request(cmd=f"{call} && kill -SEGV $$", group_id="gx2"), 1, deps)
+    for res in (own, crash):
+        assert (res.status, res.reason, res.n_calls) == ("ok", "", 1), res
+        assert "verify" in res.durations and res.reward < 1.0

@@ -416,6 +416,7 @@ async def test_memory_limit(backend: DockerBackend):
         big = await s.run(py("x = bytearray(1 << 30); x[-1] = 1"), timeout=20)
         assert big.returncode == 128 + signal.SIGKILL and not big.timed_out
         assert _oom_kills(s._init_pid) > before
+        assert "OOM killer" in big.killed and small.killed == ""  # killed from outside
         assert (await s.run(["true"], timeout=10)).ok  # only the hog died
 
 
@@ -512,3 +513,19 @@ async def test_sweep_removes_dead_owners_leftovers(backend: DockerBackend, engin
     assert live.state_dir.is_dir() and live.name in await containers(backend)
     assert (await live.run(["true"], timeout=10)).ok
     await live.destroy()
+
+
+async def test_container_killed_from_outside_is_flagged(backend: DockerBackend):
+    """The container killed from outside while a command runs: the command's end says so
+    (``killed``) or the run fails as a sandbox error; never a plain exit status."""
+    async with await backend.create(SandboxSpec(owner="test")) as s:
+        run = asyncio.create_task(s.run(["sleep", "4321"], timeout=60))
+        deadline = time.monotonic() + 20
+        while not procs_with("sleep\x004321") and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        os.kill(s._init_pid, signal.SIGKILL)  # the container's init: the container stops
+        try:
+            r = await asyncio.wait_for(run, 30)
+        except SandboxError:
+            return
+        assert r.killed and not r.timed_out, r

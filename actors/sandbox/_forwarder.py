@@ -1,6 +1,6 @@
 """In-sandbox launcher: relay 127.0.0.1:PORT to the proxy's unix socket, run the command.
 
-    python3 -I -S -B _forwarder.py PORT UNIX_SOCKET -- CMD [ARG...]
+    python3 -I -S -B _forwarder.py PORT UNIX_SOCKET [--status-fd FD] -- CMD [ARG...]
 
 Runs *inside* the sandbox, already under the sandbox's uid and rlimits. Why a launcher: each
 `Sandbox.run` is its own bwrap with its own network namespace (loopback only), so whatever
@@ -9,6 +9,11 @@ harness. This process binds the port first (no start-up race), forks and execs t
 relays every accepted TCP connection to a fresh connection on the unix socket (bind-mounted
 from the host) until the command exits; then it exits with the command's status (128+N for a
 signal), which tears the whole sandbox down.
+
+``--status-fd FD`` (an inherited pipe from the host, not passed on to the command): before
+exiting, write how the command ended, ``exit N`` or ``signal N``. An exit status of 137 is
+ambiguous (``exit 137`` or death by SIGKILL); this line is not, and its absence tells the host
+that this launcher (or the sandbox's init) itself died before the command ended.
 
 One thread, a selector, non-blocking sockets; both directions of every connection are relayed
 independently, with half-close (EOF on one side becomes shutdown(SHUT_WR) on the other once the
@@ -162,9 +167,29 @@ def spawn(cmd):
     os._exit(126)
 
 
+def report(fd, status):
+    """Write how the command ended to the host's status pipe (best effort)."""
+    if fd is None:
+        return
+    kind = (
+        f"signal {os.WTERMSIG(status)}"
+        if os.WIFSIGNALED(status)
+        else f"exit {os.WEXITSTATUS(status)}"
+    )
+    try:
+        os.write(fd, (kind + "\n").encode())
+        os.close(fd)
+    except OSError:
+        pass
+
+
 def main(argv):
+    status_fd = None
+    if len(argv) >= 4 and argv[2] == "--status-fd":
+        status_fd, argv = int(argv[3]), argv[:2] + argv[4:]
+        os.set_inheritable(status_fd, False)  # the command must not be able to write it
     if len(argv) < 4 or argv[2] != "--":
-        sys.stderr.write("usage: _forwarder.py PORT UNIX_SOCKET -- CMD [ARG...]\n")
+        sys.stderr.write("usage: _forwarder.py PORT UNIX_SOCKET [--status-fd FD] -- CMD [ARG...]\n")
         return 125
     port, unix_path, cmd = int(argv[0]), argv[1], argv[3:]
     sel = selectors.DefaultSelector()
@@ -192,6 +217,7 @@ def main(argv):
                 relay.on_event(i, events)
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
+            report(status_fd, status)
             code = os.waitstatus_to_exitcode(status)
             return 128 - code if code < 0 else code
 

@@ -23,8 +23,10 @@ Invariants every backend keeps:
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -60,10 +62,71 @@ class ExecResult:
     duration_s: float
     stdout_truncated: bool = False
     stderr_truncated: bool = False
+    killed: str = ""
+    """Non-empty when the sandbox was killed from outside while the command ran (not by `run`'s
+    own timeout, not by the command itself): the OOM killer, an operator, the infrastructure.
+    Says what was killed; the command's outcome then says nothing about the command."""
 
     @property
     def ok(self) -> bool:
         return self.returncode == 0 and not self.timed_out
+
+
+# -- the forwarder's status report (``_forwarder.py --status-fd``) ---------------------------
+
+
+def _read_status(fd: int | None) -> tuple[str, int] | None:
+    """The forwarder's ``exit N`` / ``signal N`` line from the status pipe (None: none)."""
+    if fd is None:
+        return None
+    try:
+        os.set_blocking(fd, False)
+        kind, n = os.read(fd, 64).decode().split()
+        return kind, int(n)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def _signame(n: int) -> str:
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return f"signal {n}"
+
+
+def killed_from_outside(rc: int, status_fd: int | None) -> str:
+    """Why a command that ``run`` did not kill was killed from outside the sandbox ("" when it
+    ended on its own). ``rc``: the sandbox process's return code (negative: died of a signal);
+    ``status_fd``: the read end of the forwarder's status pipe (None: no forwarder ran).
+    What tells, in order:
+
+    * the sandbox process (bwrap) itself died of a signal: only something outside sends it
+      one (an operator, the infrastructure, the OOM killer);
+    * the forwarder (the command's parent inside) reported that the command died of SIGKILL:
+      nothing in the sandbox's own limits sends SIGKILL (RLIMIT_DATA fails allocations,
+      RLIMIT_FSIZE sends SIGXFSZ), the kernel's OOM killer and kills from outside do;
+    * the forwarder was started but reported nothing and the sandbox ended with a signal
+      status (128+N): the forwarder or the sandbox's init was killed before the command ended
+      (init cannot be signalled from inside its pid namespace).
+
+    A command that exits with any status by itself, 137 included, or dies of another signal
+    (a crash: SIGSEGV, SIGABRT...), reports that, and is not "killed". A SIGKILL sent from
+    inside the sandbox to the harness's top process (a tool running ``kill -9`` on it) is
+    judged killed too: such a rollout is tombstoned, never trained, which is the safe side.
+    """
+    if rc < 0:
+        return f"the sandbox process was killed by {_signame(-rc)}"
+    status = _read_status(status_fd)
+    if status is not None:
+        kind, n = status
+        if kind == "signal" and n == signal.SIGKILL:
+            return "the command was killed by SIGKILL (the OOM killer or a kill from outside)"
+        return ""
+    if status_fd is not None and rc > 128:
+        return (
+            f"the sandbox's init or launcher died of {_signame(rc - 128)} before the command ended"
+        )
+    return ""
 
 
 @dataclass(slots=True)

@@ -38,6 +38,9 @@ Design (the simplest one that is correct):
   only), which listens on ``127.0.0.1:<proxy_port>`` in the command's own network namespace
   before starting it and relays each connection to the unix socket. Without a proxy socket,
   commands run without Python in between (the fast path).
+* **Killed from outside** (`ExecResult.killed`, see ``base.killed_from_outside``): bwrap's
+  status cannot tell ``exit 137`` from SIGKILL, so the forwarder reports how the command ended
+  (``exit N`` / ``signal N``) on a pipe passed to each run.
 
 Needs: ``bubblewrap`` and ``util-linux`` (setpriv, prlimit); python3 for the forwarder.
 """
@@ -67,6 +70,7 @@ from actors.sandbox.base import (
     SandboxBase,
     SandboxError,
     SandboxSpec,
+    killed_from_outside,
     workspace_relpath,
 )
 from actors.sandbox.envs import (
@@ -670,8 +674,9 @@ class BwrapBackend:
             mounted.append(inside)
         return args
 
-    def command_chain(self, spec: SandboxSpec, uid: int) -> list[str]:
-        """What runs inside before the user's argv: uid drop, rlimits, forwarder."""
+    def command_chain(self, spec: SandboxSpec, uid: int, status_fd: int | None = None) -> list[str]:
+        """What runs inside before the user's argv: uid drop, rlimits, forwarder (which reports
+        how the command ended on ``status_fd``, an inherited pipe, when given)."""
         chain: list[str] = []
         if self.mode == "root":
             chain += [self._tools["setpriv"], f"--reuid={uid}", f"--regid={uid}"]
@@ -683,7 +688,8 @@ class BwrapBackend:
         chain += ["--"]
         if spec.proxy_socket is not None:
             chain += [self._python, "-I", "-S", "-B", FORWARDER_INSIDE]
-            chain += [str(spec.proxy_port), PROXY_SOCK_INSIDE, "--"]
+            chain += [str(spec.proxy_port), PROXY_SOCK_INSIDE]
+            chain += ["--status-fd", str(status_fd), "--"] if status_fd is not None else ["--"]
         return chain
 
 
@@ -708,7 +714,6 @@ class BwrapSandbox(SandboxBase):
         self._lock_fd, self._uid_fd = lock_fd, uid_fd
         self._owner = (uid, uid) if backend.mode == "root" else None
         self._prefix = backend.sandbox_prefix(spec, state_dir, env_dir)
-        self._chain = backend.command_chain(spec, uid)
         self._procs: set[asyncio.subprocess.Process] = set()
         self._destroyed = False
         self._destroy_lock = asyncio.Lock()
@@ -752,21 +757,30 @@ class BwrapSandbox(SandboxBase):
         full_env = self.base_env() | (env or {})
         if self.env_dir is not None:
             full_env["PATH"] = with_env_path(full_env.get("PATH"))
-        argv_full = [*self._prefix, *self._per_run_args(cwd)]
-        argv_full += ["--", *self._chain, *argv]
-        t0 = time.monotonic()
+        status_r, status_w = os.pipe() if self.spec.proxy_socket is not None else (None, None)
+        chain = self.backend.command_chain(self.spec, self.uid, status_w)
+        argv_full = [*self._prefix, *self._per_run_args(cwd), "--", *chain, *argv]
+        t0, pipe = time.monotonic(), asyncio.subprocess.PIPE
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv_full,
-                stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=full_env,
-                start_new_session=True,
-            )
-        except OSError as e:
-            raise SandboxError(f"cannot start bwrap: {e}") from e
-        return await self._supervise(proc, stdin, limit, t0)
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *argv_full,
+                    stdin=pipe if stdin is not None else asyncio.subprocess.DEVNULL,
+                    stdout=pipe,
+                    stderr=pipe,
+                    env=full_env,
+                    start_new_session=True,
+                    pass_fds=() if status_w is None else (status_w,),
+                )
+            except OSError as e:
+                raise SandboxError(f"cannot start bwrap: {e}") from e
+            finally:
+                if status_w is not None:
+                    os.close(status_w)
+            return await self._supervise(proc, stdin, limit, t0, status_r)
+        finally:
+            if status_r is not None:
+                os.close(status_r)
 
     def _per_run_args(self, cwd: str | None) -> list[str]:
         args = ["--chdir", cwd or self.workdir]
@@ -780,7 +794,7 @@ class BwrapSandbox(SandboxBase):
             args += ["--ro-bind", str(sock), PROXY_SOCK_INSIDE]
         return [*args, "--remount-ro", "/"]
 
-    async def _supervise(self, proc, stdin, limit, t0) -> ExecResult:
+    async def _supervise(self, proc, stdin, limit, t0, status_fd: int | None) -> ExecResult:
         cap = self.spec.limits.output_cap_bytes
         self._procs.add(proc)
         readers = [
@@ -809,8 +823,11 @@ class BwrapSandbox(SandboxBase):
         )
         if not timed_out and _setup_failed(proc.returncode, err):
             raise SandboxError(f"sandbox setup failed: {err.decode(errors='replace').strip()}")
+        gone = timed_out or self._destroyed  # killed by ``run`` itself, not from outside
+        killed = "" if gone else killed_from_outside(proc.returncode, status_fd)
         return ExecResult(
             returncode=proc.returncode,
+            killed=killed,
             stdout=out,
             stderr=err,
             timed_out=timed_out,

@@ -136,6 +136,31 @@ def _cgroup_procs(pid: int) -> Path | None:
     return None
 
 
+def _dying(pid: int | None) -> bool:
+    """Whether host pid ``pid`` is gone, a zombie, or exiting (``PF_EXITING``: an init killed
+    is still waiting for its namespace's processes to die when their exits are seen)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        state, *rest = stat[stat.rindex(")") + 2 :].split()
+        return state in ("Z", "X") or bool(int(rest[5]) & 0x4)  # flags
+    except (OSError, ValueError, IndexError):
+        return True
+
+
+def _oom_kills(pid: int | None) -> int:
+    """OOM kills so far in the memory cgroup (v2 or v1) of host pid ``pid`` (-1: unknown)."""
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            hid, ctrls, path = line.split(":", 2)
+            for f in (
+                Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.events",
+                Path("/sys/fs/cgroup/memory") / path.lstrip("/") / "memory.oom_control",
+            ):
+                if ("memory" in ctrls.split(",") or hid == "0") and f.exists():
+                    return int(dict(ln.split() for ln in f.read_text().splitlines())["oom_kill"])
+    return -1
+
+
 def _kill_uid_round(procs: Path, uid: int) -> int:
     """SIGKILL the live processes of ``uid`` listed in ``procs``; how many were signalled."""
     n = 0
@@ -635,6 +660,7 @@ class DockerSandbox(SandboxBase):
         if self.env_image is not None:
             full_env["PATH"] = with_env_path(full_env.get("PATH"))
         user = f"{self.uid}:{self.uid}"
+        ooms = await asyncio.to_thread(_oom_kills, self._init_pid)
         try:
             ex = await self._container.exec(
                 argv,
@@ -667,7 +693,7 @@ class DockerSandbox(SandboxBase):
             if self._destroyed:
                 return ExecResult(-signal.SIGKILL, b"", b"", False, time.monotonic() - t0)
             raise self._failure(f"docker exec: {e}") from e
-        return self._result(info, out, err, timed_out, t0)
+        return self._result(info, out, err, timed_out, t0, ooms)
 
     async def _wait_exit(self, ex, pump: asyncio.Future, deadline: float) -> bool:
         """Wait until the exec's process exited (its output ended and docker says so);
@@ -693,7 +719,9 @@ class DockerSandbox(SandboxBase):
             await asyncio.sleep(0.025)
         return info
 
-    def _result(self, info: dict, out, err, timed_out: bool, t0: float) -> ExecResult:
+    def _result(
+        self, info: dict, out, err, timed_out: bool, t0: float, ooms: int = -1
+    ) -> ExecResult:
         (out, out_trunc), (err, err_trunc) = out, err
         code = info.get("ExitCode")
         if timed_out and code not in (None, 128 + signal.SIGKILL):
@@ -706,8 +734,12 @@ class DockerSandbox(SandboxBase):
             if mapped is None:
                 raise self._failure(f"cannot start command: {out.decode(errors='replace')}")
             code, out, err = mapped, b"", out.strip() + b"\n"
+        killed = ""
+        if not (timed_out or self._destroyed) and code == 128 + signal.SIGKILL:
+            killed = self._killed(ooms)
         return ExecResult(
             returncode=code,
+            killed=killed,
             stdout=out,
             stderr=err,
             timed_out=timed_out,
@@ -715,6 +747,17 @@ class DockerSandbox(SandboxBase):
             stdout_truncated=out_trunc,
             stderr_truncated=err_trunc,
         )
+
+    def _killed(self, ooms_before: int) -> str:
+        """Why a command that died of SIGKILL (exit 137, which ``exit 137`` also gives) was
+        killed from outside, when that is certain: the container's OOM killer fired meanwhile
+        (its memory limit is for the whole sandbox), or the container is gone."""
+        now = _oom_kills(self._init_pid)
+        if ooms_before >= 0 and now > ooms_before:
+            return f"the container's OOM killer fired ({now - ooms_before} kills) at its limit"
+        if _dying(self._init_pid):  # its init died (or is dying): the whole container did
+            return "the container was stopped from outside"
+        return ""
 
     def _failure(self, msg: str) -> SandboxError:
         return SandboxError(f"{self.name}: {msg}")

@@ -12,7 +12,9 @@ to a process in any other way:
   RolloutResult (an ordered consumer over ``ROLLOUTS`` from the start, so a resumed
   supervisor rebuilds the reward history: mean reward per issued version, harness, train/eval);
 * the learner's own ``metrics.jsonl`` (step lines: version, batch reward, eval means), whose
-  lines it copies verbatim into the run's ``metrics.jsonl`` beside its own ``rollup`` lines.
+  lines it copies verbatim into the run's ``metrics.jsonl`` beside its own ``rollup`` lines;
+* at the end, `Monitor.audit`: where every issued rollout is, from the streams alone
+  (``common.run.audit``), for the summary's exact ``unaccounted``.
 
 Views: `LiveDashboard` (rich, for terminals) and `PlainStatus` (one line every few seconds,
 for logs and non-TTY output).
@@ -229,6 +231,10 @@ class Monitor:
         self.assembler_pending = 0
         self.result_counts: Counter[str] = Counter()
         self.members: set[tuple[str, int]] = set()
+        self.results_read = 0
+        """Stream sequence of the last RolloutResult read (decodable or not)."""
+        self.accounting: Any = None
+        """The last `audit` (``common.run.audit.Accounting``); None before one succeeded."""
         self._rewards: dict[tuple[str, str, int], list[float]] = defaultdict(lambda: [0.0, 0, 0])
         self._reward_delta: dict[tuple[str, str, int], list[float]] = defaultdict(
             lambda: [0.0, 0.0]
@@ -266,6 +272,8 @@ class Monitor:
                 self.add_result(decode(msg.data, RolloutResult))
             except Exception as e:  # a record we cannot read is not the monitor's business
                 log.debug("monitor: undecodable result: %r", e)
+            with contextlib.suppress(Exception):
+                self.results_read = max(self.results_read, int(msg.metadata.sequence.stream))
 
         self._sub = await self.bus.js.subscribe(
             self.bus.subjects.rollouts,
@@ -367,6 +375,16 @@ class Monitor:
             self.queues["results"] = self.assembler_pending
         except Exception:
             self.queues["results"] = 0
+
+    async def audit(self, catch_up_s: float = 10.0) -> Any:
+        """Where every issued rollout is, from the streams (``common.run.audit``); kept in
+        ``accounting``."""
+        from common.run.audit import audit
+
+        self.accounting = await audit(
+            self.bus, self.members, lambda: self.results_read, catch_up_s=catch_up_s
+        )
+        return self.accounting
 
     def _scraped(self, role: str) -> list[Scraped]:
         return [t.scraped for t in self.targets.values() if t.role == role]

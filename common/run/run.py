@@ -361,6 +361,10 @@ class Run:
             with contextlib.suppress(Exception):
                 await self.monitor.tick()
             self.monitor.write_line(self.monitor.rollup(self.status()))
+            try:  # while the bus is still up: the summary's accounting
+                await self.monitor.audit()
+            except Exception as e:
+                self._event(f"accounting from the streams failed: {e!r}")
 
     def stop_all(self) -> None:
         names = {
@@ -406,8 +410,12 @@ class Run:
             self._plotting = False
 
     def summary(self, outcome: Any, elapsed: float, leftovers: list[int]) -> SummaryLine:
+        from common.run.audit import Accounting
+
         st = self.status()
-        assembled = int(sum(st.outcomes.values()))
+        acc = self.monitor.accounting
+        audited = acc is not None
+        acc = acc or Accounting(issued=st.issued, exact=False)
         steps = sorted(st.reward_train.items())
         return SummaryLine(
             outcome=outcome.kind if outcome else "error",
@@ -418,13 +426,16 @@ class Run:
             steps=self.cfg.steps,
             engine_versions=st.engine_versions,
             samples_trained=st.samples_trained,
-            issued=st.issued,
+            issued=acc.issued,
             results=st.results,
             members_with_result=len(self.monitor.members),
             samples=int(st.outcomes.get("sample", 0)),
             tombstones={k: int(v) for k, v in st.tombstones.items()},
-            assembled=assembled,
-            unaccounted=st.issued - assembled,
+            assembled=acc.assembled,
+            unaccounted=acc.unaccounted if audited else 0,
+            pending=acc.pending,
+            dead_lettered_tasks=acc.dead_lettered,
+            accounting="exact" if acc.exact else ("incomplete" if audited else "unavailable"),
             failures=st.failures,
             dropped=st.dropped,
             reward_first=steps[0][1] if steps else None,
@@ -461,6 +472,13 @@ class Run:
             print(f"  engines: {ev}", file=p)
         if s.restarts:
             print(f"  restarts: {s.restarts}", file=p)
+        if s.unaccounted or s.accounting != "exact":
+            print(
+                f"  WARNING: {s.unaccounted} issued rollouts unaccounted for ({s.pending} "
+                f"pending, {s.dead_lettered_tasks} tasks dead-lettered; accounting "
+                f"{s.accounting})",
+                file=p,
+            )
         if s.leftover_pids:
             print(f"  WARNING: processes left running: {s.leftover_pids}", file=p)
         print(f"  run dir {self.paths.run_dir} (logs/, metrics.jsonl, commands.sh)", file=p)

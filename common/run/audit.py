@@ -1,0 +1,126 @@
+"""Where every issued rollout is, read from the streams alone: the run summary's accounting.
+
+Each TaskRequest stored on ``TASKS`` (its last sequence = rollouts issued) is, at any moment,
+in exactly one of these places (an actor publishes a rollout's result *before* it acks or
+dead-letters the task, and the work queue keeps a task until then):
+
+* **pending** — still stored on ``TASKS``: queued, or running on an actor (its members are read
+  message by message, so one whose result is out but whose ack is not yet is counted once);
+* **with a result** — settled after its member's RolloutResult was stored on ``ROLLOUTS``
+  (members are ``(group_id, k)``: a redelivered task's second attempt is the same member);
+* **dead-lettered without a result** — on ``hrl.<run>.dead.tasks`` (poison, unusable identity);
+* otherwise it is **unaccounted** for: a task settled without a result anywhere, i.e. lost.
+
+Everything comes from durable state (streams and the assembler's durable consumer), never from
+a process's counters, which reset when it restarts and which a restarted supervisor never saw:
+restarts of actors, the assembler, the learner or ``harnessrl run`` itself cannot make a
+rollout look lost. The results are the monitor's (an ordered consumer from the stream's start);
+`audit` waits until it has read the stream to the end first (``exact`` says whether it did).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("harnessrl.run")
+
+Member = tuple[str, int]
+"""``(group_id, k)``: one issued rollout, whatever its attempts."""
+
+
+@dataclass
+class Accounting:
+    """The run's rollouts by where they are (see the module docstring)."""
+
+    issued: int = 0
+    """TaskRequests ever stored on TASKS (its last sequence)."""
+    pending: int = 0
+    """TaskRequests still stored: queued, or running on an actor."""
+    with_result: int = 0
+    """Settled TaskRequests whose member has a RolloutResult."""
+    dead_lettered: int = 0
+    """TaskRequests dead-lettered without a result for their member."""
+    assembled: int = 0
+    """RolloutResults the assembler has settled (acked or dead-lettered), from its durable
+    consumer: each became a sample, a tombstone or a dead letter."""
+    exact: bool = True
+    """Whether every stored result was read before counting (else ``unaccounted`` may be
+    too high)."""
+
+    @property
+    def unaccounted(self) -> int:
+        """Issued rollouts found in none of the places above (lost)."""
+        return self.issued - self.pending - self.with_result - self.dead_lettered
+
+
+def member_of(data: bytes | None) -> Member | None:
+    """The member a stored TaskRequest payload names (None: it does not decode)."""
+    from common.records import RecordDecodeError, TaskRequest, decode
+
+    try:
+        t = decode(data or b"", TaskRequest)
+    except RecordDecodeError:
+        return None
+    return t.group_id, t.k
+
+
+async def audit(
+    bus: Any,
+    members: set[Member],
+    results_read: Callable[[], int],
+    *,
+    catch_up_s: float = 10.0,
+) -> Accounting:
+    """Count where every issued rollout is. ``members``: members with a RolloutResult, from
+    the monitor's reading of ROLLOUTS; ``results_read()``: the last stream sequence it read.
+    Reads are ordered so that nothing settled meanwhile is missed: TASKS first, then ROLLOUTS
+    (a result is stored before its task is settled), then the dead letters."""
+    import nats.js.errors
+
+    from common.records import DeadLetter
+
+    js, subj = bus.js, bus.subjects
+    acc = Accounting()
+    tasks = await js.stream_info(subj.stream("TASKS"))
+    acc.issued = int(tasks.state.last_seq)
+    pending: set[Member | None] = set()
+    seq = max(1, int(tasks.state.first_seq))
+    while seq <= acc.issued:  # the tasks still stored, one by one (few: admission control)
+        try:
+            m = await js.get_msg(subj.stream("TASKS"), seq=seq, subject=subj.tasks, next=True)
+        except nats.js.errors.NotFoundError:
+            break
+        if m.seq is None or m.seq > acc.issued:
+            break
+        acc.pending += 1
+        pending.add(member_of(m.data))
+        seq = m.seq + 1
+    rollouts = await js.stream_info(subj.stream("ROLLOUTS"))
+    last_result = int(rollouts.state.last_seq)
+    deadline = time.monotonic() + catch_up_s
+    while results_read() < last_result and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    acc.exact = results_read() >= last_result
+    if not acc.exact:
+        log.warning(
+            "accounting: read results up to %d of %d; unaccounted may be too high",
+            results_read(),
+            last_result,
+        )
+    results = set(members)
+    acc.with_result = len(results - pending)
+    dead: dict[int, Member | None] = {}
+    for dl in await bus.read_subject(subj.dead("TASKS"), DeadLetter):
+        if dl.stream == subj.stream("TASKS"):
+            dead[dl.seq] = member_of(dl.data)
+    acc.dead_lettered = sum(1 for m in dead.values() if m is None or m not in results)
+    with contextlib.suppress(Exception):  # no assembler consumer yet: nothing assembled
+        ci = await js.consumer_info(subj.stream("ROLLOUTS"), "assembler")
+        acc.assembled = int(ci.delivered.stream_seq) - int(ci.num_ack_pending)
+    return acc

@@ -1,0 +1,111 @@
+"""The run summary's accounting (``unaccounted``) is exact after restarts: it is read from the
+streams, never from process counters that a restart resets or a restarted supervisor never saw.
+
+Against a real nats-server, the test plays the feeder, the actors (one of which "dies" after
+publishing a result, so its task is redelivered and run again) and runs the real assembler,
+restarting it; then a *fresh* monitor (a resumed ``harnessrl run``) writes the summary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+
+from common.bus import Bus, connect
+from common.records import RolloutResult, TaskRequest
+from common.run.dashboard import Monitor
+from common.run.run import Run
+from learner.assembler import Assembler
+from learner.config import AssemblerConfig
+
+
+def task(gid: str, k: int) -> TaskRequest:
+    return TaskRequest(group_id=gid, k=k, group_size=2, issued_version=0, task_id="copy_01")
+
+
+def result(t: TaskRequest, attempt: int, status: str = "ok") -> RolloutResult:
+    return RolloutResult(
+        rollout_id=f"{t.group_id}-{t.k}-{attempt}",
+        task_id=t.task_id,
+        group_id=t.group_id,
+        k=t.k,
+        attempt=attempt,
+        group_size=t.group_size,
+        status=status,  # type: ignore[arg-type]
+        ended_at=time.time(),
+    )
+
+
+async def assemble_for(bus: Bus, seconds: float) -> None:
+    """Run the real assembler for a while (then it is stopped: a restart, when run again)."""
+    cfg = AssemblerConfig(run=bus.run, straggler_wait_s=0.0, ack_wait=5.0)
+    t = asyncio.create_task(Assembler(bus, cfg).run())
+    await asyncio.sleep(seconds)
+    t.cancel()
+    await asyncio.gather(t, return_exceptions=True)
+
+
+async def summarise(nats_url: str, run: str, run_dir) -> object:
+    """What a freshly (re)started ``harnessrl run`` writes as its summary at the end."""
+    monitor = Monitor(run, run_dir, steps=1)
+    await monitor.connect(nats_url)
+    sup = Run.__new__(Run)  # the summary's parts of a Run, without starting processes
+    sup.monitor, sup.cfg, sup.time_limited = monitor, SimpleNamespace(steps=1), False
+    sup.sup, sup.events, sup.view = SimpleNamespace(children={}), [], None
+    sup.paths = SimpleNamespace(supervisor_log=run_dir / "supervisor.log")
+    try:
+        await sup._final_tick()
+    finally:
+        await monitor.close()
+    return sup.summary(None, 1.0, [])
+
+
+async def test_unaccounted_is_exact_across_restarts(nats_url: str, run_name: str, tmp_path):
+    bus = await connect(nats_url, run_name)
+    try:
+        for t in [task(g, k) for g in ("ga", "gb", "gc") for k in (0, 1)]:
+            await bus.publish(bus.subjects.tasks, t)
+        actors = await bus.consumer("TASKS", "actors", TaskRequest, ack_wait=30)
+        got = {(d.record.group_id, d.record.k): d for d in await actors.fetch(6, timeout=5)}
+        assert len(got) == 6
+        # a first supervisor watches the start, then dies (its scraped counters with it)
+        first = Monitor(run_name, tmp_path, steps=1)
+        await first.connect(nats_url)
+        await first.tick()
+        await first.close()
+        # ga-0: a result, acked
+        await bus.publish(bus.subjects.rollouts, result(got["ga", 0].record, 1))
+        await got["ga", 0].ack()
+        # ga-1: a result, then the actor dies before its ack: redelivered, run again, acked
+        await bus.publish(bus.subjects.rollouts, result(got["ga", 1].record, 1))
+        await got["ga", 1].nak()
+        (again,) = await actors.fetch(1, timeout=5)
+        assert (again.record.group_id, again.record.k, again.num_delivered) == ("ga", 1, 2)
+        await bus.publish(bus.subjects.rollouts, result(again.record, 2))
+        await again.ack()
+        # gb-0: dead-lettered without a result; gb-1: a bad request (failed result + dead letter)
+        await got["gb", 0].dead_letter("unusable TaskRequest identity")
+        await bus.publish(bus.subjects.rollouts, result(got["gb", 1].record, 1, "harness_error"))
+        await got["gb", 1].dead_letter("task not found")
+        # gc-0 running; gc-1 result stored, ack not yet sent
+        await bus.publish(bus.subjects.rollouts, result(got["gc", 1].record, 1))
+        await bus.publish(bus.subjects.tasks, task("gd", 0))  # gd-0 stays queued
+        # the assembler settles every result, restarted in between (its counters reset)
+        await assemble_for(bus, 1.5)
+        await assemble_for(bus, 1.5)
+
+        s = await summarise(nats_url, run_name, tmp_path)
+        assert (s.issued, s.unaccounted) == (7, 0), s  # not a false alarm
+        assert (s.pending, s.dead_lettered_tasks, s.members_with_result) == (3, 1, 4)
+        assert s.assembled == 5 and s.accounting == "exact"
+
+        # a real loss is still seen: a task settled without any result
+        await bus.publish(bus.subjects.tasks, task("ge", 0))
+        for d in await actors.fetch(3, timeout=5):
+            if d.record.group_id == "ge":
+                await d.ack()
+        s = await summarise(nats_url, run_name, tmp_path)
+        assert (s.issued, s.pending, s.unaccounted) == (8, 3, 1)
+    finally:
+        await bus.close()
