@@ -16,6 +16,7 @@ from pydantic import Field, field_validator, model_validator
 from actors.verifier import JudgeConfig
 from common.config import NatsClientSettings, ServiceConfig
 from common.records import check_token
+from common.tasks.model import non_negative_weights
 from proxy.proxy_config import ProxySettings
 
 HARNESS_NAME_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789-_"
@@ -104,10 +105,7 @@ class RolloutSettings(ProxySettings):
     @field_validator("reward_weights")
     @classmethod
     def _weights(cls, v: dict[str, float]) -> dict[str, float]:
-        for k, w in v.items():
-            if w < 0:
-                raise ValueError(f"weight of metric {k!r} is negative")
-        return v
+        return non_negative_weights(v)
 
     @field_validator("harness_options")
     @classmethod

@@ -20,6 +20,7 @@ from actors.sandbox.bwrap import BwrapBackend
 from actors.verifier import verify
 from common import cli
 from common.tasks import CLAWGYM_MOUNT, Task, load_task_path
+from tests.treefiles import write
 
 M = CLAWGYM_MOUNT
 REWARD_SH = f"""\
@@ -28,14 +29,6 @@ set -o pipefail
 python3 {M}/reward/check.py {M} | python3 -c 'import json, sys; d = json.load(sys.stdin); print(sum(d.values()) / len(d))'
 """
 HEAD = "import csv, json, os, sys\nfrom pathlib import Path\nws = sys.argv[1]\n"
-
-
-def write(root: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        p = root / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(textwrap.dedent(text))
-    return root
 
 
 def clawgym(root: Path, query: str, check: str, **inputs: str) -> Task:

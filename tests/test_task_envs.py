@@ -22,7 +22,6 @@ import asyncio
 import json
 import shutil
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -44,17 +43,10 @@ from common.tasks.environments import (
 from common.tasks.formats import NativeToml
 from common.tasks.registry import SuiteToml, list_tasks, load_task
 from tests.conftest import bwrap_or_skip
+from tests.treefiles import write
 
 REPO = Path(__file__).resolve().parents[1]
 M = CLAWGYM_MOUNT
-
-
-def write(root: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        p = root / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(textwrap.dedent(text))
-    return root
 
 
 def native(root: Path, env_table: str = "", task_id: str | None = None) -> Path:
@@ -100,7 +92,7 @@ def test_task_toml_environment_table(tmp_path: Path):
         ('pip = ["foo @ https://example.com/foo.whl"]', "environment.pip", "not a pip req"),
         ('pip = ["--index-url=http://mirror"]', "environment.pip", "not a pip requirement"),
         ("pip = [\"pandas; python_version < '3'\"]", "environment.pip", "markers"),
-        ('pip = ["pandas==2.2.3", "Pandas>=2"]', "environment.pip", "'pandas' is listed twice"),
+        ('pip = ["pandas==2.2.3", "Pandas>=2"]', "environment.pip", "'pandas' is required twice"),
         ('pip = "pandas"', "environment.pip", "valid list"),
         ("pyhton_alias = true", "environment.pyhton_alias", "unknown field"),
     ],

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -23,16 +22,9 @@ from common.tasks import (
     resolve_task,
     resolve_tasks,
 )
+from tests.treefiles import write
 
 CHECKER = 'import json, sys\nprint(json.dumps({"ok": 1.0}))\n'
-
-
-def write(root: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        p = root / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(textwrap.dedent(text))
-    return root
 
 
 def native(root: Path, toml: str | None = None, **extra: str) -> Path:

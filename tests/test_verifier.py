@@ -23,14 +23,7 @@ from actors.verifier import (
     verify,
 )
 from common.tasks import CLAWGYM_MOUNT, Task, load_task_path
-
-
-def write(root: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        p = root / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(textwrap.dedent(text))
-    return root
+from tests.treefiles import write
 
 
 def make_task(

@@ -27,14 +27,16 @@ the RL phase's rollouts/s and the plot's path; ``<out>/demo.json`` keeps the num
 phase timings.
 
 What to expect on a 2-core CPU (measured; ``benchmarks/results/demo_learning.json``): the
-defaults take 10.0 min (RL 8.5, eval 1.5). The warm start succeeds on 0.28 of held-out rollouts
-at temperature 1; 35 GRPO steps of 32 rollouts (2.4 rollouts/s) at lr 1e-4 raise that to 0.41.
-What RL corrects is what ``tiny-agent`` was shown wrong: half its teacher trajectories ran a
-family's plausible wrong one-liner (``harnessrl pretrain --near-miss``), a family-level mistake
-that generalises to held-out tasks once unlearned. What it cannot fix in minutes is copying
-names from the instruction: a per-task skill that SFT on 19k conversations only half learned
-and a few thousand 1-bit rewards do not move (the README's demo section).
-From scratch, SFT inside the live run is slow: held-out
+defaults take 11 min (RL 8.5, eval 2.5). The warm start succeeds on 0.295 of held-out rollouts
+at temperature 1; GRPO at lr 2e-4 (30-39 steps of 32 rollouts, 2.2-3.1 rollouts/s) raises
+that by +0.125 to +0.21 over 3 seeds, PPO by @@PPO@@. Eval pairs each rollout of
+the two policies on the same task and sampling seed (``demo.json``'s ``paired``: rollouts
+fixed and broken by RL). What RL corrects is what ``tiny-agent`` was shown wrong: half its
+teacher trajectories ran a family's plausible wrong one-liner (``harnessrl pretrain
+--near-miss``), a family-level mistake that generalises to held-out tasks once unlearned.
+What it cannot fix in minutes is copying names from the instruction: a per-task skill that
+SFT on 19k conversations only half learned and a few thousand 1-bit rewards do not move (the
+README's demo section). From scratch, SFT inside the live run is slow: held-out
 reward 0.28 after 40 min (success 1.4 %).
 """
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from common.tasks.model import TaskEnv, requirement_project
+from common.tasks.model import TaskEnv, pip_requirements, requirement_project
 
 CLAWGYM_PIP = [
     # test tools
@@ -102,13 +102,7 @@ class EnvironmentToml(BaseModel):
     @field_validator("pip")
     @classmethod
     def _requirements(cls, v: list[str]) -> list[str]:
-        seen: set[str] = set()
-        for req in v:
-            project = requirement_project(req)
-            if project in seen:
-                raise ValueError(f"{project!r} is listed twice")
-            seen.add(project)
-        return [r.strip() for r in v]
+        return pip_requirements(v)
 
     def resolve(self) -> TaskEnv:
         """The environment this table describes."""

@@ -51,6 +51,7 @@ from common.tasks.model import (
     TaskError,
     hash_paths,
     hash_with_env,
+    non_negative_weights,
 )
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
@@ -93,10 +94,7 @@ class ScoreToml(_Strict):
     @field_validator("weights")
     @classmethod
     def _non_negative(cls, v: dict[str, float]) -> dict[str, float]:
-        for k, w in v.items():
-            if w < 0:
-                raise ValueError(f"weight of metric {k!r} is negative")
-        return v
+        return non_negative_weights(v)
 
 
 class CheckerToml(_Strict):

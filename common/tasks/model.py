@@ -75,6 +75,26 @@ def requirement_project(req: str) -> str:
     return re.sub(r"[-_.]+", "-", m.group(1)).lower()
 
 
+def pip_requirements(reqs: list[str]) -> list[str]:
+    """``reqs`` checked (each a `requirement_project`, no project twice) and stripped; raises
+    ValueError naming the bad one."""
+    seen: set[str] = set()
+    for req in reqs:
+        project = requirement_project(req)
+        if project in seen:
+            raise ValueError(f"{project!r} is required twice")
+        seen.add(project)
+    return [r.strip() for r in reqs]
+
+
+def non_negative_weights(weights: dict[str, float]) -> dict[str, float]:
+    """Metric weights, refusing a negative one (ValueError naming the metric)."""
+    for k, w in weights.items():
+        if w < 0:
+            raise ValueError(f"weight of metric {k!r} is negative")
+    return weights
+
+
 class TaskEnv(BaseModel):
     """The software a task's prompt and checker assume beyond the sandbox's base userland
     (``python3``, ``sh``, coreutils): a ``python`` command and pip packages.
@@ -106,13 +126,7 @@ class TaskEnv(BaseModel):
     @field_validator("pip")
     @classmethod
     def _pip(cls, v: list[str]) -> list[str]:
-        seen: set[str] = set()
-        for req in v:
-            project = requirement_project(req)
-            if project in seen:
-                raise ValueError(f"{project!r} is required twice")
-            seen.add(project)
-        return [r.strip() for r in v]
+        return pip_requirements(v)
 
     @property
     def empty(self) -> bool:
