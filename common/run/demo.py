@@ -29,7 +29,7 @@ phase timings.
 What to expect on a 2-core CPU (measured; ``benchmarks/results/demo_learning.json``): the
 defaults take 11 min (RL 8.5, eval 2.5). The warm start succeeds on 0.295 of held-out rollouts
 at temperature 1; GRPO at lr 2e-4 (30-39 steps of 32 rollouts, 2.2-3.1 rollouts/s) raises
-that by +0.125 to +0.21 over 3 seeds, PPO by @@PPO@@. Eval pairs each rollout of
+that by +0.125 to +0.21 over 3 seeds, PPO by +0.06 to +0.175. Eval pairs each rollout of
 the two policies on the same task and sampling seed (``demo.json``'s ``paired``: rollouts
 fixed and broken by RL). What RL corrects is what ``tiny-agent`` was shown wrong: half its
 teacher trajectories ran a family's plausible wrong one-liner (``harnessrl pretrain
