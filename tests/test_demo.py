@@ -40,7 +40,14 @@ def _resolve(tmp_path: Path, name: str, tables: dict) -> tuple:
 def test_phase_run_files_are_valid_run_configs(tmp_path: Path) -> None:
     """What the demo writes to ``sft.toml``/``rl.toml`` parses as a run file, with the
     demo's choices carried into the right tables."""
-    cfg = DemoConfig(steps=3, algo="ppo", harnesses=["reference", "codex"], sft_minutes=2)
+    cfg = DemoConfig(
+        steps=3,
+        algo="ppo",
+        harnesses=["reference", "codex"],
+        sft_minutes=2,
+        engine_threads=1,
+        learner_threads=2,
+    )
     run, sections = _resolve(tmp_path, "sft", sft_run_file(cfg, "d-sft", "/x/toy-train"))
     assert run.engine_kind == "teacher" and not run.weights_sync
     assert run.teacher_suites == ["/x/toy-train"]
@@ -55,6 +62,7 @@ def test_phase_run_files_are_valid_run_configs(tmp_path: Path) -> None:
     assert sections["learner"]["algo"] == "ppo" and sections["learner"]["model"] == str(policy)
     assert sections["engine"]["model"] == str(policy) == sections["actor"]["model"]
     assert sections["learner"]["feeder"]["harnesses"] == ["reference", "codex"]
+    assert sections["engine"]["threads"] == 1 and sections["learner"]["threads"] == 2
 
     external = DemoConfig(engines=["http://gpu-0:30000"], nats="nats://n:4222")
     run, _ = _resolve(tmp_path, "ext", rl_run_file(external, "d-rl", policy))
