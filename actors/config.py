@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from actors.verifier import JudgeConfig
-from common.config import NatsClientSettings, ServiceConfig
+from common.config import NatsClientSettings, ServiceConfig, nats_urls
 from common.records import check_token
 from common.tasks.model import non_negative_weights
 from proxy.proxy_config import ProxySettings
@@ -174,6 +174,6 @@ class RolloutConfig(RolloutSettings, NatsClientSettings):
     @field_validator("nats")
     @classmethod
     def _nats_url(cls, v: str) -> str:
-        if v and not v.startswith(("nats://", "tls://", "ws://", "wss://")):
-            raise ValueError("must be a nats:// URL (or empty for an embedded server)")
+        if v:
+            nats_urls(v)  # one URL or a cluster's comma-separated list; empty: embedded server
         return v

@@ -70,6 +70,7 @@ class JetStreamBus(Bus):
         duplicate_window: float,
         denials: _Denials | None = None,
         stream_wait_s: float = 60.0,
+        replicas: int = 1,
     ):
         super().__init__(run)
         self.nc = nc
@@ -78,6 +79,7 @@ class JetStreamBus(Bus):
         self.duplicate_window = duplicate_window
         self.denials = denials or _Denials()
         self.stream_wait_s = stream_wait_s
+        self.replicas = replicas
 
     @classmethod
     async def connect(
@@ -92,22 +94,27 @@ class JetStreamBus(Bus):
         duplicate_window: float = 600.0,
         connect_timeout: float = 10.0,
         stream_wait_s: float = 60.0,
+        replicas: int = 1,
     ) -> JetStreamBus:
         """Connect with unlimited reconnects (a restarted server is rejoined transparently).
 
-        ``creds`` / ``ca`` are file paths (``common.natsauth.client_options``). A server that is
-        not up yet is waited for; one that refuses the credentials or the TLS handshake fails
-        the connect at once with a ``BusConnectError`` naming ``name`` and ``url``.
-        ``publish_timeout`` bounds how long one publish keeps retrying through an outage.
+        ``url`` is one server or a comma-separated list (the nodes of a cluster: the client
+        connects to one and fails over to the others). ``creds`` / ``ca`` are file paths
+        (``common.natsauth.client_options``). A server that is not up yet is waited for; one
+        that refuses the credentials or the TLS handshake fails the connect at once with a
+        ``BusConnectError`` naming ``name`` and ``url``. ``publish_timeout`` bounds how long one
+        publish keeps retrying through an outage. ``replicas``: see `ensure_streams`.
         """
         from nats.aio.client import Client
 
+        from common.config import nats_urls
         from common.files import SecretFileError
         from common.natsauth import client_options
 
         try:
-            opts = client_options(creds, ca, url)
-        except SecretFileError as e:
+            servers = nats_urls(url)
+            opts = client_options(creds, ca, servers[0])
+        except (SecretFileError, ValueError) as e:
             raise BusConnectError(f"{name}: cannot connect to NATS at {url}: {e}") from None
         denials = _Denials(str(opts.get("user", "")))
         refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
@@ -124,7 +131,7 @@ class JetStreamBus(Bus):
         nc = Client()
         attempt = asyncio.ensure_future(
             nc.connect(
-                url,
+                servers,
                 name=name,
                 connect_timeout=connect_timeout,
                 allow_reconnect=True,
@@ -155,6 +162,7 @@ class JetStreamBus(Bus):
             duplicate_window=duplicate_window,
             denials=denials,
             stream_wait_s=stream_wait_s,
+            replicas=replicas,
         )
 
     @property
@@ -177,27 +185,64 @@ class JetStreamBus(Bus):
             max_msgs_per_subject=spec.max_msgs_per_subject,
             duplicate_window=self.duplicate_window,
             discard=api.DiscardPolicy.OLD,
+            num_replicas=self.replicas,
         )
 
     async def ensure_streams(self, kinds: Iterable[str] | None = None) -> None:
         """Create each stream, or update one whose settings differ; a credential that may not
         manage streams (every role but admin) waits up to ``stream_wait_s`` for the stream to
-        exist instead, and uses it as it is."""
+        exist instead, and uses it as it is.
+
+        ``replicas`` (set at connect; 1, 3 or 5) is the least number of cluster nodes that keep
+        each stream: a stream is created with it, an existing one with fewer is raised to it,
+        and one with more keeps them (lowering is the operator's deliberate act, never a side
+        effect of a process started with the default). JetStream that cannot serve yet (a
+        cluster without a majority of its nodes up, or too few nodes up to place the replicas)
+        is waited for up to ``stream_wait_s``; a single server asked for more than one replica
+        is refused at once, with a ``BusError`` that says so."""
         for kind in kinds or STREAMS:
             cfg = self._stream_config(kind)
-            for attempt in range(20):
+            deadline = time.monotonic() + self.stream_wait_s
+            while True:
                 try:
                     await self._ensure_stream(cfg)
                     break
-                except _TRANSIENT as e:
-                    if attempt == 19:
-                        raise BusError(f"cannot create stream {cfg.name}: {e}") from None
+                except (*_TRANSIENT, nats.js.errors.APIError) as e:
+                    why = self._unplaced(cfg, e)
+                    if time.monotonic() > deadline:
+                        raise BusError(f"cannot create stream {cfg.name}: {why}") from None
                     await asyncio.sleep(0.25)
+
+    def _unplaced(self, cfg: api.StreamConfig, e: Exception) -> str:
+        """Why creating ``cfg`` failed, when waiting may cure it; raises otherwise."""
+        code, n = getattr(e, "err_code", None), cfg.num_replicas
+        if code == _JS_NOT_CLUSTERED:
+            raise BusError(
+                f"stream {cfg.name}: {n} replicas need a JetStream cluster, and the server at "
+                f"{self._where()} is a single server: set the stream replicas to 1, or start "
+                "the nodes as a cluster "
+                "(harnessrl nats --cluster-name NAME --cluster-port PORT --routes HOST:PORT ...)"
+            ) from None
+        if code == _JS_NO_PEERS:
+            return (
+                f"{n} replicas need {n} JetStream servers up in the cluster, and the server "
+                "finds no suitable peers for them: start the cluster's other nodes, or set the "
+                "stream replicas to at most the number of nodes"
+            )
+        if isinstance(e, nats.js.errors.APIError) and getattr(e, "code", None) != 503:
+            raise e
+        return f"JetStream is not available yet ({e!r})"
+
+    def _where(self) -> str:
+        u = self.nc.connected_url
+        return f"{u.hostname}:{u.port}" if u is not None else "?"
 
     async def _ensure_stream(self, cfg: api.StreamConfig) -> None:
         info = await self._stream_info(cfg.name)
-        if info is not None and _same_stream(info.config, cfg):
-            return
+        if info is not None:
+            cfg.num_replicas = max(cfg.num_replicas or 1, info.config.num_replicas or 1)
+            if _same_stream(info.config, cfg):
+                return
         try:
             await self._api(cfg.name, self._create_or_update(cfg, exists=info is not None))
         except PermissionDenied:
@@ -222,7 +267,7 @@ class JetStreamBus(Bus):
         except nats.js.errors.BadRequestError as e:
             if getattr(e, "err_code", None) != 10058:  # 10058: exists with another config
                 raise
-            await self.js.update_stream(cfg)
+            await self._ensure_stream(cfg)  # made meanwhile by another process: compare again
 
     async def _await_stream(self, name: str) -> None:
         deadline = time.monotonic() + self.stream_wait_s
@@ -449,7 +494,9 @@ class _NatsConsumer(Consumer[R]):
             return await self.psub.fetch(batch, timeout=timeout)
         except nats.errors.TimeoutError:
             return []
-        except _TRANSIENT as e:
+        except (*_TRANSIENT, nats.js.errors.ServiceUnavailableError) as e:
+            # 503: the consumer has no leader right now (a cluster node died and its Raft group
+            # is electing another); it answers again once one is elected
             log.debug("fetch failed (%r); will retry", e)
             await asyncio.sleep(min(timeout, 0.25))
             return []
@@ -479,7 +526,12 @@ class _NatsConsumer(Consumer[R]):
         return int(info.num_pending or 0)
 
 
+# JetStream API error codes (nats-server's errors.json)
+_JS_NO_PEERS = 10005  # "no suitable peers for placement"
+_JS_NOT_CLUSTERED = 10074  # "replicas > 1 not supported in non-clustered mode"
+
 _COMPARED = (
+    "num_replicas",
     "subjects",
     "retention",
     "storage",
@@ -499,6 +551,8 @@ def _same_stream(have: api.StreamConfig, want: api.StreamConfig) -> bool:
             return sorted(v or [])
         if hasattr(v, "value"):
             return v.value
+        if k == "num_replicas":
+            return v or 1
         return v or 0 if k == "max_age" else v
 
     return all(norm(k, a.get(k)) == norm(k, b.get(k)) for k in _COMPARED)

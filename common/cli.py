@@ -32,7 +32,10 @@ class Command:
 
 
 COMMANDS: dict[str, Command] = {
-    "nats": Command("run an embedded nats-server with JetStream", "common.natsd_cli"),
+    "nats": Command(
+        "run an embedded nats-server with JetStream (one server, or a node of a cluster)",
+        "common.natsd_cli",
+    ),
     "engine": Command(
         "serve a model over SGLang's native HTTP API (CPU/embedded)", "proxy.engine_cmd"
     ),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import tomllib
 import types
 import typing
@@ -25,7 +26,14 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from common.records import check_token
 
@@ -34,6 +42,36 @@ M = TypeVar("M", bound=BaseModel)
 
 class ConfigError(ValueError):
     """A config file or flag is invalid; the message names the field."""
+
+
+NATS_SCHEMES = ("nats://", "tls://", "ws://", "wss://")
+
+
+def nats_urls(v: str) -> list[str]:
+    """The servers of a NATS URL: one URL, or a comma-separated list of the nodes of a cluster
+    (``tls://a:4222,tls://b:4222``); ``ValueError`` names a bad one."""
+    urls = [u.strip() for u in v.split(",") if u.strip()]
+    if not urls:
+        raise ValueError("no NATS URL given")
+    for u in urls:
+        if not u.startswith(NATS_SCHEMES):
+            raise ValueError(f"{u!r} is not a nats:// URL (nats://, tls://, ws:// or wss://)")
+    return urls
+
+
+STREAM_REPLICAS = (1, 3, 5)
+"""Allowed replica counts of a stream: JetStream's Raft groups want an odd size (3 survives the
+loss of one node, 5 of two)."""
+
+
+def check_replicas(n: int) -> int:
+    """``n`` if it is an allowed stream replica count, else ``ValueError`` saying which are."""
+    if n not in STREAM_REPLICAS:
+        raise ValueError(
+            "stream replicas must be 1, 3 or 5: 3 survives the loss of one node, 5 of two; "
+            "an even count survives no more than the odd count below it"
+        )
+    return n
 
 
 class HrlModel(BaseModel):
@@ -62,8 +100,9 @@ class ServiceConfig(NatsClientSettings):
     """Fields shared by every long-running service."""
 
     nats: str = "nats://127.0.0.1:4222"
-    """NATS server URL (``nats://host:port``, ``tls://host:port`` for a TLS server); every
-    process of a run points at the same one."""
+    """NATS server URL (``nats://host:port``, ``tls://host:port`` for a TLS server), or the
+    comma-separated URLs of a cluster's nodes (fails over between them); every process of a
+    run points at the same server or cluster."""
     run: str = "default"
     """Run name; namespaces every subject (``hrl.<run>.…``) and stream (``HRL_<run>_…``)."""
     metrics_port: int = Field(0, ge=-1, le=65535)
@@ -79,8 +118,7 @@ class ServiceConfig(NatsClientSettings):
     @field_validator("nats")
     @classmethod
     def _nats_url(cls, v: str) -> str:
-        if not v.startswith(("nats://", "tls://", "ws://", "wss://")):
-            raise ValueError("must be a nats:// URL")
+        nats_urls(v)
         return v
 
 
@@ -124,7 +162,29 @@ class NatsServerConfig(HrlModel):
     tls_hosts: list[str] = []
     """Extra DNS names or IP addresses for the generated certificate (it always covers
     ``localhost``, ``127.0.0.1``, this machine's hostname and ``host``): the names other machines
-    use to reach this server."""
+    use to reach this server, and in a cluster the host names the other nodes' ``routes``
+    give for this one (routes verify certificates both ways)."""
+    stream_replicas: int = 1
+    """Copies of each stream of ``runs`` (1, 3 or 5), each on another node of the cluster: 3
+    keeps every acknowledged message through the loss of one node, 5 of two. More than 1 needs
+    ``cluster_name``, and at most the nodes ``routes`` names (with this one). An existing
+    stream with fewer is raised to this count; one with more keeps them."""
+    cluster_name: str = ""
+    """Make this server a node of the JetStream cluster of this name (the same on every node);
+    empty: a single server (no route listener)."""
+    cluster_port: int = Field(6222, ge=1, le=65535)
+    """Port the cluster's routes listen on (on ``host``), named in the other nodes' ``routes``."""
+    routes: list[str] = []
+    """``HOST:PORT`` of every node's route listener (the same list on every node; this node's
+    own entry is skipped). Routes carry the route credential of the shared auth folder and, with
+    TLS, verify each other's certificates against its CA."""
+    server_name: str = ""
+    """This node's name, unique in the cluster and kept across restarts (JetStream knows its
+    peers by name); empty: ``<cluster_name>-<hostname>-<cluster_port>``."""
+    cluster_wait_s: float = Field(300.0, gt=0, le=86_400)
+    """How long a cluster node waits, after its server is up, for JetStream to serve the runs'
+    streams (a majority of the nodes up, and ``stream_replicas`` nodes to place them on):
+    start the nodes within this time of each other."""
 
     @field_validator("runs")
     @classmethod
@@ -132,6 +192,62 @@ class NatsServerConfig(HrlModel):
         if not v:
             raise ValueError("at least one run name is needed")
         return [check_token(r, "run") for r in v]
+
+    @field_validator("stream_replicas")
+    @classmethod
+    def _replicas(cls, v: int) -> int:
+        return check_replicas(v)
+
+    @field_validator("cluster_name", "server_name")
+    @classmethod
+    def _names(cls, v: str, info: Any) -> str:
+        return check_token(v, info.field_name) if v else v
+
+    @field_validator("routes")
+    @classmethod
+    def _routes(cls, v: list[str]) -> list[str]:
+        return [route_hostport(r) for r in v]
+
+    @model_validator(mode="after")
+    def _cluster(self) -> NatsServerConfig:
+        if self.routes and not self.cluster_name:
+            raise ValueError("routes need cluster_name (the cluster these nodes form)")
+        if self.stream_replicas > 1 and not self.cluster_name:
+            raise ValueError(
+                f"stream_replicas = {self.stream_replicas} needs a cluster: a single server keeps "
+                "one copy (set cluster_name and routes, or stream_replicas = 1)"
+            )
+        nodes = self.cluster_size()
+        if self.stream_replicas > nodes:
+            raise ValueError(
+                f"stream_replicas = {self.stream_replicas} exceeds the cluster's {nodes} nodes "
+                f"(this one and routes {self.routes}): name every node in routes, or lower "
+                "stream_replicas"
+            )
+        return self
+
+    def cluster_size(self) -> int:
+        """Nodes of the cluster as the config names them: this one and the other routes."""
+        own_hosts = {"127.0.0.1", "localhost", "::1", self.host, socket.gethostname()}
+        own_hosts |= set(self.tls_hosts)
+        others = set()
+        for r in self.routes:
+            host, _, port = r.rpartition(":")
+            if not (int(port) == self.cluster_port and host.strip("[]") in own_hosts):
+                others.add(r)
+        return 1 + len(others)
+
+
+def route_hostport(route: str) -> str:
+    """``HOST:PORT`` of a cluster route (``nats-route://`` may prefix it; credentials may not:
+    they come from the auth folder); ``ValueError`` otherwise."""
+    hostport = route.removeprefix("nats-route://").rstrip("/")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not host or "@" in host or "/" in hostport or not port.isdigit():
+        raise ValueError(f"route {route!r} is not HOST:PORT (no credentials, no path)")
+    if not 0 < int(port) < 65536:
+        raise ValueError(f"route {route!r}: port out of range")
+    return hostport
 
 
 # ---------------------------------------------------------------------------------------------

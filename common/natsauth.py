@@ -4,9 +4,17 @@
 
 * ``<role>.cred`` (0600) for every role in `ROLES`: one line ``user:password``; the user is the
   role's name. Existing files are reused, so a restarted server accepts the clients it had.
+* ``route.cred`` (0600): the credential cluster nodes present to each other's route listener
+  (``ROUTE_USER``; never a client user).
 * ``tls/`` : ``ca.pem`` (the self-signed CA clients verify the server with, public),
   ``ca-key.pem`` (0600), ``server.pem`` / ``server-key.pem`` (0600), made on demand with the
-  ``cryptography`` package when installed, else the ``openssl`` command.
+  ``cryptography`` package when installed, else the ``openssl`` command. The server certificate
+  serves clients and, in a cluster, routes: nats-server verifies routes both ways, so it is
+  valid for server and client authentication.
+
+The nodes of one cluster share one auth folder (copied to each machine, CA key included; each
+node remakes its own server certificate for its ``tls_hosts`` from that CA): clients then hold
+one credential and one CA for every node, and the nodes accept each other's routes.
 
 Clients take *file paths* only (``nats_creds``, ``nats_ca`` in every config; never a secret on a
 command line, which ``harnessrl run`` writes to ``commands.sh``). A credential file is either
@@ -57,6 +65,9 @@ from common.files import SecretFileError, atomic_write, read_secret
 
 ROLES = ("admin", "learner", "assembler", "actor", "proxy", "weights_sync")
 """Roles with their own credential file (``<auth_dir>/<role>.cred``)."""
+
+ROUTE_USER = "route"
+"""User of the cluster routes (``<auth_dir>/route.cred``)."""
 
 JWT_CREDS_MARK = "-----BEGIN NATS USER JWT-----"
 
@@ -164,8 +175,30 @@ class ServerAuth:
     """CA file clients verify the server with (None: the certificate is publicly trusted)."""
 
     def creds(self, role: str) -> Path:
-        """Credential file of ``role``."""
+        """Credential file of ``role`` (or of ``ROUTE_USER``)."""
         return self.auth_dir / f"{role}.cred"
+
+    def route_url(self, hostport: str) -> str:
+        """The route URL of a cluster node, with the route credential in it."""
+        return f"nats-route://{ROUTE_USER}:{self.passwords[ROUTE_USER]}@{hostport}"
+
+    def route_block(self) -> str:
+        """The ``authorization`` (and ``tls``) lines of the ``cluster`` block: a node accepts
+        routes that present the route credential, over TLS verified both ways with ``ca``."""
+        auth = {"user": ROUTE_USER, "password": self.passwords[ROUTE_USER], "timeout": 5}
+        text = f"  authorization: {json.dumps(auth)}\n"
+        if self.tls_cert is not None:
+            text += f"  tls {{\n{self._tls_files('    ', ca=True)}  }}\n"
+        return text
+
+    def _tls_files(self, indent: str, *, ca: bool) -> str:
+        text = (
+            f"{indent}cert_file: {json.dumps(str(self.tls_cert))}\n"
+            f"{indent}key_file: {json.dumps(str(self.tls_key))}\n"
+        )
+        if ca and self.ca is not None:
+            text += f"{indent}ca_file: {json.dumps(str(self.ca))}\n"
+        return text + f"{indent}timeout: 5\n"
 
     def conf_block(self) -> str:
         """The ``authorization`` (and ``tls``) blocks of the server's config file."""
@@ -181,24 +214,18 @@ class ServerAuth:
         # nats-server's config syntax accepts JSON values
         text = f"authorization {{\n  users: {json.dumps(users, indent=2)}\n}}\n"
         if self.tls_cert is not None:
-            text += (
-                "tls {\n"
-                f"  cert_file: {json.dumps(str(self.tls_cert))}\n"
-                f"  key_file: {json.dumps(str(self.tls_key))}\n"
-                "  timeout: 5\n"
-                "}\n"
-            )
+            text += f"tls {{\n{self._tls_files('  ', ca=False)}}}\n"
         return text
 
 
 def ensure_credentials(auth_dir: Path | str) -> dict[str, str]:
-    """One ``<role>.cred`` per role in ``auth_dir`` (0700), made once and reused; role ->
-    password."""
+    """One ``<role>.cred`` per role in ``auth_dir`` (0700), and ``route.cred``, made once and
+    reused; user -> password."""
     d = Path(auth_dir)
     d.mkdir(parents=True, exist_ok=True)
     os.chmod(d, 0o700)
     out = {}
-    for role in ROLES:
+    for role in (*ROLES, ROUTE_USER):
         path = d / f"{role}.cred"
         if path.exists():
             user, password = parse_userpass(path)
@@ -231,7 +258,8 @@ def default_tls_hosts(host: str) -> list[str]:
 
 def ensure_tls(tls_dir: Path | str, hosts: list[str]) -> tuple[Path, Path, Path]:
     """``(ca.pem, server.pem, server-key.pem)`` in ``tls_dir``: a self-signed CA made once and
-    a server certificate for ``hosts`` (remade when the hosts change)."""
+    a certificate for ``hosts`` (remade when the hosts change), valid for server and client
+    authentication (clients see the server side; cluster routes verify both sides)."""
     d = Path(tls_dir)
     d.mkdir(parents=True, exist_ok=True)
     os.chmod(d, 0o700)
@@ -240,7 +268,9 @@ def ensure_tls(tls_dir: Path | str, hosts: list[str]) -> tuple[Path, Path, Path]
     make = _make_with_cryptography if _has_cryptography() else _make_with_openssl
     if not (ca.exists() and ca_key.exists()):
         make(d, hosts, ca_only=True)
-    want = sorted(hosts)
+    # what the certificate is for: remade when either changes (certificates made before routes
+    # existed were for server authentication only)
+    want = {"hosts": sorted(hosts), "usage": ["serverAuth", "clientAuth"]}
     have = json.loads(meta.read_text()) if meta.exists() else None
     if have != want or not (cert.exists() and key.exists()):
         make(d, hosts, ca_only=False)
@@ -295,7 +325,7 @@ def _make_with_openssl(d: Path, hosts: list[str], *, ca_only: bool) -> None:
             (t / "ext.cnf").write_text(
                 f"subjectAltName={san}\nbasicConstraints=critical,CA:FALSE\n"
                 "keyUsage=critical,digitalSignature,keyEncipherment\n"
-                "extendedKeyUsage=serverAuth\nsubjectKeyIdentifier=hash\n"
+                "extendedKeyUsage=serverAuth,clientAuth\nsubjectKeyIdentifier=hash\n"
                 "authorityKeyIdentifier=keyid:always\n"
             )
             _openssl(
@@ -373,7 +403,12 @@ def _make_with_cryptography(d: Path, hosts: list[str], *, ca_only: bool) -> None
         .not_valid_after(now + datetime.timedelta(days=825))
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+            ),
+            critical=False,
+        )
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),  # type: ignore[arg-type]
             critical=False,

@@ -10,6 +10,13 @@ role credentials, enforces each role's permissions, and serves TLS when the auth
 certificate; its config file then holds the passwords and is written 0600. Without ``auth`` the
 server is open: for private loopback servers (tests, ``harnessrl rollout``) and
 ``harnessrl nats --insecure``.
+
+With a ``Cluster`` the server is one node of a JetStream cluster: it listens for routes on the
+cluster port and dials the other nodes' routes. With ``auth`` a route must present the route
+credential, over TLS verified both ways with the auth's CA (nodes share one auth folder).
+A JetStream cluster serves streams only once a majority of its nodes are up; streams with R
+replicas keep every acknowledged message through the loss of fewer than R/2 of their nodes.
+`start_cluster` starts N nodes on loopback (tests, benchmarks).
 """
 
 from __future__ import annotations
@@ -22,10 +29,11 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from common.files import atomic_write
+from common.files import atomic_write, free_port
 from common.procs import popen_child
 
 if TYPE_CHECKING:
@@ -54,8 +62,28 @@ def find_nats_server(explicit: str = "") -> str:
     )
 
 
+@dataclass(frozen=True)
+class Cluster:
+    """This node's place in a JetStream cluster."""
+
+    name: str
+    """Cluster name (the same on every node)."""
+    port: int
+    """Route listen port (fixed: the other nodes' routes name it)."""
+    routes: tuple[str, ...]
+    """``host:port`` of the other nodes' route listeners (this node's own may be among them:
+    nats-server skips a route to itself)."""
+    server_name: str = ""
+    """This node's name, unique in the cluster and the same across its restarts (JetStream
+    knows its peers by name); empty: ``<cluster name>-<host name>-<port>``."""
+
+    def node_name(self) -> str:
+        return self.server_name or f"{self.name}-{socket.gethostname()}-{self.port}"
+
+
 class NatsServer:
-    """One nats-server child process with JetStream and a file store."""
+    """One nats-server child process with JetStream and a file store (a cluster node with
+    ``cluster``)."""
 
     def __init__(
         self,
@@ -66,9 +94,11 @@ class NatsServer:
         max_payload_mb: int = 8,
         binary: str = "",
         auth: ServerAuth | None = None,
+        cluster: Cluster | None = None,
     ) -> None:
         self.store_dir = Path(store_dir).resolve()
         self.auth = auth
+        self.cluster = cluster
         self.host = host
         self.port = port
         self.max_payload_mb = max_payload_mb
@@ -106,8 +136,21 @@ class NatsServer:
         )
         if self.auth is not None:
             text += self.auth.conf_block()
+        if self.cluster is not None:
+            text += self._cluster_block(self.cluster)
         atomic_write(conf, text, mode=0o600)
         return conf
+
+    def _cluster_block(self, c: Cluster) -> str:
+        auth = self.auth
+        routes = [auth.route_url(r) if auth else f"nats-route://{r}" for r in c.routes]
+        return (
+            f"server_name: {json.dumps(c.node_name())}\n"
+            "cluster {\n"
+            f"  name: {json.dumps(c.name)}\n"
+            f"  listen: {json.dumps(_hostport(self.host, c.port))}\n"
+            f"  routes: {json.dumps(routes)}\n" + (auth.route_block() if auth else "") + "}\n"
+        )
 
     def start(self, timeout: float = 15.0) -> NatsServer:
         """Start the server and wait until it accepts connections with JetStream enabled."""
@@ -194,3 +237,48 @@ class NatsServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def cluster_urls(nodes: list[NatsServer]) -> str:
+    """The client URL list of a cluster, as every ``--nats`` takes it (comma-separated)."""
+    return ",".join(n.url for n in nodes)
+
+
+def start_cluster(
+    root: Path | str,
+    n: int = 3,
+    *,
+    auth: ServerAuth | None = None,
+    name: str = "hrl",
+    binary: str = "",
+    timeout: float = 30.0,
+) -> list[NatsServer]:
+    """Start an ``n``-node JetStream cluster on loopback: node ``i`` keeps its store in
+    ``<root>/node<i>``, every node routes to every other, all share ``auth``. Route ports are
+    picked by binding to port 0 first (the nodes must know each other's before they start);
+    client ports are free ports read back from each server. On failure the nodes already
+    started are stopped."""
+    root = Path(root)
+    ports = [free_port() for _ in range(n)]
+    routes = tuple(_hostport("127.0.0.1", p) for p in ports)
+    nodes = [
+        NatsServer(
+            root / f"node{i}",
+            binary=binary,
+            auth=auth,
+            cluster=Cluster(name, port, routes, f"{name}-{i}"),
+        )
+        for i, port in enumerate(ports)
+    ]
+    try:
+        for node in nodes:
+            node.start(timeout=timeout)
+    except BaseException:
+        for node in nodes:
+            node.stop()
+        raise
+    return nodes

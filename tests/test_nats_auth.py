@@ -312,21 +312,32 @@ async def admin_delete(srv: NatsServer, run: str, kind: str) -> None:
     await admin.close()
 
 
-def _start_nats_cli(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen(
+def spawn_nats_cli(tmp_path: Path, *flags: str) -> subprocess.Popen:
+    """``harnessrl nats`` on a free client port with its store in ``tmp_path/store``."""
+    return subprocess.Popen(
         [*HRL, "nats", "--port", "0", "--store-dir", str(tmp_path / "store"), *flags],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def ready_line(proc: subprocess.Popen) -> str:
+    """Its ``nats-server ready: URL …`` line (an AssertionError with its stderr otherwise)."""
     line = proc.stdout.readline()  # type: ignore[union-attr]
     if "nats-server ready: " not in line:
         proc.kill()
         raise AssertionError(line + proc.communicate()[1])
-    return proc, line
+    return line
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def _start_nats_cli(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen, str]:
+    proc = spawn_nats_cli(tmp_path, *flags)
+    return proc, ready_line(proc)
+
+
+def stop_nats_cli(proc: subprocess.Popen) -> None:
+    """SIGTERM; it must stop its server and exit 0."""
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0
 
@@ -350,7 +361,7 @@ async def test_nats_command_is_secure_by_default_and_creates_the_runs_streams(
         await bus.close()
         password = (auth / "learner.cred").read_text()
     finally:
-        _stop(proc)
+        stop_nats_cli(proc)
     proc, line = _start_nats_cli(tmp_path, "--runs", "exp1")
     try:
         assert (auth / "learner.cred").read_text() == password
@@ -358,7 +369,7 @@ async def test_nats_command_is_secure_by_default_and_creates_the_runs_streams(
         bus = await busmod.connect(url, "exp1", creds=str(auth / "learner.cred"), ca=ca)
         await bus.close()
     finally:
-        _stop(proc)
+        stop_nats_cli(proc)
 
 
 async def test_nats_command_insecure_accepts_anyone(tmp_path: Path) -> None:
@@ -373,7 +384,7 @@ async def test_nats_command_insecure_accepts_anyone(tmp_path: Path) -> None:
         await bus.close()
         assert not (tmp_path / "store" / "auth").exists()
     finally:
-        _stop(proc)
+        stop_nats_cli(proc)
 
 
 async def test_credentials_never_enter_a_sandbox(backend, tmp_path: Path) -> None:

@@ -19,9 +19,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
-from common.config import HrlModel
+from common.config import HrlModel, check_replicas, nats_urls
 from common.records import check_token
 
 OnExit = Literal["restart", "stop", "ignore"]
@@ -65,8 +65,8 @@ class RunConfig(HrlModel):
     """Continue the run in ``out`` (the learner resumes from its checkpoint; the remaining
     steps are ``steps`` minus its version)."""
     nats: str = ""
-    """URL of an existing NATS server; empty starts an embedded nats-server in
-    ``<out>/nats``."""
+    """URL of an existing NATS server, or the comma-separated URLs of a cluster's nodes; empty
+    starts an embedded nats-server in ``<out>/nats``."""
     nats_insecure: bool = False
     """The embedded nats-server without credentials or TLS (``harnessrl nats --insecure``): any
     process that reaches its port may publish samples and weights or delete streams."""
@@ -80,6 +80,12 @@ class RunConfig(HrlModel):
     nats_ca: str = ""
     """With an existing ``nats``: CA file of its TLS certificate; empty: ``tls/ca.pem`` of
     ``nats_auth_dir`` when it exists (else plain TCP, or system CAs for a ``tls://`` URL)."""
+    nats_stream_replicas: int = 1
+    """Copies of each of the run's streams (1, 3 or 5), each on another node of the NATS
+    cluster that ``nats`` lists (comma-separated node URLs): 3 keeps every acknowledged record
+    through the loss of one node. The supervisor creates the streams with it (admin
+    credential); existing streams with fewer are raised to it. The embedded server is a single
+    node: more than 1 needs ``nats``."""
     engines: list[str] = []
     """URLs of existing engines (SGLang or ``harnessrl engine``; ``--engine URL``, repeat for
     several); empty starts ``num_engines`` embedded engines."""
@@ -144,9 +150,23 @@ class RunConfig(HrlModel):
     @field_validator("nats")
     @classmethod
     def _nats(cls, v: str) -> str:
-        if v and not v.startswith(("nats://", "tls://", "ws://", "wss://")):
-            raise ValueError("must be a nats:// URL (or empty for an embedded server)")
+        if v:
+            nats_urls(v)  # one URL or a cluster's comma-separated list; empty: embedded server
         return v
+
+    @field_validator("nats_stream_replicas")
+    @classmethod
+    def _replicas(cls, v: int) -> int:
+        return check_replicas(v)
+
+    @model_validator(mode="after")
+    def _replicas_need_a_cluster(self) -> RunConfig:
+        if self.nats_stream_replicas > 1 and not self.nats:
+            raise ValueError(
+                f"nats_stream_replicas = {self.nats_stream_replicas} needs an existing NATS "
+                "cluster (nats = its nodes' URLs): the embedded nats-server is a single node"
+            )
+        return self
 
     @field_validator("engines")
     @classmethod

@@ -258,6 +258,7 @@ class Run:
                 name="harnessrl run (supervisor)",
                 creds=self.plan.nats_creds("admin"),
                 ca=self.plan.nats_ca,
+                replicas=self.cfg.nats_stream_replicas,
             )
         except BusError as e:
             raise ChildFailed(str(e)) from None
