@@ -128,7 +128,8 @@ M_SANDBOX_DESTROY = metrics.histogram(
 )
 M_REWARD = metrics.histogram(
     "hrl_actor_reward",
-    "Rewards of scored rollouts",
+    "Rewards of scored rollouts, by harness and kind (train|eval)",
+    ("harness", "kind"),
     buckets=(0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.999, 1.0),
 )
 M_ROLLOUTS = metrics.counter(
@@ -692,7 +693,8 @@ class _Rollout:
             if phase in self.durations:
                 M_PHASE.labels(phase=phase).observe(self.durations[phase])
         if res.status == "ok":
-            M_REWARD.observe(res.reward)
+            kind = "eval" if res.is_eval else "train"
+            M_REWARD.labels(harness=res.harness, kind=kind).observe(res.reward)
 
 
 def _load_path(task_id: str) -> Task:

@@ -36,12 +36,13 @@ import asyncio
 import contextlib
 import logging
 import time
+from typing import get_args
 
 from actors.config import ActorConfig
 from actors.rollout import M_FAILURES, M_ROLLOUTS, RolloutDeps, RolloutReport, run_rollout
 from common import metrics
 from common.bus import Bus, Consumer, Delivery
-from common.records import RolloutResult, TaskRequest, rollout_id
+from common.records import RolloutResult, RolloutStatus, TaskRequest, rollout_id
 
 log = logging.getLogger("harnessrl.actor")
 
@@ -71,6 +72,12 @@ class ActorService:
         """Running rollouts by rollout id."""
         self.done = 0
         """Results published by this service."""
+        # Every status and task outcome is exported at 0 from the start, so the first failure
+        # is an increase for Prometheus (the failing-rollouts alert, the dashboards' rates).
+        for status in get_args(RolloutStatus):
+            M_ROLLOUTS.labels(status=status)
+        for outcome in ("acked", "nacked", "dead_lettered"):
+            M_TASKS.labels(outcome=outcome)
 
     async def consumer(self) -> Consumer[TaskRequest]:
         return await self.bus.consumer("TASKS", DURABLE, TaskRequest, ack_wait=self.cfg.ack_wait_s)

@@ -184,6 +184,13 @@ M_LAG = metrics.gauge(
 )
 
 
+def export_dead_letters(kind: str, consumer: str) -> None:
+    """Export ``consumer``'s dead-letter count on stream ``kind`` at 0 before its first dead
+    letter: Prometheus' ``increase()`` (the dead-letter alert, the dashboards' rates) sees a
+    series that is born at 1 as flat, so a first dead letter would go unnoticed."""
+    M_DEAD.labels(stream=kind, consumer=consumer)
+
+
 # ---------------------------------------------------------------------------------------------
 # interface
 # ---------------------------------------------------------------------------------------------
@@ -260,6 +267,10 @@ class Consumer(ABC, Generic[R]):
         self.record_type = record_type
         self.ack_wait = ack_wait
         self._labels = {"stream": kind, "consumer": durable}
+        # Exported at 0 from the start: the first nak, redelivery or dead letter is then an
+        # increase for Prometheus (alerts and dashboard rates; see `export_dead_letters`).
+        for m in (M_CONSUMED, M_ACKED, M_NAKED, M_REDELIVERED, M_DEAD):
+            m.labels(**self._labels)
 
     async def fetch(self, batch: int = 1, timeout: float = 1.0) -> list[Delivery[R]]:
         """Up to ``batch`` decoded deliveries, waiting at most ``timeout`` s for the first one."""

@@ -19,10 +19,15 @@ if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
   command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
   command -v npm >/dev/null 2>&1 || need+=(npm)
-  if [ ${#need[@]} -gt 0 ]; then
+  # prometheus (+ promtool): tests evaluate deploy/monitoring's rules and dashboards against
+  # it; installed without its recommends (the node exporter)
+  lean=()
+  command -v prometheus >/dev/null 2>&1 || lean+=(prometheus)
+  if [ $(( ${#need[@]} + ${#lean[@]} )) -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq >/dev/null
-    apt-get install -y -qq "${need[@]}" >/dev/null
+    [ ${#need[@]} -eq 0 ] || apt-get install -y -qq "${need[@]}" >/dev/null
+    [ ${#lean[@]} -eq 0 ] || apt-get install -y -qq --no-install-recommends "${lean[@]}" >/dev/null
   fi
 fi
 

@@ -45,7 +45,7 @@ import time
 from collections import OrderedDict
 
 from common import metrics
-from common.bus import Bus, Delivery, PayloadTooLarge
+from common.bus import Bus, Delivery, PayloadTooLarge, export_dead_letters
 from common.records import CallRecord, RolloutResult, TreeSample, check_token
 from common.tree import AssembleOptions, assemble, split_sample, tombstone
 from learner.config import AssemblerConfig
@@ -108,6 +108,7 @@ class Assembler:
         )
         self._done: OrderedDict[str, None] = OrderedDict()
         self._busy: set[str] = set()
+        export_dead_letters("CALLS", DURABLE)  # read_calls dead-letters as DURABLE
 
     async def run(self) -> None:
         """The loop: fetch up to the free concurrency, handle each delivery in its own task."""

@@ -89,6 +89,7 @@ class Ledger:
         self.committing: set[str] = set()
         self.held: list[Delivery[Any]] = []
         self._committing_held: list[Delivery[Any]] = []
+        M_DROPPED.labels(reason="stale")  # at 0 from the start: the staleness alert's increase()
 
     def outcome(self, rid: str) -> str | None:
         """``"trained"``, the drop reason, or None."""

@@ -16,6 +16,11 @@ to a process in any other way:
 * at the end, `Monitor.audit`: where every issued rollout is, from the streams alone
   (``common.run.audit``), for the summary's exact ``unaccounted``.
 
+A read that fails is *unknown*, never zero: a queue whose query failed is ``None`` (shown as
+``?``, left out of rollup lines), the failure is kept in `RunStatus.unread`, and `Monitor.drained`
+counts an unknown queue, or an actor whose ``/metrics`` could not be read, as busy, so a
+monitoring error cannot end the drain after the last step early.
+
 Views: `LiveDashboard` (rich, for terminals) and `PlainStatus` (one line every few seconds,
 for logs and non-TTY output).
 """
@@ -158,7 +163,11 @@ class RunStatus:
     """Actor failures by reason."""
     dropped: dict[str, float] = field(default_factory=dict)
     """Learner drops by reason (stale, low reward, small group...)."""
-    queues: dict[str, int] = field(default_factory=dict)
+    queues: dict[str, int | None] = field(default_factory=dict)
+    """Messages waiting: ``tasks`` (TASKS stream), ``samples`` (SAMPLES stream), ``results``
+    (the assembler's pending RolloutResults); None: the last query failed (unknown)."""
+    unread: dict[str, str] = field(default_factory=dict)
+    """What the last refresh could not read (a queue, a process's ``/metrics``) -> the error."""
     reward_train: dict[int, float] = field(default_factory=dict)
     """Learner batch reward by version (step lines)."""
     rewards: dict[str, dict[int, tuple[float, int]]] = field(default_factory=dict)
@@ -226,9 +235,10 @@ class Monitor:
         self._sub: Any = None
         self._session: Any = None
         self.engine_versions: dict[str, str] = {}
-        self.queues: dict[str, int] = {}
+        self.queues: dict[str, int | None] = {}
         self.issued = 0
-        self.assembler_pending = 0
+        self.unread: dict[str, str] = {}
+        """What the last refresh could not read -> why (see `RunStatus.unread`)."""
         self.result_counts: Counter[str] = Counter()
         self.members: set[tuple[str, int]] = set()
         self.results_read = 0
@@ -337,10 +347,13 @@ class Monitor:
     async def _scrape(self, t: Target) -> None:
         try:
             async with self._session.get(t.url) as resp:
+                resp.raise_for_status()
                 text = await resp.text()
             t.scraped.update(parse_prometheus(text))
-        except Exception:
+            self.unread.pop(f"{t.name} metrics", None)
+        except Exception as e:
             t.scraped.ok = False
+            self.unread[f"{t.name} metrics"] = _why(e)
 
     async def _engine_version(self, name: str, url: str) -> None:
         try:
@@ -358,23 +371,41 @@ class Monitor:
             self.engine_versions[name] = "down"
 
     async def _bus_depths(self) -> None:
+        """Queue depths; a query that fails makes its queues unknown (None), never 0."""
         if self.bus is None:
+            for queue in ("tasks", "samples", "results"):
+                self._unknown(queue, "not connected to the bus")
             return
         js, subj = self.bus.js, self.bus.subjects
-        try:
-            tasks = await js.stream_info(subj.stream("TASKS"))
-            samples = await js.stream_info(subj.stream("SAMPLES"))
-            self.issued = int(tasks.state.last_seq)
-            self.queues["tasks"] = int(tasks.state.messages)
-            self.queues["samples"] = int(samples.state.messages)
-        except Exception as e:
-            log.debug("monitor: stream info failed: %r", e)
+        for queue, kind in (("tasks", "TASKS"), ("samples", "SAMPLES")):
+            try:
+                info = await js.stream_info(subj.stream(kind))
+                self.queues[queue] = int(info.state.messages)
+                if queue == "tasks":
+                    self.issued = int(info.state.last_seq)
+                self.unread.pop(f"queue {queue}", None)
+            except Exception as e:
+                self._unknown(queue, _why(e))
         try:
             ci = await js.consumer_info(subj.stream("ROLLOUTS"), "assembler")
-            self.assembler_pending = int(ci.num_pending) + int(ci.num_ack_pending)
-            self.queues["results"] = self.assembler_pending
-        except Exception:
-            self.queues["results"] = 0
+            self.queues["results"] = int(ci.num_pending) + int(ci.num_ack_pending)
+            self.unread.pop("queue results", None)
+        except Exception as e:
+            self._unknown("results", _why(e))
+
+    def _unknown(self, queue: str, why: str) -> None:
+        self.queues[queue] = None
+        self.unread[f"queue {queue}"] = why
+        log.debug("monitor: reading queue %s failed: %s", queue, why)
+
+    def drained(self, st: RunStatus) -> bool:
+        """Nothing issued is still queued, running on an actor or waiting for the assembler,
+        as far as every read says. An unknown queue, or an actor whose ``/metrics`` could not be
+        read on the last refresh (its rollouts in flight unknown), counts as busy: the drain
+        after the last step must not end on a monitoring error."""
+        actors_read = all(t.scraped.ok for t in self.targets.values() if t.role == "actor")
+        queues_empty = all(st.queues.get(q) == 0 for q in ("tasks", "results"))
+        return actors_read and queues_empty and st.in_flight == 0
 
     async def audit(self, catch_up_s: float = 10.0) -> Any:
         """Where every issued rollout is, from the streams (``common.run.audit``); kept in
@@ -516,6 +547,7 @@ class Monitor:
             failures=by_label(actors, "hrl_actor_failures_total", "reason"),
             dropped=by_label(learner, "hrl_learner_dropped_total", "reason"),
             queues=dict(self.queues),
+            unread=dict(self.unread),
             reward_train=dict(self.reward_train),
             rewards=self.rewards(),
             children=children or [],
@@ -541,7 +573,7 @@ class Monitor:
             outcomes=st.outcomes,
             failures=st.failures,
             dropped=st.dropped,
-            queues=st.queues,
+            queues={k: v for k, v in st.queues.items() if v is not None},  # absent: unknown
             rewards=self.take_reward_delta(),
             restarts={c.name: c.restarts for c in st.children if c.restarts},
         )
@@ -557,6 +589,14 @@ def _fmt_counts(d: dict[str, float], empty: str = "none") -> str:
     return ", ".join(f"{k} {int(v)}" for k, v in items) or empty
 
 
+def _why(e: BaseException) -> str:
+    return (f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)[:200]
+
+
+def _queues(st: RunStatus, sep: str) -> str:
+    return sep.join(f"{k} {'?' if v is None else v}" for k, v in sorted(st.queues.items()))
+
+
 def _r(x: float | None) -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
 
@@ -565,14 +605,15 @@ def status_line(st: RunStatus) -> str:
     """One plain line (logs, non-TTY)."""
     engines = " ".join(f"{n}@v{v}" for n, v in sorted(st.engine_versions.items())) or "-"
     train = st.reward_train.get(st.version)
-    q = " ".join(f"{k} {v}" for k, v in sorted(st.queues.items()))
+    q = _queues(st, " ")
+    unread = f" | UNREAD {', '.join(sorted(st.unread))}" if st.unread else ""
     return (
         f"[{_clock(st.elapsed_s)}] v{st.version}/{st.steps} | engines {engines} | reward train "
         f"{_r(train)} eval {_r(st.latest_reward('eval'))} | {st.rollouts_per_s:.2f} rollouts/s "
         f"{st.gen_tokens_per_s:.0f} tok/s | trained {st.samples_trained} | idle "
         f"{100 * st.learner_idle:.0f}% | stale {st.staleness_mean:.1f} | queues {q or '-'} | "
         f"failures {_fmt_counts(st.failures)} | tombstones {_fmt_counts(st.tombstones)} | "
-        f"dropped {_fmt_counts(st.dropped)}"
+        f"dropped {_fmt_counts(st.dropped)}{unread}"
     )
 
 
@@ -636,10 +677,11 @@ def render(st: RunStatus) -> Any:
         f"{st.staleness_mean:.2f} versions",
     )
     head.add_row(
-        "queues",
-        " · ".join(f"{k} {v}" for k, v in sorted(st.queues.items()))
-        + f" · rollouts issued {st.issued}, running {st.in_flight}",
+        "queues", _queues(st, " · ") + f" · rollouts issued {st.issued}, running {st.in_flight}"
     )
+    if st.unread:
+        unread = "; ".join(f"{k}: {v}" for k, v in sorted(st.unread.items()))
+        head.add_row("unread", Text(f"{unread} (? = unknown)", style="red"))
     head.add_row("results", _fmt_counts(st.results))
     head.add_row("failures", _fmt_counts(st.failures))
     head.add_row("tombstones", _fmt_counts(st.tombstones))

@@ -17,6 +17,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from common.config import ConfigError, load_config, overrides_from_args, toml_text
 from common.files import atomic_write, free_port, write_secret
@@ -34,6 +35,17 @@ READY = {
     "learner": r"learner (started|resumed) at version",
     "actor": r"^actor ready: ",
 }
+
+SCRAPE_JOBS = {
+    "engine": "hrl-engine",
+    "weights_sync": "hrl-weights-sync",
+    "assembler": "hrl-assembler",
+    "learner": "hrl-learner",
+    "actor": "hrl-actor",
+}
+"""Prometheus job of each role's processes: ``deploy/monitoring/prometheus.yml`` scrapes the
+targets listed in ``targets/JOB*.json`` as job JOB (its alert rules and dashboards use these
+names)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,6 +133,7 @@ class Paths:
         self.checkpoints = r / "checkpoints"
         self.weights = r / "weights"
         self.nats = r / "nats"
+        self.prometheus = r / "prometheus"
         self.auth = r / "auth"
         self.nats_auth = self.auth / "nats"
         self.engine_key = self.auth / "engine-api-key"
@@ -396,6 +409,17 @@ class Plan:
         ]
         if self.embedded_engines and self.cfg.engine_kind == "embedded":
             out += [(n, "engine", u + "/metrics") for n, u in self.engines.items()]
+        return out
+
+    def scrape_targets(self) -> dict[str, list[dict[str, Any]]]:
+        """Prometheus file_sd target groups of `metrics_targets`, by job (`SCRAPE_JOBS`); each
+        target is labelled with the run and the process name."""
+        out: dict[str, list[dict[str, Any]]] = {}
+        for name, role, url in self.metrics_targets():
+            labels = {"run": self.cfg.name, "process": name}
+            out.setdefault(SCRAPE_JOBS[role], []).append(
+                {"targets": [urlsplit(url).netloc], "labels": labels}
+            )
         return out
 
 

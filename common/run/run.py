@@ -20,6 +20,8 @@ Run folder::
     engine.toml        the [engine] table alone (``harnessrl engine --config``)
     resolved/ROLE.toml each process's resolved config (its ``--print-config``)
     commands.sh        the command line of every process
+    prometheus/        JOB.RUN.json: every process's /metrics as Prometheus file_sd targets
+                       (``deploy/monitoring/prometheus.yml`` reads them from its targets/)
     logs/NAME.log      each process's output (appended across restarts)
     supervisor.log     starts, deaths, restarts, the end
     metrics.jsonl      the learner's lines (copied verbatim) + ``rollup`` and ``summary`` lines
@@ -50,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from common.config import ConfigError, add_config_args, toml_text
+from common.files import atomic_write_json
 from common.layout import SummaryLine
 from common.run.config import RunConfig
 from common.run.plan import Plan, display_command, first_command, prepare_run_dir, resolve
@@ -145,6 +148,7 @@ class Run:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._on_signal, sig)
         self.write_commands()
+        self.write_scrape_targets()
         outcome: Outcome | None = None
         t0 = time.monotonic()
         try:
@@ -190,6 +194,13 @@ class Run:
             for spec in phase:
                 lines += [f"# {spec.name}", display_command(first_command(spec))]
         self.paths.commands.write_text("\n".join(lines) + "\n")
+
+    def write_scrape_targets(self) -> None:
+        """``prometheus/JOB.RUN.json`` per Prometheus job (after `write_commands`, which
+        assigned every metrics port)."""
+        self.paths.prometheus.mkdir(exist_ok=True)
+        for job, groups in self.plan.scrape_targets().items():
+            atomic_write_json(self.paths.prometheus / f"{job}.{self.cfg.name}.json", groups)
 
     async def validate(self) -> str | None:
         """Resolve every process's config (its ``--print-config``) before starting anything:
@@ -343,8 +354,7 @@ class Run:
             self.sup.poll()
             await self.monitor.tick()
             st = self.status()
-            idle = st.queues.get("tasks", 1) == 0 and st.in_flight == 0
-            idle = idle and self.monitor.assembler_pending == 0
+            idle = self.monitor.drained(st)
             final = self.plan.last_broadcast(st.version)
             if final is not None:  # and the engines serve the final weights
                 idle = idle and all(v == str(final) for v in st.engine_versions.values())
@@ -355,7 +365,11 @@ class Run:
             self._refresh_view()
             await self._periodic(last)
             await asyncio.sleep(1.0)
-        self._event("drain timed out with rollouts still in flight")
+        unread = ", ".join(sorted(self.status().unread))
+        self._event(
+            "drain timed out with rollouts still in flight"
+            + (f" (could not read: {unread})" if unread else "")
+        )
 
     async def _final_tick(self) -> None:
         if self.monitor.bus is not None:
