@@ -109,6 +109,16 @@ def fixed_broken(p: dict[str, int] | None) -> str:
     return f"{p['fixed']}/{p['broken']}" if p else "-"
 
 
+def settings_label(r: dict[str, Any]) -> str:
+    """The RL settings that differ between demo versions, short: groups per step, peak lr,
+    the cosine floor (``const`` without decay), and the last version reached."""
+    s = r.get("rl_settings") or {}
+    ds = s.get("ds") or {}
+    decay = f"cos{ds.get('lr_min_ratio', 0.1):g}" if ds.get("lr_decay_steps") else "const"
+    last = r["rl_curve"][-1][0] if r.get("rl_curve") else "-"
+    return f"{s.get('batch_groups')}x{s.get('group_size')} lr {ds.get('lr', 0):g} {decay} v{last}"
+
+
 def summarise(folder: Path, wall: float | None = None) -> dict[str, Any]:
     """The result of a finished demo folder (its demo.json, rl.toml and run metrics)."""
     import tomllib
@@ -221,13 +231,14 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for r in results:
         if "error" in r:
-            rows.append((r["algo"], r["seed"], "FAILED", "", "", "", "", f"{r['wall_s']:.0f}s"))
+            rows.append((r["algo"], r["seed"], "", "FAILED", "", "", "", "", f"{r['wall_s']:.0f}s"))
             continue
         b, a = r["before"], r["after"]
         rows.append(
             (
                 r["algo"],
                 r["seed"],
+                settings_label(r),
                 f"{b['success']:.3f} {b['ci95']} -> {a['success']:.3f} {a['ci95']}",
                 f"{r['gain_success']:+.3f}",
                 fixed_broken(r.get("paired")),
@@ -239,7 +250,17 @@ def main(argv: list[str] | None = None) -> int:
     print_table(
         "held-out toy-eval: warm start -> after RL (95 % Wilson intervals)",
         rows,
-        ("algo", "seed", "success", "gain", "fixed/broken", "mean reward", "RL rollouts/s", "wall"),
+        (
+            "algo",
+            "seed",
+            "RL settings",
+            "success",
+            "gain",
+            "fixed/broken",
+            "mean reward",
+            "RL rollouts/s",
+            "wall",
+        ),
     )
     for r in results:
         if "rl_curve" in r:

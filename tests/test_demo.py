@@ -63,6 +63,8 @@ def test_phase_run_files_are_valid_run_configs(tmp_path: Path) -> None:
     assert sections["engine"]["model"] == str(policy) == sections["actor"]["model"]
     assert sections["learner"]["feeder"]["harnesses"] == ["reference", "codex"]
     assert sections["engine"]["threads"] == 1 and sections["learner"]["threads"] == 2
+    ds = sections["learner"]["ds"]
+    assert ds["lr_decay_steps"] == 3 and ds["lr_min_ratio"] == 0.1  # cosine to the last step
 
     external = DemoConfig(engines=["http://gpu-0:30000"], nats="nats://n:4222")
     run, _ = _resolve(tmp_path, "ext", rl_run_file(external, "d-rl", policy))
