@@ -123,10 +123,12 @@ class ActorConfig(RolloutSettings, ServiceConfig):
     """Actor instance name (in results, logs and sandbox owners); empty: ``<host>-<pid>``."""
     concurrency: int = Field(4, ge=1, le=4096)
     """Rollouts run at once."""
-    ack_wait_s: float = Field(60.0, ge=1, le=86_400)
+    ack_wait_s: float = Field(10.0, ge=1, le=86_400)
     """Seconds a task may go without a heartbeat before JetStream redelivers it to another
-    actor. The server keeps the value the durable consumer ``actors`` was first created with,
-    and heartbeats are paced from this one: keep it the same on every actor of a run."""
+    actor: the delay before the tasks of a killed actor run again (running ones are kept alive
+    by heartbeats, so a rollout may take far longer). The durable consumer ``actors`` gets the
+    value of the actor that bound it last, and heartbeats are paced from this one: keep it the
+    same on every actor of a run."""
     heartbeat_s: float = Field(0.0, ge=0, le=86_400)
     """Seconds between ``in_progress`` heartbeats of a running task; 0: a third of
     ``ack_wait_s``."""

@@ -26,8 +26,9 @@ What must stay true:
 * **Graceful shutdown** (``stop`` set, e.g. SIGTERM): no new tasks are fetched (any fetched
   meanwhile are nak'ed at once); in-flight rollouts get ``shutdown_grace_s`` to finish; the
   rest are cancelled, which kills their sandboxes, and their tasks are nak'ed so another actor
-  retries them. Whatever a killed actor leaves behind (sandboxes, sockets) is swept by the next
-  actor that starts on the same machine.
+  retries them. The bus is interrupted (``Bus.interrupt``): with NATS down nothing waits for
+  it (the unacked tasks are redelivered once it is back). Whatever a killed actor leaves
+  behind (sandboxes, sockets) is swept by the next actor that starts on the same machine.
 """
 
 from __future__ import annotations
@@ -107,6 +108,8 @@ class ActorService:
                         tasks.add(asyncio.create_task(self.handle(d)))
         finally:
             stopping.cancel()
+            if stop.is_set():  # stopping: never wait out a NATS outage from here on
+                self.bus.interrupt()
             await self._drain(tasks)
 
     async def _drain(self, tasks: set[asyncio.Task[None]]) -> None:

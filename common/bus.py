@@ -16,6 +16,14 @@ Contract (both implementations):
   assembler's per-rollout read of CallRecords). A reader that owns the subject's data passes
   ``dead_letter_as`` (its name): an undecodable message is then dead-lettered like a poison
   delivery (once per message and reader, however often it is read) and left out.
+* ``stored(subject)`` lists the messages a subject holds now, one by one without a consumer
+  (a work queue's unconsumed ones included), optionally from a time: what a resumed feeder and
+  the run's accounting read.
+* ``interrupt()`` (a process that is stopping): from then on an operation that would wait for
+  an unreachable server (a publish retried through an outage, an ack, a flush) fails at once
+  with ``BusUnavailable`` instead; while the server is reachable nothing changes. What was not
+  acked is simply redelivered once the server is back, so a stopping process never waits out an
+  outage.
 * ``Bus.dead_letter`` is the one way anything is given up on: the message is kept on
   ``hrl.<run>.dead.<kind>`` as a ``DeadLetter`` with the reason (msg id
   ``dead:<kind>:<consumer>:<stream seq>``) and counted in ``hrl_bus_dead_lettered_total``
@@ -145,6 +153,11 @@ def subject_matches(pattern: str, subject: str) -> bool:
 
 class BusError(RuntimeError):
     """A bus operation failed permanently (not retried further)."""
+
+
+class BusUnavailable(BusError):
+    """The server is unreachable and the process is stopping (``Bus.interrupt``): the operation
+    was given up instead of waiting for the server to come back."""
 
 
 class PayloadTooLarge(BusError):
@@ -340,6 +353,18 @@ class Bus(ABC):
     def __init__(self, run: str) -> None:
         self.run = run
         self.subjects = Subjects(run)
+        self.interrupted = False
+        """``interrupt`` was called."""
+
+    def interrupt(self) -> None:
+        """The process is stopping: from now on give up at once (``BusUnavailable``) on what
+        would wait for an unreachable server; while it is reachable, operations run as before."""
+        self.interrupted = True
+
+    @property
+    def abandoning(self) -> bool:
+        """Interrupted while the server is unreachable: operations fail at once now."""
+        return False
 
     @abstractmethod
     async def ensure_streams(self, kinds: Iterable[str] | None = None) -> None:
@@ -425,6 +450,15 @@ class Bus(ABC):
         reader that owns the data), else only logged (read-only tools)."""
 
     @abstractmethod
+    async def stored(
+        self, subject: str, *, since: float | None = None, upto: int | None = None
+    ) -> list[tuple[int, bytes]]:
+        """``(stream sequence, payload)`` of every message stored on ``subject`` now (on a work
+        queue: those not consumed yet), oldest first; only those stored at or after the Unix
+        time ``since`` and, with ``upto``, up to that sequence. Read message by message without
+        a consumer, so it works on work queues and needs only read access to the stream."""
+
+    @abstractmethod
     async def purge(self, kind: str, subject: str | None = None) -> None:
         """Remove stored messages of a stream (optionally only one subject)."""
 
@@ -481,6 +515,7 @@ class _Msg:
     subject: str
     data: bytes
     msg_id: str | None
+    ts: float = field(default_factory=time.time)
 
 
 @dataclass
@@ -591,6 +626,18 @@ class MemoryBus(Bus):
                 except RecordDecodeError as e:
                     await self._undecodable(subject, seq, m.data, e, dead_letter_as)
         return out
+
+    async def stored(
+        self, subject: str, *, since: float | None = None, upto: int | None = None
+    ) -> list[tuple[int, bytes]]:
+        st = self.broker.stream_for(subject)
+        return [
+            (seq, m.data)
+            for seq, m in sorted(st.msgs.items())
+            if m.subject == subject
+            and (since is None or m.ts >= since)
+            and (upto is None or seq <= upto)
+        ]
 
     async def purge(self, kind: str, subject: str | None = None) -> None:
         st = self.broker.streams[self.subjects.stream(kind)]

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import datetime
+import json
 import logging
 import re
 import ssl
@@ -24,6 +27,7 @@ from common.bus import (
     Bus,
     BusConnectError,
     BusError,
+    BusUnavailable,
     Consumer,
     PayloadTooLarge,
     PermissionDenied,
@@ -71,6 +75,7 @@ class JetStreamBus(Bus):
         denials: _Denials | None = None,
         stream_wait_s: float = 60.0,
         replicas: int = 1,
+        outage: _Outage | None = None,
     ):
         super().__init__(run)
         self.nc = nc
@@ -80,6 +85,16 @@ class JetStreamBus(Bus):
         self.denials = denials or _Denials()
         self.stream_wait_s = stream_wait_s
         self.replicas = replicas
+        self.outage = outage or _Outage()
+        self.denials.outage = self.outage
+
+    def interrupt(self) -> None:
+        super().interrupt()
+        self.outage.interrupt(connected=self.nc.is_connected)
+
+    @property
+    def abandoning(self) -> bool:
+        return self.outage.abandon.done()
 
     @classmethod
     async def connect(
@@ -117,6 +132,7 @@ class JetStreamBus(Bus):
         except (SecretFileError, ValueError) as e:
             raise BusConnectError(f"{name}: cannot connect to NATS at {url}: {e}") from None
         denials = _Denials(str(opts.get("user", "")))
+        outage = _Outage()
         refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
         async def on_err(e: Exception) -> None:
@@ -138,6 +154,8 @@ class JetStreamBus(Bus):
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=0.25,
                 error_cb=on_err,
+                disconnected_cb=outage.disconnected,
+                reconnected_cb=outage.reconnected,
                 pending_size=256 * 1024 * 1024,
                 **opts,
             )
@@ -163,6 +181,7 @@ class JetStreamBus(Bus):
             denials=denials,
             stream_wait_s=stream_wait_s,
             replicas=replicas,
+            outage=outage,
         )
 
     @property
@@ -307,6 +326,7 @@ class JetStreamBus(Bus):
         deadline = time.monotonic() + self.publish_timeout
         delay = 0.05
         while True:
+            self.outage.check(f"publish to {subject}")
             try:
                 ack = await self.denials.guard_subject(
                     subject,
@@ -462,6 +482,35 @@ class JetStreamBus(Bus):
             await psub.unsubscribe()
         return out
 
+    async def stored(
+        self, subject: str, *, since: float | None = None, upto: int | None = None
+    ) -> list[tuple[int, bytes]]:
+        stream = self.subjects.stream(self.subjects.kind_of(subject))
+        req: dict[str, Any] = {"seq": 1, "next_by_subj": subject}
+        if since is not None:  # the first message stored at or after ``since``
+            at = datetime.datetime.fromtimestamp(since, datetime.UTC)
+            req = {"start_time": at.isoformat().replace("+00:00", "Z"), "next_by_subj": subject}
+        out: list[tuple[int, bytes]] = []
+        while (m := await self._msg_get(stream, req)) is not None:
+            seq = int(m["seq"])
+            if upto is not None and seq > upto:
+                break
+            out.append((seq, base64.b64decode(m.get("data") or "")))
+            req = {"seq": seq + 1, "next_by_subj": subject}
+        return out
+
+    async def _msg_get(self, stream: str, req: dict[str, Any]) -> dict[str, Any] | None:
+        """One ``STREAM.MSG.GET`` (None: no such message)."""
+        api_subject = f"$JS.API.STREAM.MSG.GET.{stream}"
+        call = self.nc.request(api_subject, json.dumps(req).encode(), timeout=10.0)
+        resp = json.loads((await self._api(stream, call)).data)
+        err = resp.get("error")
+        if err:
+            if err.get("code") == 404:
+                return None
+            raise BusError(f"reading {stream}: {err.get('description', err)}")
+        return resp["message"]
+
     async def purge(self, kind: str, subject: str | None = None) -> None:
         stream = self.subjects.stream(kind)
         await self._api(stream, self.js.purge_stream(stream, subject=subject))
@@ -475,13 +524,19 @@ class JetStreamBus(Bus):
 
     async def close(self) -> None:
         # flush (publishes reach the server) then close; drain() would wait up to its 30 s
-        # timeout on idle pull subscriptions
-        if not self.nc.is_closed:
+        # timeout on idle pull subscriptions. Nothing can be flushed to a server that is away.
+        if self.nc.is_closed:
+            return
+        if self.nc.is_connected:
             try:
                 await self.nc.flush(timeout=5)
             except Exception as e:
                 log.debug("flush before close failed: %r", e)
+        self.outage.closing = True
+        try:
             await self.nc.close()
+        except RuntimeError as e:  # nats-py writes its unsent buffer to the dead socket
+            log.debug("closing a connection whose server is away: %r", e)
 
 
 class _NatsConsumer(Consumer[R]):
@@ -510,7 +565,7 @@ class _NatsConsumer(Consumer[R]):
 
     async def _ack_raw(self, raw: Any) -> None:
         # ack_sync waits for the server: an ack we report done is not lost on a crash
-        await raw.ack_sync(timeout=5.0)
+        await self.bus.outage.race(raw.ack_sync(timeout=5.0), "ack")
 
     async def _nak_raw(self, raw: Any, delay: float | None) -> None:
         await raw.nak(delay=delay)
@@ -559,8 +614,69 @@ def _same_stream(have: api.StreamConfig, want: api.StreamConfig) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
+# outages: a stopping process never waits for an unreachable server
+# ---------------------------------------------------------------------------------------------
+
+
+class _Outage:
+    """When a stopping process stops waiting for the server (``Bus.interrupt``).
+
+    ``abandon`` is a future that is done while the process is interrupted *and* the connection
+    is down; every waiting call races it and gives up with ``BusUnavailable`` when it fires. A
+    reconnection replaces it with a fresh one (calls wait for the server as usual again)."""
+
+    def __init__(self) -> None:
+        self.stopping = False
+        self.connected = True
+        self.closing = False
+        """This process closes the connection itself (no outage to report)."""
+        self.abandon: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def interrupt(self, connected: bool) -> None:
+        self.stopping = True
+        self.connected = connected
+        self._update()
+
+    async def disconnected(self) -> None:
+        self.connected = False
+        self._update()
+
+    async def reconnected(self) -> None:
+        self.connected = True
+        if self.abandon.done():
+            self.abandon = asyncio.get_running_loop().create_future()
+
+    def _update(self) -> None:
+        if self.stopping and not self.connected and not self.abandon.done():
+            if not self.closing:
+                log.info("NATS is unreachable and this process is stopping: not waiting for it")
+            self.abandon.set_result(None)
+
+    def check(self, what: str) -> None:
+        """Raise ``BusUnavailable`` now if waiting is abandoned."""
+        if self.abandon.done():
+            raise BusUnavailable(f"{what}: NATS is unreachable and this process is stopping")
+
+    async def race(self, coro: Any, what: str) -> Any:
+        """Await ``coro`` unless waiting is (or becomes) abandoned."""
+        if self.abandon.done():
+            coro.close()
+            self.check(what)
+        abandon = self.abandon
+        task = asyncio.ensure_future(coro)
+        await asyncio.wait({task, abandon}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        raise BusUnavailable(f"{what}: NATS is unreachable and this process is stopping")
+
+
+# ---------------------------------------------------------------------------------------------
 # refusals: permission violations and refused connections
 # ---------------------------------------------------------------------------------------------
+
 
 _VIOLATION = re.compile(r'permissions violation for (publish|subscription) to "([^"]*)"', re.I)
 
@@ -579,6 +695,8 @@ class _Denials:
         self.user = user
         self.waiters: list[tuple[Callable[[str], bool], asyncio.Future[str]]] = []
         self.seen: set[str] = set()
+        self.outage: _Outage | None = None
+        """The connection's outage state: a guarded call is also given up when it abandons."""
 
     def report(self, text: str) -> bool:
         """Take an error of the connection; True when it was a permission violation."""
@@ -595,18 +713,22 @@ class _Denials:
         return True
 
     async def guard(self, match: Callable[[str], bool], coro: Any) -> Any:
-        """Await ``coro``, unless a violation on a subject ``match`` accepts comes first."""
+        """Await ``coro``, unless a violation on a subject ``match`` accepts comes first (or
+        the connection's outage abandons waiting: ``BusUnavailable``)."""
         denied: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         entry = (match, denied)
         self.waiters.append(entry)
         task = asyncio.ensure_future(coro)
+        abandon = self.outage.abandon if self.outage is not None else denied
         try:
-            await asyncio.wait({task, denied}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({task, denied, abandon}, return_when=asyncio.FIRST_COMPLETED)
             if task.done():
                 return task.result()
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
+            if not denied.done():
+                raise BusUnavailable("NATS is unreachable and this process is stopping")
             raise PermissionDenied(self._message(denied.result()))
         finally:
             self.waiters.remove(entry)

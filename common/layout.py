@@ -196,7 +196,6 @@ class StepLine(MetricsLine, kw_only=True):
     step_time_s: float = 0.0
     tokens_per_s: float = 0.0
     idle_frac: float = 0.0
-    broadcast_s: float = 0.0
     committed: bool = False
     staleness: dict[str, int] = {}
     dropped: dict[str, int] = {}
@@ -218,8 +217,11 @@ class CommitLine(MetricsLine, kw_only=True):
     version: int = 0
     checkpoint_s: float | None = None
     dropped: dict[str, int] | None = None
+    broadcast_s: float | None = None
+    """Seconds the broadcast of the committed version took (it follows the commit: engines
+    only ever get committed weights); absent when the commit broadcast nothing."""
 
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ("checkpoint_s", "dropped")
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("checkpoint_s", "dropped", "broadcast_s")
 
 
 class RunLine(MetricsLine, kw_only=True):

@@ -33,7 +33,9 @@ was started for, ``S(K)`` the stream ``HRL_R_K``; every role may also subscribe 
     assembler     hrl.R.samples                  S(ROLLOUTS) durable "assembler";
                   hrl.R.dead.rollouts            S(CALLS) ephemeral readers (create/next/delete)
     learner       hrl.R.tasks, hrl.R.weights.>   S(SAMPLES) durable "learner";
-                  hrl.R.dead.samples             $JS.API.STREAM.PURGE.S(WEIGHTS) (old versions)
+                  hrl.R.dead.samples             $JS.API.STREAM.PURGE.S(WEIGHTS) (old versions);
+                                                 $JS.API.STREAM.MSG.GET.S(TASKS|ROLLOUTS)
+                                                 (read-only: what a resumed feeder re-issues)
     weights_sync  hrl.R.dead.weights             S(WEIGHTS): durables and ephemeral readers
     admin         everything (">")               everything: creates, updates, deletes streams
 
@@ -126,7 +128,8 @@ def _run_grants(role: str, run: str) -> list[str]:
     if role == "learner":
         own = [f"{p}.tasks", f"{p}.weights.>", f"{p}.dead.samples"]
         purge = f"$JS.API.STREAM.PURGE.{_stream(run, 'WEIGHTS')}"
-        return [*info, *own, purge, *_consumer(run, "SAMPLES", LEARNER_DURABLE)]
+        read = [f"$JS.API.STREAM.MSG.GET.{_stream(run, k)}" for k in ("TASKS", "ROLLOUTS")]
+        return [*info, *own, purge, *read, *_consumer(run, "SAMPLES", LEARNER_DURABLE)]
     if role == "weights_sync":
         own = [f"{p}.dead.weights"]
         return [*info, *own, *_consumer(run, "WEIGHTS", "*"), *_reader(run, "WEIGHTS")]

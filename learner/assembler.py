@@ -138,7 +138,9 @@ class Assembler:
     async def _guarded(self, d: Delivery[RolloutResult]) -> None:
         try:
             await self.handle(d)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # stopping: the next assembler takes it up at once
+            with contextlib.suppress(Exception):
+                await d.nak()
             raise
         except Exception:  # never lets one rollout end the loop
             log.exception("rollout %s: unexpected failure", d.record.rollout_id)

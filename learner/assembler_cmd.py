@@ -24,8 +24,9 @@ def main(cfg: AssemblerConfig, args: argparse.Namespace | None = None) -> int:
 
 
 async def serve(cfg: AssemblerConfig) -> int:
-    """Connect, serve ``/metrics``, run the loop; a signal cancels it (in-flight work is simply
-    redelivered later: nothing is acked before its sample is stored)."""
+    """Connect, serve ``/metrics``, run the loop; a signal cancels it (in-flight results are
+    nak'ed for the next assembler: nothing is acked before its sample is stored) and interrupts
+    the bus (nothing waits for an unreachable NATS)."""
     from common import metrics
     from common.bus import connect_service
     from learner.assembler import Assembler
@@ -36,8 +37,13 @@ async def serve(cfg: AssemblerConfig) -> int:
         print(f"assembler: metrics on :{served[1]}/metrics", file=sys.stderr, flush=True)
     task = asyncio.create_task(Assembler(bus, cfg).run())
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        bus.interrupt()
+        task.cancel()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, task.cancel)
+        loop.add_signal_handler(sig, on_signal)
     try:
         await task
     except asyncio.CancelledError:

@@ -23,9 +23,10 @@ class AssemblerConfig(ServiceConfig):
     export_side_calls: bool = False
     """Keep ``subagent``/``compaction``/``aux`` calls as extra roots of the sample (trained on,
     with the rollout's reward) instead of dropping them."""
-    ack_wait: float = Field(60.0, ge=1, le=3600)
-    """Seconds a RolloutResult may stay unacknowledged (heartbeats extend it while working)
-    before JetStream redelivers it, e.g. to a restarted assembler."""
+    ack_wait: float = Field(10.0, ge=1, le=3600)
+    """Seconds a RolloutResult may stay unacknowledged (heartbeats every third of it extend it
+    while working) before JetStream redelivers it, e.g. to a restarted assembler: the delay
+    before the work of a killed assembler is taken up again."""
     concurrency: int = Field(8, ge=1, le=1024)
     """Rollouts assembled at the same time (mostly waiting on the bus)."""
     max_part_bytes: int = Field(6 * 1024 * 1024, ge=16 * 1024, le=64 * 1024 * 1024)
@@ -165,9 +166,10 @@ def _learner_config() -> type:
         """Checkpoints kept on disk."""
         resume: bool = False
         """Continue from the latest checkpoint (version counter, optimiser, trained ids, feeder)."""
-        ack_wait: float = Field(60.0, ge=1, le=3600)
-        """Seconds before JetStream redelivers an unacknowledged sample (held samples are kept alive
-        with heartbeats)."""
+        ack_wait: float = Field(10.0, ge=1, le=3600)
+        """Seconds before JetStream redelivers an unacknowledged sample (held samples are kept
+        alive with heartbeats every third of it): the delay before a restarted learner gets
+        back the samples a killed one held (a stopped one nak's them at exit)."""
         fetch_batch: int = Field(64, ge=1, le=10_000)
         """Samples fetched from the bus per request."""
         max_ack_pending: int = Field(20_000, ge=16, le=1_000_000)

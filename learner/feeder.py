@@ -18,8 +18,16 @@ What must stay true:
 * **Restart-stable identity.** What group ``c`` contains is a pure function of ``(seed, c)`` (a
   seeded permutation per pass over the pairs), and the counter and epoch are checkpointed. A
   learner restarted from a checkpoint re-issues the groups it had issued after that checkpoint
-  with the same ids and contents: JetStream drops them as duplicates (within its window), and
-  beyond the window a re-run member is only a second attempt the batcher ignores.
+  with the same ids and contents.
+* **A resumed feeder never runs a member twice.** Before its first issue it looks up which
+  members of those groups already exist: a TaskRequest still stored on TASKS (queued, or
+  running on an actor) or a RolloutResult on ROLLOUTS stored since the checkpoint (it ran;
+  its sample or tombstone is on its way). Re-issuing such a group publishes only its other
+  members; the found ones stay in flight and end like any other. JetStream's msg-id
+  de-duplication cannot be relied on for this: its window lives in the server's memory, a
+  restarted nats-server (``harnessrl run --resume`` always restarts the embedded one) rebuilds
+  it only from messages still stored, and a work queue no longer stores consumed tasks. (Were
+  a member run twice anyway, its second attempt is only ignored by the batcher.)
 * **Endings are idempotent** and may arrive before the (re-)issue of their group after a
   restart; such early endings are remembered and applied when the group is issued, so capacity
   never leaks.
@@ -36,8 +44,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common import metrics
-from common.bus import Bus
-from common.records import TaskRequest
+from common.bus import Bus, PermissionDenied
+from common.records import RecordDecodeError, RolloutResult, TaskRequest, decode
 from common.tasks import Task, list_tasks
 from common.tasks.registry import list_suites, suite_dir
 from learner.config import FeederConfig
@@ -49,6 +57,14 @@ M_ISSUED = metrics.counter(
 )
 M_INFLIGHT = metrics.gauge("hrl_feeder_in_flight", "Training rollouts issued and not yet ended")
 M_CAPACITY = metrics.gauge("hrl_feeder_capacity", "Admission limit on training rollouts in flight")
+M_EXISTING = metrics.counter(
+    "hrl_feeder_reissue_skipped_total",
+    "Members of groups re-issued after a restart not published again: they already existed",
+)
+
+RECOVER_MARGIN_S = 120.0
+"""Results stored this long before the checkpoint's snapshot are read too (clock skew between
+the learner and the NATS server)."""
 
 
 @dataclass
@@ -113,6 +129,11 @@ class Feeder:
         self.last_eval_version: int | None = None
         self.groups: dict[str, GroupState] = {}
         self.early: dict[str, set[int]] = {}
+        self.existing: dict[str, set[int]] = {}
+        """Members of groups beyond the counters that exist already (found after a restart):
+        their group's re-issue does not publish them again."""
+        self._recover_since: float | None = None
+        self._recovering = False
         self._orders: dict[int, list[int]] = {}
         self._lock = asyncio.Lock()  # top_up awaits publishes: one issuer at a time
         if state:
@@ -164,6 +185,16 @@ class Feeder:
             return await self._top_up(version)
 
     async def _top_up(self, version: int) -> int:
+        if self._recovering:
+            try:
+                await self._recover()
+            except PermissionDenied as e:  # a server started with older permissions
+                why = "restart `harnessrl nats` to update them; re-issued groups may rerun members"
+                log.error("cannot look up the members that exist already (%s): %s", e, why)
+                self._recovering = False
+            except Exception as e:  # the bus reconnects by itself: try again next time
+                log.warning("cannot look up the members that exist already yet: %r", e)
+                return 0
         issued = 0
         if self.cfg.enabled and self._eval_due(version):
             issued += await self._issue_eval_round(version)
@@ -216,7 +247,14 @@ class Feeder:
             )
             for k in range(size)
         ]
-        await self.bus.publish_many([(subject, r, r.msg_id()) for r in reqs])
+        exist = self.existing.get(gid, set())
+        await self.bus.publish_many([(subject, r, r.msg_id()) for r in reqs if r.k not in exist])
+        if exist:
+            log.info(
+                "re-issued group %s without members %s: they exist already", gid, sorted(exist)
+            )
+            M_EXISTING.inc(len(exist))
+            del self.existing[gid]
         g = GroupState(gid, task.id, task.suite, harness, size, version, is_eval)
         g.ended |= self.early.pop(gid, set())
         if g.open > 0:
@@ -245,6 +283,31 @@ class Feeder:
             return r.isdigit() and int(r) >= self.next_eval_round
         return rest.isdigit() and int(rest) >= self.next_group
 
+    async def _recover(self) -> None:
+        """After a restart from a checkpoint: find the members of the groups issued after it
+        that exist already (see the module docstring)."""
+        found = self.existing
+        for _, data in await self.bus.stored(self.bus.subjects.tasks):
+            self._found(found, data, TaskRequest)
+        since = self._recover_since
+        results = await self.bus.stored(
+            self.bus.subjects.rollouts, since=None if since is None else since - RECOVER_MARGIN_S
+        )
+        for _, data in results:
+            self._found(found, data, RolloutResult)
+        self._recovering = False
+        if found:
+            n = sum(len(ks) for ks in found.values())
+            log.info("resumed: %d members of %d groups to re-issue exist already", n, len(found))
+
+    def _found(self, found: dict[str, set[int]], data: bytes, kind: type) -> None:
+        try:
+            rec = decode(data, kind)
+        except RecordDecodeError:  # not ours to judge: its consumer dead-letters it
+            return
+        if self._issued_later(rec.group_id):
+            found.setdefault(rec.group_id, set()).add(rec.k)
+
     # -- state ------------------------------------------------------------------------------
 
     def state(self) -> dict[str, Any]:
@@ -256,6 +319,10 @@ class Feeder:
             "last_eval_version": self.last_eval_version,
             "groups": [g.to_json() for g in self.groups.values()],
             "early": {gid: sorted(ks) for gid, ks in self.early.items()},
+            "existing": {gid: sorted(ks) for gid, ks in self.existing.items()},
+            # members not looked up yet (NATS away since the restart) were issued after the
+            # snapshot we restarted from: the next restart must look from there too
+            "saved_at": self._recover_since if self._recovering else time.time(),
         }
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -265,3 +332,6 @@ class Feeder:
         self.last_eval_version = state.get("last_eval_version")
         self.groups = {g["group_id"]: GroupState.from_json(g) for g in state.get("groups", ())}
         self.early = {gid: set(ks) for gid, ks in state.get("early", {}).items()}
+        self.existing = {gid: set(ks) for gid, ks in state.get("existing", {}).items()}
+        self._recover_since = state.get("saved_at")
+        self._recovering = self.cfg.enabled

@@ -6,9 +6,10 @@ The loop (``Learner.run``), one optimiser step per turn::
     batch = next_batch()                   # samples pumped from the bus by a background task
     metrics = train(batch)                 # pack trees, engine.train_step (worker thread)
     version += 1; batcher.trained(batch)   # outcomes on the ledger
-    broadcast(version)                     # every ``broadcast.every`` steps
     log_step(metrics)                      # Prometheus + one line of <run_dir>/metrics.jsonl
-    checkpoint()                           # every ``checkpoint_every`` steps; then acks
+    checkpoint()                           # every ``checkpoint_every`` steps and before a
+                                           # broadcast; then acks
+    broadcast(version)                     # every ``broadcast.every`` steps
 
 **Exactly once.** A sample's delivery is acked only after a checkpoint holding its outcome
 (trained at version v, or dropped with a reason) is durable. A crash before that redelivers it,
@@ -18,6 +19,19 @@ is acked without training. While held, deliveries are kept alive with ``in_progr
 heartbeats. ``metrics.jsonl`` gets a ``start`` line on every (re)start; step lines written
 before a restart whose version is above the resumed version describe steps that were rolled
 back (their samples were trained again after the restart).
+
+**A version names one set of weights.** A version is broadcast only once a checkpoint holds it
+(a broadcast step is a commit point, whatever ``checkpoint_every`` says), so engines only ever
+serve weights a restarted learner resumes from: a crash can roll back steps that no engine has
+seen, never one that rollouts were generated with, and a resumed learner never publishes a
+version number again with other weights. (With ``checkpoint_every = 0`` nothing is committed
+and nothing resumes: versions are broadcast right after their step.)
+
+**Stopping** (SIGTERM, ``stop()``): the current step finishes, is committed, and the process
+exits. The bus is interrupted (``Bus.interrupt``), so when NATS is down nothing waits for it:
+the checkpoint is written locally, acks and the broadcast are given up (the samples are
+redelivered and acked as committed, the version re-broadcast at the next start), and deliveries
+held for incomplete groups are nak'ed so a restarted learner gets them at once.
 """
 
 from __future__ import annotations
@@ -30,7 +44,7 @@ from collections import Counter
 from typing import Any
 
 from common import metrics
-from common.bus import Bus, Consumer
+from common.bus import Bus, BusUnavailable, Consumer
 from common.layout import (
     CommitLine,
     MetricsLine,
@@ -171,9 +185,8 @@ class Learner:
             cfg.model,
         )
         if restored is not None and self.version > 0:
-            if hasattr(self.publisher, "purge"):  # chunks of steps lost in the crash
-                lost = range(self.version, self.version + cfg.checkpoint_every + 2)
-                await self.publisher.purge(list(lost))
+            if hasattr(self.publisher, "purge"):  # a broadcast of it cut short by the crash
+                await self.publisher.purge([self.version])
             await self.broadcast()  # engines restarted meanwhile may lag behind
 
     def _rules(self) -> BatchRules:
@@ -213,9 +226,11 @@ class Learner:
     # -- the loop ---------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Finish the current step, commit, and return from ``run``."""
+        """Finish the current step, commit, and return from ``run`` (never waiting for an
+        unreachable NATS: ``Bus.interrupt``)."""
         self.stopping.set()
         self._arrived.set()
+        self.bus.interrupt()
 
     async def run(self) -> int:
         await self.setup()
@@ -231,6 +246,7 @@ class Learner:
             await asyncio.gather(*self._tasks, return_exceptions=True)
             if clean:  # after a failure, the uncommitted work is simply redone on restart
                 await self._final_commit()
+                await self._release_held()
             if self.publisher is not None:
                 await self.publisher.close()
         return 0
@@ -240,7 +256,7 @@ class Learner:
         while not self.stopping.is_set():
             if self.cfg.max_steps and steps >= self.cfg.max_steps:
                 break
-            await self.feeder.top_up(self.version)
+            await self._top_up()
             t_wait = time.monotonic()
             batch = await self._next_batch()
             if batch is None:
@@ -254,21 +270,20 @@ class Learner:
             self.unsaved_steps += 1
             staleness = batch.staleness(self.version - 1)
             self.batcher.trained(batch, self.version)
-            bcast_s = 0.0
-            if self.version % self.cfg.broadcast.every == 0:
-                bcast_s = await self.broadcast()
+            bcast = self.publisher is not None and self.version % self.cfg.broadcast.every == 0
             # the step line goes to metrics.jsonl *before* the checkpoint that makes the step
             # durable: a crash in between leaves a line that the next ``start`` line rolls back
             # (``effective_steps``), never a durable step without its line
-            will_commit = self.cfg.checkpoint_every == 0 or (
-                self.unsaved_steps >= self.cfg.checkpoint_every
-            )
-            self._after_step(
-                batch, m, staleness, wait_s, time.monotonic() - t0, bcast_s, will_commit
-            )
-            ckpt_s = await self._maybe_commit()
+            every = self.cfg.checkpoint_every
+            will_commit = every == 0 or self.unsaved_steps >= every or bcast
+            self._after_step(batch, m, staleness, wait_s, time.monotonic() - t0, will_commit)
+            # a version reaches the engines only once committed (see the module docstring)
+            ckpt_s = await self._maybe_commit(force=bcast)
+            bcast_s = await self.broadcast() if bcast else None
             if ckpt_s:
-                self._log_line(CommitLine(version=self.version, checkpoint_s=ckpt_s))
+                self._log_line(
+                    CommitLine(version=self.version, checkpoint_s=ckpt_s, broadcast_s=bcast_s)
+                )
 
     async def _next_batch(self) -> Batch | None:
         """Wait for a complete batch (None when stopping); commit drops while idle."""
@@ -287,7 +302,7 @@ class Learner:
                 await asyncio.wait_for(self._arrived.wait(), 0.5)
             if time.monotonic() - idle_since > IDLE_COMMIT_S and self._can_commit_state():
                 await self._commit_state()
-            await self.feeder.top_up(self.version)
+            await self._top_up()
 
     async def _pump(self) -> None:
         """Fetch samples into the batcher; ack redeliveries whose outcome is committed."""
@@ -308,7 +323,16 @@ class Learner:
                 ack_now += self.batcher.add(d, self.version)
             await self._ack(ack_now)
             self._arrived.set()
+            await self._top_up()
+
+    async def _top_up(self) -> None:
+        """Let the feeder issue what admission control allows (nothing once stopping)."""
+        if self.stopping.is_set():
+            return
+        try:
             await self.feeder.top_up(self.version)
+        except BusUnavailable as e:  # stopping while NATS is down: nothing to issue to
+            log.info("not issuing tasks: %s", e)
 
     async def _heartbeat(self) -> None:
         """Keep every held delivery from being redelivered while it waits; dead-letter what the
@@ -334,11 +358,26 @@ class Learner:
                 self.batcher.dead.append((d, why))
 
     async def _ack(self, deliveries: list[Any]) -> None:
-        for d in deliveries:
+        for i, d in enumerate(deliveries):
             try:
                 await d.ack()
+            except BusUnavailable:  # stopping with NATS down: redelivered, acked as committed
+                log.info("NATS unreachable: %d samples left unacked", len(deliveries) - i)
+                return
             except Exception as e:  # unacked: redelivered later and acked as committed
                 log.warning("ack failed: %r", e)
+
+    async def _release_held(self) -> None:
+        """At exit: nak every delivery still held (members of incomplete groups, outcomes a
+        failed commit could not make durable), so the next learner gets them at once instead
+        of after ``ack_wait``."""
+        held = self.batcher.held() if hasattr(self, "batcher") else []
+        for d in held:
+            if self.bus.abandoning:
+                log.info("NATS unreachable: %d held samples redelivered after ack_wait", len(held))
+                return
+            with contextlib.suppress(Exception):
+                await d.nak()
 
     # -- training ---------------------------------------------------------------------------
 
@@ -386,13 +425,15 @@ class Learner:
         st.totals = dict(self._totals)
         return st
 
-    async def _maybe_commit(self) -> float:
+    async def _maybe_commit(self, force: bool = False) -> float:
+        """Commit when ``checkpoint_every`` steps are unsaved (or ``force``: a broadcast
+        follows); seconds it took (0: none)."""
         every = self.cfg.checkpoint_every
         if every == 0:  # no checkpoints: outcomes are final once recorded
             self.batcher.ledger.begin_commit()
             await self._ack(self.batcher.ledger.end_commit())
             return 0.0
-        if self.unsaved_steps < every:
+        if self.unsaved_steps < every and not force:
             return 0.0
         return await self._commit_full()
 
@@ -456,7 +497,6 @@ class Learner:
         staleness: list[int],
         wait_s: float,
         busy_s: float,
-        bcast_s: float,
         will_commit: bool,
     ) -> None:
         wall = self._totals["wall_s"] + time.monotonic() - self._t_start
@@ -486,7 +526,6 @@ class Learner:
             step_time_s=m.get("step_time_s", 0.0),
             tokens_per_s=m.get("tokens_per_s", 0.0),
             idle_frac=idle_frac,
-            broadcast_s=bcast_s,
             committed=will_commit,
             staleness={str(k): v for k, v in sorted(Counter(staleness).items())},
             dropped=self._dropped(),

@@ -82,8 +82,10 @@ class WeightSyncConfig(ServiceConfig):
     version folder; empty copies none (the config travels with the weights)."""
     read_retries: int = Field(3, ge=0, le=100)
     """Re-reads of a version whose chunks are incomplete before it is skipped as never-applied."""
-    ack_wait: float = Field(120.0, ge=1, le=3600)
-    """Seconds before an unacknowledged WeightsReady is redelivered."""
+    ack_wait: float = Field(10.0, ge=1, le=3600)
+    """Seconds before an unacknowledged WeightsReady is redelivered (heartbeats every third of
+    it keep it while a version is applied): the delay before a restarted updater takes up the
+    version a killed one was applying."""
     engine_wait_s: float = Field(300.0, ge=0, le=86_400)
     """How long to wait for the engine to become healthy at start."""
     load: str = ""

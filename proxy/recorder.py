@@ -161,9 +161,11 @@ class Recorder:
         return self
 
     async def close(self, timeout: float = 10.0) -> None:
-        """Publish what is queued (up to ``timeout`` s), then stop."""
-        with contextlib.suppress(TimeoutError, RecordLost):
-            await self.flush(timeout=timeout, wait_open=False)
+        """Publish what is queued (up to ``timeout`` s; not at all when the process is stopping
+        and NATS is unreachable: ``Bus.abandoning``), then stop."""
+        if not self.bus.abandoning:
+            with contextlib.suppress(TimeoutError, RecordLost):
+                await self.flush(timeout=timeout, wait_open=False)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -84,7 +84,7 @@ class WeightUpdater:
         base_model: str | Path | None = None,
         read_retries: int = 3,
         retry_delay_s: float = 0.5,
-        ack_wait: float = 120.0,
+        ack_wait: float = 10.0,
         label: str = "",
     ) -> None:
         self.bus = bus

@@ -92,9 +92,14 @@ async def serve(cfg: WeightSyncConfig) -> int:
     served = await metrics.start_metrics_server(cfg.metrics_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:  # stop; never wait for an unreachable NATS from now on
+        stop.set()
+        bus.interrupt()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal)
     try:
         if not await _wait_healthy(client, cfg, stop):
             print(f"harnessrl weights-sync: engine {cfg.engine} not healthy", file=sys.stderr)

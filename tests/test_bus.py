@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -221,3 +222,56 @@ async def test_acked_consumption_survives_restart(nats_server_fn) -> None:
             break
     assert sorted(d.record.k for d in left) == [4, 5, 6, 7, 8, 9]
     await b.close()
+
+
+async def test_stored_reads_a_work_queue_without_consuming_it(bus: Bus) -> None:
+    """``stored`` lists what a subject holds now (a work queue: what is not consumed yet), in
+    order, from a time or up to a sequence, and takes nothing from anyone."""
+    s = bus.subjects
+    tasks = [
+        r.TaskRequest(group_id="g", k=k, group_size=3, issued_version=0, task_id="t")
+        for k in range(3)
+    ]
+    seqs = [(await bus.publish(s.tasks, t)).seq for t in tasks]
+    cons = await bus.consumer("TASKS", "actors", r.TaskRequest, ack_wait=30)
+    (first,) = await cons.fetch(1, timeout=2.0)
+    await first.ack()
+    held = await bus.stored(s.tasks)
+    assert [(q, r.decode(b, r.TaskRequest).k) for q, b in held] == [(seqs[1], 1), (seqs[2], 2)]
+    assert [q for q, _ in await bus.stored(s.tasks, upto=seqs[1])] == [seqs[1]]
+    assert [d.record.k for d in await cons.fetch(5, timeout=2.0)] == [1, 2]  # still theirs
+    old = sample_records()[2]
+    await bus.publish(s.rollouts, old, "old")
+    await asyncio.sleep(0.3)
+    since = time.time()
+    await bus.publish(s.rollouts, old, "new")
+    assert len(await bus.stored(s.rollouts)) == 2
+    assert len(await bus.stored(s.rollouts, since=since)) == 1
+
+
+async def test_interrupted_bus_never_waits_for_a_dead_server(nats_server_fn) -> None:
+    """After ``interrupt`` (a process stopping), a publish to a server that is down fails at
+    once with ``BusUnavailable`` (also one already retrying), instead of retrying for
+    ``publish_timeout``; while the server is up, and once it is back, nothing changes."""
+    srv = nats_server_fn
+    b = await connect(srv.url, "stop", publish_timeout=600.0)
+    task = r.TaskRequest(group_id="g", k=0, group_size=1, issued_version=0, task_id="t")
+    s = b.subjects
+    srv.kill()
+    retrying = asyncio.create_task(b.publish(s.tasks, task))
+    await asyncio.sleep(1.0)
+    assert not retrying.done()
+    b.interrupt()
+    with pytest.raises(busmod.BusUnavailable):
+        await asyncio.wait_for(retrying, 10)
+    with pytest.raises(busmod.BusUnavailable):
+        await asyncio.wait_for(b.publish(s.rollouts, sample_records()[2]), 10)
+    assert b.abandoning
+    srv.start()
+    for _ in range(100):  # reconnected: operations wait for the server as usual again
+        if not b.abandoning:
+            break
+        await asyncio.sleep(0.1)
+    assert (await b.publish(s.tasks, task)).seq == 1
+    srv.kill()
+    await asyncio.wait_for(b.close(), 10)  # nothing to flush to a dead server, no error

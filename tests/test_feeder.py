@@ -1,13 +1,17 @@
-"""The feeder: admission control, restart-stable group ids, mix-harness groups, eval rounds."""
+"""The feeder: admission control, restart-stable group ids, mix-harness groups, eval rounds;
+a resumed feeder never runs a member twice, even after a nats-server restart (real server)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from pathlib import Path
 
 import pytest
 
 from common.bus import Bus, connect
-from common.records import TaskRequest
+from common.natsd import NatsServer
+from common.records import RolloutResult, TaskRequest
 from learner.config import FeederConfig
 from learner.feeder import Feeder
 
@@ -57,7 +61,8 @@ async def test_admission_control_caps_rollouts_in_flight(bus: Bus) -> None:
 
 async def test_group_ids_stable_across_restart(bus: Bus) -> None:
     """A feeder restored from a checkpoint re-issues later groups with the same ids and
-    contents (the bus drops them as duplicates), and continues the counter."""
+    contents (their members, still stored, are not published again), and continues the
+    counter."""
     f = feeder(bus)
     await f.top_up(0)
     saved = f.state()  # the checkpoint: 4 groups issued
@@ -80,6 +85,55 @@ async def test_group_ids_stable_across_restart(bus: Bus) -> None:
     ]
     assert g.in_flight == 15  # the early ending was applied at re-issue
     assert g.state()["next_group"] == 8
+
+
+async def test_resume_after_a_server_restart_runs_no_member_twice(tmp_path: Path) -> None:
+    """The nats-server restarts with the learner (``harnessrl run --resume``), losing its msg-id
+    de-duplication window: the resumed feeder re-issues a group issued after its checkpoint
+    without the member that already ran (its result is stored) and without the one still
+    queued (stored longer than the window), instead of running them again."""
+    server = NatsServer(tmp_path / "nats").start()
+    run = "t" + uuid.uuid4().hex[:8]
+    cfg = FeederConfig()
+    opts = dict(group_size=2, batch_rollouts=2, max_staleness=1)  # capacity: 2 groups
+    try:
+        bus = await connect(server.url, run, duplicate_window=1.0)
+        a = Feeder(bus, cfg, **opts)
+        await a.top_up(0)  # groups 0 and 1
+        saved = a.state()  # the checkpoint the learner resumes from
+        actors = await bus.consumer("TASKS", "actors", TaskRequest, ack_wait=30)
+
+        async def run_one() -> TaskRequest:  # an actor: result first, then the ack
+            (d,) = await actors.fetch(1, timeout=5)
+            t = d.record
+            res = RolloutResult(
+                rollout_id=f"{t.group_id}-{t.k}-1", task_id=t.task_id, group_id=t.group_id, k=t.k
+            )
+            await bus.publish(bus.subjects.rollouts, res)
+            await d.ack()
+            return t
+
+        done = [await run_one() for _ in range(4)]
+        for t in done[:2]:  # group 0 trained: room for group 2
+            a.on_ended(t.group_id, t.k)
+        assert await a.top_up(1) == 1
+        ran = await run_one()  # group 2's first member runs, its second stays queued
+        assert ran.group_id == f"{a.epoch}_2" and await bus.stream_count("TASKS") == 1
+        await bus.close()
+
+        server.stop()  # the learner crashes; --resume restarts the server too
+        await asyncio.sleep(1.2)  # the queued task is now older than the window
+        server.start()
+        bus = await connect(server.url, run, duplicate_window=1.0)
+        b = Feeder(bus, cfg, **opts, state=saved)
+        for t in done[:2]:  # group 0's samples are redelivered and trained again
+            b.on_ended(t.group_id, t.k)
+        assert await b.top_up(1) == 1  # group 2 again: it is in flight, nothing published
+        assert await bus.stream_count("TASKS") == 1  # only the one still queued
+        assert b.in_flight == 4 and b.next_group == 3
+        await bus.close()
+    finally:
+        server.stop()
 
 
 async def test_fresh_lineage_gets_fresh_ids(bus: Bus) -> None:

@@ -19,6 +19,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -116,6 +117,78 @@ async def test_in_process_feeder_learner_broadcast_and_resume(tmp_path: Path) ->
     finally:
         actors.cancel()
         await bus.close()
+
+
+async def test_engines_only_get_committed_versions(tmp_path: Path, monkeypatch) -> None:
+    """A learner dying after a step but before its checkpoint never broadcast that step: after
+    ``--resume`` no engine serves weights the learner no longer has, and each version number
+    names one set of weights (one digest), however often it is announced."""
+    save, commits = Checkpointer.save, []
+
+    def dies_at_second_commit(self, engine, state):
+        if commits:
+            raise RuntimeError("killed while writing the checkpoint")
+        commits.append(state.version)
+        return save(self, engine, state)
+
+    monkeypatch.setattr(Checkpointer, "save", dies_at_second_commit)
+    bus = await connect(f"memory://{uuid.uuid4().hex}", "t")
+    learner = Learner(in_process_config(tmp_path, max_steps=3, checkpoint_every=1), bus)
+    actors = asyncio.create_task(fake_actors(bus, learner, [], []))
+    try:
+        with pytest.raises(RuntimeError, match="killed while writing"):
+            await asyncio.wait_for(learner.run(), 240)
+        monkeypatch.undo()
+        committed = Checkpointer(tmp_path / "run" / "checkpoints").read().version
+        ready = await bus.read_subject(bus.subjects.weights_ready, WeightsReady)
+        assert committed == 1 and max(r.version for r in ready) <= committed
+        # resumed from version 1: it announces version 1 again, then trains on
+        cfg2 = in_process_config(tmp_path, max_steps=1, resume=True)
+        learner2 = Learner(cfg2, bus, engine=learner.engine)
+        actors.cancel()
+        actors = asyncio.create_task(fake_actors(bus, learner2, [], []))
+        assert await asyncio.wait_for(learner2.run(), 240) == 0
+        ready = await bus.read_subject(bus.subjects.weights_ready, WeightsReady)
+        digests: dict[int, set[str]] = {}
+        for r in ready:
+            digests.setdefault(r.version, set()).add(r.digest)
+        assert sorted(digests) == [1, 2] and all(len(d) == 1 for d in digests.values()), digests
+    finally:
+        actors.cancel()
+        await bus.close()
+
+
+class _Untrained:
+    """What a learner reads of its engine when it takes no step (``Learner.setup``)."""
+
+    text = SimpleNamespace(vocab_size=512)
+    config = SimpleNamespace(get_text_config=lambda: _Untrained.text, to_json_string=lambda: "{}")
+    policy = SimpleNamespace(lm=SimpleNamespace(config=config))
+
+
+async def test_stopped_learner_hands_back_what_it_holds(tmp_path: Path) -> None:
+    """A learner stopped while it holds a sample of an incomplete group nak's it: the next
+    learner gets it at once instead of after ``ack_wait``."""
+    from common.records import TreeSample
+
+    bus = await connect(f"memory://{uuid.uuid4().hex}", "t")
+    cfg = in_process_config(tmp_path, feeder={"enabled": False}, broadcast={"transport": "none"})
+    half = synthetic_sample("half", 0, group_size=2)
+    await bus.publish(bus.subjects.samples, half)
+    learner = Learner(cfg, bus, engine=_Untrained())
+    run = asyncio.create_task(learner.run())
+    try:
+        deadline = time.monotonic() + 60
+        while not (hasattr(learner, "batcher") and learner.batcher.held()):
+            assert time.monotonic() < deadline and not run.done(), "never held the sample"
+            await asyncio.sleep(0.05)
+    finally:
+        learner.stop()
+        assert await asyncio.wait_for(run, 60) == 0
+    consumer = await bus.consumer("SAMPLES", "learner", TreeSample, ack_wait=cfg.ack_wait)
+    got = await consumer.fetch(1, timeout=1.0)
+    assert [(d.record.rollout_id, d.num_delivered) for d in got] == [(half.rollout_id, 2)]
+    await bus.close()
 
 
 async def test_updates_per_batch_steps_each_batch_k_times(tmp_path: Path) -> None:

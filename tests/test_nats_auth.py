@@ -231,6 +231,11 @@ async def test_each_role_does_exactly_its_own_work(secure_server: NatsServer, ru
         assert await assembler.read_subject(s.calls("g-1-2-1"), r.CallRecord) == [call]
         await assembler.publish(s.samples, sample)
         await res.ack()
+        # a resumed learner's feeder looks up which members exist already (read-only)
+        assert [r.decode(b, r.RolloutResult) for _, b in await learner.stored(s.rollouts)] == [
+            result
+        ]
+        assert await learner.stored(s.tasks) == []
         # the learner trains on it and broadcasts weights; old versions are purged
         samples = await learner.consumer("SAMPLES", "learner", r.TreeSample)
         [got] = await samples.fetch(1, timeout=5)
@@ -268,6 +273,8 @@ async def test_each_role_does_exactly_its_own_work(secure_server: NatsServer, ru
             await assembler.consumer("TASKS", "actors", r.TaskRequest)
         with pytest.raises(PermissionDenied):
             await learner.read_subject(s.calls("g-1-2-1"), r.CallRecord)
+        with pytest.raises(PermissionDenied):
+            await actor.stored(s.rollouts)
     finally:
         for b in roles.values():
             await b.close()

@@ -81,26 +81,16 @@ async def audit(
     the monitor's reading of ROLLOUTS; ``results_read()``: the last stream sequence it read.
     Reads are ordered so that nothing settled meanwhile is missed: TASKS first, then ROLLOUTS
     (a result is stored before its task is settled), then the dead letters."""
-    import nats.js.errors
-
     from common.records import DeadLetter
 
     js, subj = bus.js, bus.subjects
     acc = Accounting()
     tasks = await js.stream_info(subj.stream("TASKS"))
     acc.issued = int(tasks.state.last_seq)
-    pending: set[Member | None] = set()
-    seq = max(1, int(tasks.state.first_seq))
-    while seq <= acc.issued:  # the tasks still stored, one by one (few: admission control)
-        try:
-            m = await js.get_msg(subj.stream("TASKS"), seq=seq, subject=subj.tasks, next=True)
-        except nats.js.errors.NotFoundError:
-            break
-        if m.seq is None or m.seq > acc.issued:
-            break
-        acc.pending += 1
-        pending.add(member_of(m.data))
-        seq = m.seq + 1
+    # the tasks still stored, one by one (few: admission control)
+    still = await bus.stored(subj.tasks, upto=acc.issued)
+    acc.pending = len(still)
+    pending: set[Member | None] = {member_of(data) for _, data in still}
     rollouts = await js.stream_info(subj.stream("ROLLOUTS"))
     last_result = int(rollouts.state.last_seq)
     deadline = time.monotonic() + catch_up_s

@@ -330,7 +330,7 @@ class Monitor:
         await asyncio.gather(
             *(self._scrape(t) for t in self.targets.values()),
             *(self._engine_version(n, u) for n, u in self.engines.items()),
-            self._bus_depths(),
+            asyncio.wait_for(self._bus_depths(), SCRAPE_TIMEOUT_S),  # NATS may be down
             return_exceptions=True,
         )
         self.copy_learner_lines()

@@ -45,6 +45,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import signal
 import sys
 import time
@@ -56,6 +57,8 @@ from common.files import atomic_write_json
 from common.layout import SummaryLine
 from common.run.config import RunConfig
 from common.run.plan import Plan, display_command, first_command, prepare_run_dir, resolve
+
+log = logging.getLogger("harnessrl.run")
 
 CONFIG = None  # parsed here: the positional run file + [run] table + flags
 SECTION = "run"
@@ -86,6 +89,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 class Run:
     """One ``harnessrl run``: plan, start, watch, drain, stop, summarise."""
+
+    _ticking: asyncio.Task[None] | None = None
+    """The monitor's refresh in progress (run in the background of the supervision)."""
 
     def __init__(self, cfg: RunConfig, plan: Plan, out: Any = None) -> None:
         from common.run.dashboard import Monitor
@@ -331,8 +337,10 @@ class Run:
         now = time.monotonic()
         if now - last["scrape"] >= self.cfg.scrape_interval_s:
             last["scrape"] = now
-            await self.monitor.tick()
-            self._refresh_view()
+            # in the background: supervising (restarting a dead nats-server above all) never
+            # waits for a refresh that waits for that server
+            if self._ticking is None or self._ticking.done():
+                self._ticking = asyncio.create_task(self._tick())
         if now - last["rollup"] >= self.cfg.rollup_interval_s:
             last["rollup"] = now
             self.monitor.write_line(self.monitor.rollup(self.status()))
@@ -340,6 +348,13 @@ class Run:
             last["plot"] = now
             if not self._plotting:
                 asyncio.get_running_loop().run_in_executor(None, self.plot)
+
+    async def _tick(self) -> None:
+        try:
+            await self.monitor.tick()
+        except Exception as e:  # the view is a report: it never takes the run down
+            log.debug("monitor refresh failed: %r", e)
+        self._refresh_view()
 
     async def drain(self) -> None:
         """After the last step: let actors and assembler finish every issued rollout, and the
@@ -372,6 +387,10 @@ class Run:
         )
 
     async def _final_tick(self) -> None:
+        if self._ticking is not None:
+            self._ticking.cancel()
+            with contextlib.suppress(BaseException):
+                await self._ticking
         if self.monitor.bus is not None:
             with contextlib.suppress(Exception):
                 await self.monitor.tick()

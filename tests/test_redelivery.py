@@ -1,0 +1,72 @@
+"""Redelivery after a death takes seconds: every consumer's default ``ack_wait`` is short and
+heartbeats keep long work alive.
+
+A real actor process (``harnessrl actor``, default settings) holds a rollout that outlives its
+``ack_wait`` without losing the task, and once SIGKILLed its task comes back (attempt 2) within
+that ``ack_wait``. The latency itself, against the old one-minute default, is measured by
+``benchmarks/redelivery.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from actors.config import ActorConfig
+from actors.service import DURABLE
+from common.bus import Bus, connect
+from common.records import TaskRequest
+from learner.config import AssemblerConfig, LearnerConfig
+from proxy.config import WeightSyncConfig
+from proxy.scripted import ScriptedEngine
+from tests.test_actor_service import actor_argv, actor_process, wait_for
+from tests.test_rollout import TOK, request, toy_solver
+
+REDELIVERY_S = 15.0
+"""The most a consumer's work may wait for redelivery after its process died."""
+
+
+@pytest.fixture
+async def bus(nats_url: str, run_name: str):
+    b = await connect(nats_url, run_name)
+    yield b
+    await b.close()
+
+
+def test_every_consumer_is_redelivered_within_seconds() -> None:
+    """Actors (TASKS), the assembler (ROLLOUTS), the learner (SAMPLES) and weight updaters
+    (WEIGHTS) all default to an ``ack_wait`` of seconds, with heartbeats at most a third of it
+    (a minute of idle learner after any death was the default before)."""
+    actor = ActorConfig()
+    waits = {
+        "actor": actor.ack_wait_s,
+        "assembler": AssemblerConfig().ack_wait,
+        "learner": LearnerConfig().ack_wait,
+        "weights_sync": WeightSyncConfig().ack_wait,
+    }
+    assert all(w <= REDELIVERY_S for w in waits.values()), waits
+    assert actor.heartbeat_interval <= actor.ack_wait_s / 3
+
+
+async def test_running_task_is_kept_and_a_killed_actors_task_comes_back(
+    bus: Bus, nats_url, run_name, sandbox_root, tmp_path
+) -> None:
+    """Default settings: a rollout outliving ``ack_wait`` keeps its task (heartbeats); SIGKILL
+    the actor and the task is redelivered as attempt 2 within ``ack_wait``."""
+    argv = actor_argv(nats_url, run_name, "ENGINE", sandbox_root)
+    i = argv.index("--ack-wait-s")
+    del argv[i : i + 2]  # the default
+    async with ScriptedEngine(TOK, toy_solver(hang_attempt=1)) as eng:
+        argv[argv.index("ENGINE")] = eng.url
+        async with actor_process(argv, tmp_path / "actor.log") as proc:
+            await bus.publish(bus.subjects.tasks, request("reference", group_id="gr"))
+            await wait_for(lambda: len(eng.requests) == 1, what="the first model call")
+            info = await bus.js.consumer_info(bus.subjects.stream("TASKS"), DURABLE)
+            ack_wait = info.config.ack_wait
+            assert ack_wait == ActorConfig().ack_wait_s
+            other = await bus.consumer("TASKS", DURABLE, TaskRequest, ack_wait=ack_wait)
+            assert await other.fetch(1, timeout=ack_wait + 2) == []  # alive: kept
+            proc.kill()
+            await proc.wait()
+            got = await other.fetch(1, timeout=ack_wait + 2)
+    assert [(d.record.group_id, d.num_delivered) for d in got] == [("gr", 2)]
+    await got[0].term()

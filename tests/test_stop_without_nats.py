@@ -1,0 +1,160 @@
+"""Stopping with NATS down, and a nats-server that dies under ``harnessrl run``.
+
+* Real processes (``python -m common.cli learner|assembler|actor|weights-sync``) on a real
+  nats-server that is then SIGKILLed: SIGTERM stops each of them within the supervisor's stop
+  timeout, with exit status 0 and no traceback; the learner first commits its unsaved steps
+  to its local checkpoint (what it cannot ack is redelivered and acked as committed later).
+* ``harnessrl run``'s supervision (a real ``harnessrl nats`` child) restarts a killed
+  nats-server while its monitor is stuck reading that server: supervising never waits for a
+  refresh of the view.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from common.bus import connect
+from common.layout import StepLine, read_metrics
+from common.natsd import NatsServer
+from common.procs import popen_child
+from common.run.config import RunConfig
+from learner.checkpoint import Checkpointer
+from proxy.scripted import ScriptedEngine
+from tests.test_actor_service import actor_argv
+from tests.test_learner_service import grpo_group, publish, start_learner, wait_for
+from tests.test_rollout import TOK, toy_solver
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "common.cli", *args]
+
+
+def start(argv: list[str], log: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with open(log, "ab") as out:
+        return popen_child(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
+async def test_sigterm_with_nats_down_stops_every_process_cleanly(
+    tmp_path: Path, sandbox_root: Path
+) -> None:
+    """Three trained steps not yet checkpointed, NATS SIGKILLed, then SIGTERM to everyone:
+    every process exits 0 in time without a traceback (or a warning of a coroutine left
+    behind), the learner with its steps committed."""
+    server = NatsServer(tmp_path / "nats").start()
+    run, url = "t" + uuid.uuid4().hex[:8], server.url
+    run_dir = tmp_path / "learner"
+    run_dir.mkdir()
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        async with ScriptedEngine(TOK, toy_solver()) as eng:
+            bus = await connect(url, run)
+            groups = [grpo_group(f"g{i}", [0, 1, 0.5, 0.25], 0) for i in range(3)]
+            await publish(bus, [s for g in groups for s in g])
+            await bus.close()
+            learner_flags = ("--checkpoint-every", "1000", "--broadcast.transport", "none")
+            procs["learner"] = start_learner(url, run, run_dir, *learner_flags)
+            common = ("--nats", url, "--run", run, "--metrics-port", "-1")
+            procs["assembler"] = start(cli("assembler", *common), tmp_path / "assembler.log")
+            procs["weights-sync"] = start(
+                cli("weights-sync", *common, "--engine", eng.url, "--work-dir", str(tmp_path)),
+                tmp_path / "weights-sync.log",
+            )
+            actor = actor_argv(url, run, eng.url, sandbox_root)
+            procs["actor"] = start(actor, tmp_path / "actor.log")
+            metrics = run_dir / "metrics.jsonl"
+            steps = lambda: [m for m in read_metrics(metrics) if isinstance(m, StepLine)]  # noqa: E731
+            await asyncio.to_thread(
+                wait_for, lambda: len(steps()) == 3, 240, procs["learner"], "three steps"
+            )
+            server.kill()
+            await asyncio.sleep(1.0)  # every client saw the connection go
+            for p in procs.values():
+                p.send_signal(signal.SIGTERM)
+            limit = RunConfig().stop_timeout_s  # then the supervisor would SIGKILL
+            codes = {}
+            for name, p in procs.items():
+                try:
+                    codes[name] = await asyncio.to_thread(p.wait, limit)
+                except subprocess.TimeoutExpired:
+                    codes[name] = "still running"
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        server.stop()
+    logs = {n: log.read_text() for n, log in _logs(tmp_path, run_dir).items()}
+    assert codes == dict.fromkeys(procs, 0), {n: logs[n][-3000:] for n in codes}
+    assert not [n for n, text in logs.items() if "Traceback" in text or "never awaited" in text]
+    assert Checkpointer(run_dir / "checkpoints").read().version == 3
+
+
+def _logs(tmp_path: Path, run_dir: Path) -> dict[str, Path]:
+    out = {n: tmp_path / f"{n}.log" for n in ("assembler", "weights-sync", "actor")}
+    (learner,) = run_dir.parent.glob("learner-*.log")
+    return {**out, "learner": learner}
+
+
+async def test_supervisor_restarts_nats_while_its_monitor_waits_for_it(tmp_path: Path) -> None:
+    """The embedded nats-server is SIGKILLed while the monitor's refresh hangs on it (as reads
+    of a dead server do, for their timeouts): the supervisor restarts it anyway."""
+    from common.run.plan import SECTIONS, Plan, prepare_run_dir
+    from common.run.run import Run
+
+    cfg = RunConfig(
+        name="t" + uuid.uuid4().hex[:8],
+        out=tmp_path / "run",
+        nats_insecure=True,
+        dashboard=False,
+        scrape_interval_s=0.1,
+        restart_backoff_s=0.1,
+        on_exit={"nats": "restart"},
+    )
+    sections: dict = {s: {} for s in SECTIONS}
+    run = Run(cfg, Plan(cfg, sections, prepare_run_dir(cfg, sections)), out=io.StringIO())
+    run.phases = {"nats": run.phases["nats"], "core": [], "actors": []}
+    stuck: list[asyncio.Task] = []
+
+    async def refresh_stuck_on_the_server() -> None:
+        stuck.append(asyncio.current_task())  # type: ignore[arg-type]
+        await asyncio.Event().wait()
+
+    watch = None
+    try:
+        assert await run.start_all()
+        run.monitor.tick = refresh_stuck_on_the_server
+        watch = asyncio.create_task(run.watch())
+        nats = run.sup.children["nats"]
+        deadline = time.monotonic() + 30
+        while not stuck:
+            assert time.monotonic() < deadline, "the monitor never refreshed"
+            await asyncio.sleep(0.05)
+        os.kill(nats.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 120  # a restart, and a python process starting
+        while not (nats.starts == 2 and nats.ready):
+            assert time.monotonic() < deadline, "nats-server was not restarted"
+            await asyncio.sleep(0.1)
+        run._on_signal(signal.SIGTERM)
+        assert (await asyncio.wait_for(watch, 30)).kind == "signal"
+    finally:
+        for t in [*stuck, watch]:
+            if t is not None:
+                t.cancel()
+        await asyncio.to_thread(run.stop_all)
+        await run.monitor.close()
+    assert run.sup.leftovers() == []
