@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from common.config import undocumented_fields
+from common.natsauth import ROLES
 from common.procs import pid_alive
 from common.run.config import RunConfig
 
@@ -199,7 +200,7 @@ def test_run_with_credentials_tls_and_engine_key(tmp_path: Path) -> None:
     for cred in sorted((auth / "nats").glob("*.cred")):
         assert cred.stat().st_mode & 0o777 == 0o600, cred
         secrets.append(cred.read_text().strip().split(":", 1)[1])
-    assert len(secrets) == 7
+    assert len(secrets) == 1 + len(ROLES) + 1  # the engine key, every role, the routes' own
     for secret in secrets:
         assert secret not in commands
         for resolved in (out / "resolved").glob("*.toml"):
