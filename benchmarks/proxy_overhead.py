@@ -2,8 +2,9 @@
 the whole proxy process against a direct engine and a minimal pass-through proxy.
 
 Baselines measured in the same run:
-* TITO prepare+commit vs. a full render + encode of the same conversation (what a proxy
-  without token-in-token-out does on every call), at several conversation lengths;
+* TITO prepare+commit (CPU time per call at the end of an agent loop) vs. a full render +
+  encode of the same conversation (what a proxy without token-in-token-out does on every call),
+  at 10, 40 and 150 turns, and against its own cost at 10 turns;
 * ``EngineClient.generate`` vs. a bare aiohttp POST of the same body to the same scripted
   engine (the client's own cost over the transport);
 * **request stream**: the same conversations (20 calls each) sent straight to a fast scripted
@@ -12,7 +13,9 @@ Baselines measured in the same run:
   process (``python -m proxy.proxy_cmd``: chat completions, TITO, parsing, CallRecords on a real
   nats-server), interleaved call by call: added latency p50/p99 per call over direct, and
   throughput at a fixed concurrency with the engine taking ``ENGINE_MS`` per call (a fast GPU
-  engine; the scripted engine itself costs no CPU while it waits);
+  engine; the scripted engine itself costs no CPU while it waits); the same conversations again,
+  streamed (pseudo-streaming: SSE events), against direct: added latency and the proxy process's
+  CPU per call, streamed vs. whole;
 * **bytes recorded**: the stored CallRecords of one 20-call rollout (deltas) vs. the same
   records each carrying its full input;
 * **CPU per call along a long conversation** (50 turns, ~20k tokens, the tiny model's real
@@ -21,6 +24,7 @@ Baselines measured in the same run:
   ``cpu = a + b_ctx * context + b_add * added``, beside a full render + encode of every call.
 
 Targets (reported, not asserted): TITO at the longest conversation <= 1.5x a full render;
+TITO per call at 40 turns <= 1.5x its cost at 10 turns;
 client overhead <= 1.3x the bare POST; recorder ``record()`` <= 2 ms with 100 earlier calls;
 added p50 <= 4x the floor's added p50; throughput >= 90% of direct; recorded bytes per unique
 token >= 5x smaller than recording full inputs; CPU slope per 1k context tokens <= 25% of the
@@ -56,7 +60,7 @@ from proxy.parsers import HermesParser
 from proxy.recorder import Recorder
 from proxy.scripted import ScriptedEngine
 from proxy.sglang import EngineClient, GenerateResult
-from proxy.tito import ChatRenderer, TitoSession
+from proxy.tito import ChatRenderer, TitoSession, normalize_messages
 
 TOOLS = [
     {
@@ -96,17 +100,31 @@ def _text(rng: random.Random, n_words: int) -> str:
     return "\n".join(lines + [" ".join(line)])
 
 
-def _timeit(fn, repeat: int) -> float:
+def _cpu_best(fn, repeat: int) -> float:
+    """Least CPU time (``time.process_time``) of ``repeat`` runs of ``fn``, in seconds: CPU time,
+    not wall time, so that other work on a shared machine does not count."""
     best = float("inf")
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         fn()
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, time.process_time() - t0)
     return best
 
 
-def bench_tito(r: ChatRenderer, turns: int, seed: int = 0) -> dict[str, float]:
-    """Run an agent loop of ``turns`` calls; time the last call's prompt both ways."""
+TITO_TURNS = (10, 40, 150)
+"""Agent-loop lengths whose TITO cost is compared (a call's cost should follow the tokens it
+adds, not the context: the 40-turn cost within 1.5x the 10-turn one)."""
+TITO_TAIL = 5
+"""Calls at the end of an agent loop whose TITO CPU time is reported (their median)."""
+TITO_REPEATS = 3
+"""Times each agent loop is run; a call's CPU time is its least over the runs (what other work
+on a shared machine adds is never negative)."""
+
+
+def _tito_loop(r: ChatRenderer, turns: int, seed: int) -> tuple[list[float], TitoSession, Any]:
+    """One agent loop of ``turns`` calls: the CPU time of TITO (``prepare`` + ``commit``) of each
+    call, the session, and the final messages. Messages reach ``prepare`` normalised, as the
+    API layers hand them over."""
     rng = random.Random(seed)
     p = HermesParser()
     s = TitoSession(r)
@@ -114,35 +132,46 @@ def bench_tito(r: ChatRenderer, turns: int, seed: int = 0) -> dict[str, float]:
         {"role": "system", "content": _text(rng, 300)},
         {"role": "user", "content": _text(rng, 80)},
     ]
-    t_tito = []
+    cpu = []
     for seq in range(turns):
-        t0 = time.perf_counter()
-        prompt = s.prepare(msgs, TOOLS)
-        t1 = time.perf_counter()
+        request = normalize_messages(msgs)
+        t0 = time.process_time()
+        prompt = s.prepare(request, TOOLS)
+        t1 = time.process_time()
         completion = (
             f"{_text(rng, 30)}\n<tool_call>\n"
             + json.dumps({"name": "bash", "arguments": {"arg": _text(rng, 8)}})
             + "\n</tool_call>"
         )
         out = r.encode(completion) + [2]
-        reply = p.parse(r.decode(out)).message()
-        t2 = time.perf_counter()
+        reply = p.parse(r.decode(out)).message([f"call_{seq}"])
+        t2 = time.process_time()
         s.commit(seq, prompt, out, reply)
-        t_tito.append(t1 - t0 + time.perf_counter() - t2)
-        msgs = msgs + [reply, {"role": "tool", "content": _text(rng, 250)}]
-    hits = s.counts["hit"]
+        cpu.append(t1 - t0 + time.process_time() - t2)
+        tool = {"role": "tool", "tool_call_id": f"call_{seq}", "content": _text(rng, 250)}
+        msgs = msgs + [reply, tool]
+    return cpu, s, msgs
+
+
+def bench_tito(r: ChatRenderer, turns: int, seed: int = 0) -> dict[str, float]:
+    """Agent loops of ``turns`` calls: the CPU time of TITO (``prepare`` + ``commit``) per call
+    at the end of the loop, against a full render + encode of the last call's prompt."""
+    runs = [_tito_loop(r, turns, seed) for _ in range(TITO_REPEATS)]
+    cpu = [min(c) for c in zip(*(run[0] for run in runs), strict=True)]
+    _, s, msgs = runs[-1]
     n_tokens = len(s.prepare(msgs, TOOLS).input_ids)
-    full = _timeit(lambda: r.encode(r.render(msgs, TOOLS, True)), 3)
-    last = _timeit(lambda: s.prepare(msgs, TOOLS), 3)
-    parse = _timeit(lambda: p.parse(r.decode(out)), 20)
+    full = _cpu_best(lambda: r.encode(r.render(msgs, TOOLS, True)), 3)
+    p, out = HermesParser(), r.encode(REPLY)
+    parse = _cpu_best(lambda: p.parse(r.decode(out)), 20)
+    tail = sorted(cpu[-TITO_TAIL:])
     return {
         "turns": turns,
         "tokens": n_tokens,
-        "tito_ms": last * 1e3,
+        "tito_cpu_ms": tail[len(tail) // 2] * 1e3,
+        "tito_cpu_ms_mean": sum(cpu[1:]) / max(1, len(cpu) - 1) * 1e3,
         "full_render_ms": full * 1e3,
-        "tito_mean_ms": sum(t_tito) / len(t_tito) * 1e3,
         "parse_ms": parse * 1e3,
-        "hits": hits,
+        "hits": s.counts["hit"],
     }
 
 
@@ -303,6 +332,8 @@ class Stream:
 
     rollout: str
     chat: list[bytes]
+    chat_stream: list[bytes]
+    """The same chat bodies asking to stream (with usage in the last event)."""
     generate: list[bytes]
     n_input: list[int]
     """Prompt tokens of each call (the proxy must report the same: same ids, same stream)."""
@@ -321,18 +352,21 @@ def make_stream(r: ChatRenderer, rollout: str, turns: int, seed: int) -> Stream:
     sampling = {"max_new_tokens": 4096, "temperature": 1.0, "top_p": 1.0, "top_k": -1}
     sampling["stop_token_ids"] = r.stop_ids
     client = EngineClient("http://unused")
-    chat, generate, n_input = [], [], []
+    chat, chat_stream, generate, n_input = [], [], [], []
     for i in range(turns):
         prompt = s.prepare(msgs, TOOLS)
         n_input.append(len(prompt.input_ids))
         s.commit(i, prompt, out, reply)
         payload = client.generate_payload(prompt.input_ids, sampling, f"{rollout}-{i}")
         generate.append(json.dumps(payload).encode())
-        chat.append(json.dumps({"model": "m", "messages": msgs, "tools": TOOLS}).encode())
+        body = {"model": "m", "messages": msgs, "tools": TOOLS}
+        chat.append(json.dumps(body).encode())
+        streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        chat_stream.append(json.dumps(streamed).encode())
         call = {**reply, "tool_calls": [{**reply["tool_calls"][0], "id": f"call_{i}"}]}
         tool = {"role": "tool", "tool_call_id": f"call_{i}", "content": _varied(rng, 150)}
         msgs = msgs + [call, tool]
-    return Stream(rollout, chat, generate, n_input)
+    return Stream(rollout, chat, chat_stream, generate, n_input)
 
 
 class StreamBench:
@@ -396,10 +430,12 @@ class StreamBench:
             self.nats.stop()
 
     async def send(self, mode: str, stream: Stream, i: int) -> float:
-        """One call of ``stream`` through ``mode``; its wall time in seconds."""
+        """One call of ``stream`` through ``mode`` (``direct``, ``floor``, ``proxy`` or
+        ``stream``: the proxy, streaming); its wall time in seconds (the whole body read)."""
         headers = {"Content-Type": "application/json"}
-        if mode == "proxy":
-            url, data = self.proxy + "/v1/chat/completions", stream.chat[i]
+        if mode in PROXY_MODES:
+            url = self.proxy + "/v1/chat/completions"
+            data = stream.chat[i] if mode == "proxy" else stream.chat_stream[i]
             headers["Authorization"] = f"Bearer {TOKEN}-{stream.rollout}"
         else:
             url = (self.engine if mode == "direct" else self.floor) + "/generate"
@@ -410,31 +446,31 @@ class StreamBench:
         dt = time.perf_counter() - t0
         if resp.status != 200:
             raise RuntimeError(f"{mode} call failed: {resp.status} {body[:300]!r}")
-        if mode == "proxy" and json.loads(body)["usage"]["prompt_tokens"] != stream.n_input[i]:
+        if mode in PROXY_MODES and _usage(body, mode)["prompt_tokens"] != stream.n_input[i]:
             raise RuntimeError("the proxy sent the engine other ids than the direct stream")
         return dt
 
-    async def latency(self, streams: list[Stream]) -> dict[str, Any]:
-        """Every call of every stream through each path in turn (rotating the order)."""
-        modes = ["direct", "floor", "proxy"]
+    async def latency(self, streams: list[Stream], modes: list[str]) -> dict[str, Any]:
+        """Every call of every stream through each of ``modes`` in turn (rotating the order);
+        ``proxy_cpu_ms_per_call``: the proxy process's CPU over the phase per call it served
+        (one proxy mode per phase, so that the figure is that mode's)."""
         times: dict[str, list[float]] = {m: [] for m in modes}
         cpu0 = _cpu_s(self.proxy_proc.pid)
         n = 0
         for s in streams:
             for i in range(len(s.chat)):
-                order = modes[n % 3 :] + modes[: n % 3]
+                order = modes[n % len(modes) :] + modes[: n % len(modes)]
                 for m in order:
                     times[m].append(await self.send(m, s, i))
                 n += 1
         cpu = _cpu_s(self.proxy_proc.pid) - cpu0
-        added = {
-            m: [a - d for a, d in zip(times[m], times["direct"], strict=True)]
-            for m in ("floor", "proxy")
-        }
-        out: dict[str, Any] = {"calls": n, "proxy_cpu_ms_per_call": cpu / n * 1e3}
+        others = [m for m in modes if m != "direct"]
+        added = {m: [a - d for a, d in zip(times[m], times["direct"], strict=True)] for m in others}
+        served = n * sum(m in PROXY_MODES for m in modes)
+        out: dict[str, Any] = {"calls": n, "proxy_cpu_ms_per_call": cpu / max(1, served) * 1e3}
         for m in modes:
             out[f"{m}_p50_ms"] = _pct(times[m], 0.5) * 1e3
-        for m in ("floor", "proxy"):
+        for m in others:
             out[f"{m}_added_p50_ms"] = _pct(added[m], 0.5) * 1e3
             out[f"{m}_added_p99_ms"] = _pct(added[m], 0.99) * 1e3
         return out
@@ -462,6 +498,22 @@ class StreamBench:
             return sorted(recs, key=lambda r: r.seq)
         finally:
             await bus.close()
+
+
+PROXY_MODES = ("proxy", "stream")
+"""Request-stream modes that go through the proxy (non-streaming, streaming)."""
+
+
+def _usage(body: bytes, mode: str) -> dict[str, Any]:
+    """The ``usage`` of a chat reply, or of the last event of its stream that has one."""
+    if mode == "proxy":
+        return json.loads(body)["usage"]
+    for line in reversed(body.split(b"\n")):
+        if line.startswith(b"data: {"):
+            event = json.loads(line[6:])
+            if event.get("usage"):
+                return event["usage"]
+    raise RuntimeError(f"no usage in the stream: {body[-300:]!r}")
 
 
 def recorded_bytes(records: list[CallRecord]) -> dict[str, Any]:
@@ -498,13 +550,18 @@ async def bench_stream(quick: bool) -> dict[str, Any]:
     r = ChatRenderer(load_tokenizer("tiny-1m"))
     n_lat, n_conc, reps = (3, 8, 3) if quick else (10, 16, 3)
     lat = [make_stream(r, f"lat{i}", 20, 100 + i) for i in range(n_lat)]
+    # the same conversations, streamed (other rollouts: each proxy call is a new one)
+    slat = [make_stream(r, f"slat{i}", 20, 100 + i) for i in range(n_lat)]
     names = [f"paced{j}x{k}" for k in range(reps) for j in range(n_conc)]
     conc = [make_stream(r, n, 10, 200 + i) for i, n in enumerate(names)]
     with tempfile.TemporaryDirectory(prefix="bench-proxy-") as tmp:
-        async with StreamBench(Path(tmp), ["warm"] + [s.rollout for s in lat + conc]) as b:
+        rollouts = ["warm", "swarm"] + [s.rollout for s in lat + slat + conc]
+        async with StreamBench(Path(tmp), rollouts) as b:
             for m in ("direct", "floor", "proxy"):  # warm up connections and code paths
                 await b.send(m, make_stream(r, "warm", 1, 0), 0)
-            latency = await b.latency(lat)
+            await b.send("stream", make_stream(r, "swarm", 1, 0), 0)
+            latency = await b.latency(lat, ["direct", "floor", "proxy"])
+            streamed = await b.latency(slat, ["direct", "stream"])
             direct, proxy = [], []
             for k in range(reps):
                 group = conc[k * n_conc : (k + 1) * n_conc]
@@ -513,6 +570,7 @@ async def bench_stream(quick: bool) -> dict[str, Any]:
             records = await b.records("lat0")
     return {
         "latency": latency,
+        "streaming": streamed,
         "throughput": {
             "concurrency": n_conc,
             "engine_ms": ENGINE_MS,
@@ -607,28 +665,38 @@ async def bench_cpu_per_call(turns: int = 50, seed: int = 3) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(__doc__.split("\n")[0], argv)
     r = ChatRenderer(load_tokenizer("tiny-1m"))
-    lengths = [10, 40] if args.quick else [10, 50, 150]
-    tito = [bench_tito(r, n) for n in lengths]
+    tito = [bench_tito(r, n) for n in TITO_TURNS]
     recd = asyncio.run(bench_recorder(30 if args.quick else 100, 2000))
     client = asyncio.run(bench_client(100 if args.quick else 400, 4000))
     stream = asyncio.run(bench_stream(args.quick))
     cpu = asyncio.run(bench_cpu_per_call())
 
     print_table(
-        "TITO prompt building (last call of an agent loop)",
+        f"TITO CPU per call (prepare + commit, median of the last {TITO_TAIL} calls of an agent "
+        "loop) vs. context length",
         [
             (
                 str(t["turns"]),
                 str(t["tokens"]),
-                f"{t['tito_ms']:.2f}",
+                f"{t['tito_cpu_ms']:.2f}",
+                f"{t['tito_cpu_ms'] / tito[0]['tito_cpu_ms']:.2f}",
                 f"{t['full_render_ms']:.2f}",
-                f"{t['tito_ms'] / t['full_render_ms']:.2f}",
+                f"{t['tito_cpu_ms'] / t['full_render_ms']:.3f}",
                 f"{t['parse_ms']:.3f}",
                 f"{t['hits']}/{t['turns'] - 1}",
             )
             for t in tito
         ],
-        ("turns", "tokens", "tito ms", "full render ms", "ratio", "parse ms", "hits"),
+        (
+            "turns",
+            "tokens",
+            "tito cpu ms",
+            f"vs {tito[0]['turns']} turns",
+            "full render ms",
+            "tito / full",
+            "parse ms",
+            "hits",
+        ),
     )
     print_table(
         "Recorder and engine client",
@@ -642,10 +710,20 @@ def main(argv: list[str] | None = None) -> int:
         ("metric", "value"),
     )
     lat, thr, nbytes = stream["latency"], stream["throughput"], stream["bytes"]
+    slat = stream["streaming"]
     print_table(
         f"Request stream: {lat['calls']} calls (20-call conversations), per call, ms",
-        [(m, f"{lat[f'{m}_p50_ms']:.2f}", *added(lat, m)) for m in ("direct", "floor", "proxy")],
-        ("path", "p50", "added p50", "added p99"),
+        [
+            *[(m, f"{lat[f'{m}_p50_ms']:.2f}", *added(lat, m)) for m in ("direct", "floor")],
+            ("proxy", f"{lat['proxy_p50_ms']:.2f}", *added(lat, "proxy"), cpu_ms(lat)),
+            (
+                "proxy, streaming",
+                f"{slat['stream_p50_ms']:.2f}",
+                *added(slat, "stream"),
+                cpu_ms(slat),
+            ),
+        ],
+        ("path", "p50", "added p50", "added p99", "proxy cpu / call"),
     )
     print_table(
         f"Throughput: {thr['concurrency']} concurrent conversations, engine "
@@ -654,10 +732,6 @@ def main(argv: list[str] | None = None) -> int:
             ("direct calls/s", f"{thr['direct_calls_s']:.1f}"),
             ("proxy calls/s", f"{thr['proxy_calls_s']:.1f}"),
             ("proxy / direct", f"{thr['ratio']:.3f}"),
-            (
-                "proxy process CPU per call (latency phase), ms",
-                f"{lat['proxy_cpu_ms_per_call']:.2f}",
-            ),
         ],
         ("metric", "value"),
     )
@@ -704,10 +778,14 @@ def main(argv: list[str] | None = None) -> int:
         ("metric", "value"),
     )
     longest = tito[-1]
-    tito_ratio = longest["tito_ms"] / longest["full_render_ms"]
+    tito_ratio = longest["tito_cpu_ms"] / longest["full_render_ms"]
+    by_turns = {t["turns"]: t["tito_cpu_ms"] for t in tito}
+    tito_40_vs_10 = by_turns[40] / by_turns[10]
+    tito_150_vs_10 = by_turns[150] / by_turns[10]
     client_ratio = client["client_ms"] / client["bare_post_ms"]
     added_vs_floor = lat["proxy_added_p50_ms"] / max(lat["floor_added_p50_ms"], 1e-3)
     slope_share = cpu["slope_ms_per_1k_context"] / cpu["full_render_slope_ms_per_1k_context"]
+    stream_cpu = slat["proxy_cpu_ms_per_call"] / lat["proxy_cpu_ms_per_call"]
     path = write_result(
         "proxy_overhead",
         {
@@ -728,6 +806,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         {
             "tito_vs_full_render": target(tito_ratio, 1.5, at_least=False),
+            "tito_40_vs_10_turns": target(tito_40_vs_10, 1.5, at_least=False),
             "client_vs_bare_post": target(client_ratio, 1.3, at_least=False),
             "record_ms": target(recd["record_ms_last"], 2.0, at_least=False),
             "added_p50_vs_floor": target(added_vs_floor, 4.0, at_least=False),
@@ -737,8 +816,11 @@ def main(argv: list[str] | None = None) -> int:
         },
         ratios={
             "tito_vs_full_render": tito_ratio,
+            "tito_40_vs_10_turns": tito_40_vs_10,
+            "tito_150_vs_10_turns": tito_150_vs_10,
             "client_vs_bare_post": client_ratio,
             "added_p50_vs_floor": added_vs_floor,
+            "stream_vs_whole_reply_cpu": stream_cpu,
             "throughput_vs_direct": thr["ratio"],
             "bytes_full_vs_delta": nbytes["ratio"],
             "cpu_slope_vs_full_render": slope_share,
@@ -750,10 +832,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def added(lat: dict[str, Any], mode: str) -> tuple[str, str]:
+def added(lat: dict[str, Any], mode: str) -> tuple[str, ...]:
     if mode == "direct":
-        return "-", "-"
-    return f"{lat[f'{mode}_added_p50_ms']:.2f}", f"{lat[f'{mode}_added_p99_ms']:.2f}"
+        return "-", "-", "-"
+    p50, p99 = f"{lat[f'{mode}_added_p50_ms']:.2f}", f"{lat[f'{mode}_added_p99_ms']:.2f}"
+    return (p50, p99) if mode in PROXY_MODES else (p50, p99, "-")
+
+
+def cpu_ms(lat: dict[str, Any]) -> str:
+    return f"{lat['proxy_cpu_ms_per_call']:.2f}"
 
 
 if __name__ == "__main__":

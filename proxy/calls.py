@@ -37,6 +37,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
+
 from common.records import CallRecord, SamplingParams
 from proxy.labels import DEFAULT_RULES, LabelRules, kept_headers, label_call
 from proxy.parsers import ParsedOutput, Parser
@@ -111,8 +113,15 @@ class UpstreamError(CallError):
 
 class Generator(Protocol):
     async def generate(
-        self, input_ids: list[int], sampling: dict[str, Any], rid: str | None = None, **kw: Any
-    ) -> GenerateResult: ...
+        self, input_ids: np.ndarray, sampling: dict[str, Any], rid: str | None = None, **kw: Any
+    ) -> GenerateResult:
+        """Sample a completion of ``input_ids`` (int32; ``EngineClient`` sends them as a JSON
+        list)."""
+        ...
+
+
+_NO_IDS = np.zeros(0, dtype=np.int32)
+_NO_IDS.flags.writeable = False
 
 
 @dataclass
@@ -167,8 +176,9 @@ class PendingCall:
     """Fields of the eventual CallRecord known so far."""
 
     @property
-    def input_ids(self) -> list[int]:
-        return self.prompt.input_ids if self.prompt is not None else []
+    def ids(self) -> np.ndarray:
+        """The prompt's input ids (int32; empty before the prompt is built)."""
+        return self.prompt.ids if self.prompt is not None else _NO_IDS
 
 
 class ModelCaller:
@@ -246,7 +256,7 @@ class ModelCaller:
             pending.prompt = session.prepare(req.messages, req.tools, track=label)
             pending.base["tito_hit"] = pending.prompt.hit
             pending.base["parent_hint"] = pending.prompt.anchor_seq
-            n = len(pending.prompt.input_ids)
+            n = len(pending.prompt.ids)
             if self.max_context and n >= self.max_context:
                 raise ContextTooLong(n, self.max_context)
             pending.base["sampling"] = self.engine_sampling(n, req.max_tokens)
@@ -269,7 +279,7 @@ class ModelCaller:
         session = self.tito.session(pending.req.rollout_id)
         session.commit(pending.ticket.seq, pending.prompt, result.output_ids, reply.message)
         reply.record = self.recorder.record(
-            pending.ticket, pending.input_ids, result, engine_s=engine_s, **pending.base
+            pending.ticket, pending.ids, result, engine_s=engine_s, **pending.base
         )
         return reply
 
@@ -277,7 +287,7 @@ class ModelCaller:
         """Record an admitted call that will never be run (status aborted)."""
         if not pending.ticket.done:
             self.recorder.record(
-                pending.ticket, pending.input_ids, status="aborted", error=reason, **pending.base
+                pending.ticket, pending.ids, status="aborted", error=reason, **pending.base
             )
 
     async def _generate(self, pending: PendingCall) -> tuple[GenerateResult, float]:
@@ -296,7 +306,7 @@ class ModelCaller:
         rid = f"{t.rollout_id}-{t.seq}-{uuid.uuid4().hex[:8]}"
         t0 = time.monotonic()
         try:
-            result = await self.engine.generate(pending.input_ids, params, rid, key=t.rollout_id)
+            result = await self.engine.generate(pending.ids, params, rid, key=t.rollout_id)
         except EngineBadRequest as e:
             raise BadRequest(e.message) from None
         except EngineUnavailable as e:
@@ -320,7 +330,7 @@ class ModelCaller:
             parsed=parsed,
             message=parsed.message(ids),
             finish=finish,
-            prompt_tokens=len(pending.input_ids),
+            prompt_tokens=len(pending.ids),
             completion_tokens=len(result.output_ids),
             cached_tokens=result.cached_tokens,
             record=None,  # type: ignore[arg-type]  # set once recorded
@@ -340,7 +350,7 @@ class ModelCaller:
             status = "aborted"
         message = "client went away" if isinstance(e, asyncio.CancelledError) else str(e)
         self.recorder.record(
-            pending.ticket, pending.input_ids, result, status=status, error=message, **pending.base
+            pending.ticket, pending.ids, result, status=status, error=message, **pending.base
         )
 
 

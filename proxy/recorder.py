@@ -211,7 +211,7 @@ class Recorder:
     def record(
         self,
         ticket: Ticket,
-        input_ids: Sequence[int] = (),
+        input_ids: Sequence[int] | np.ndarray = (),
         result: GenerateResult | None = None,
         *,
         status: str = "ok",

@@ -243,6 +243,7 @@ async def open_proxy_stack(
         max_context = settings.max_context or await engine_context(router)
         tokenizer = await asyncio.to_thread(_tokenizer, settings.model)
         renderer = ChatRenderer(tokenizer)
+        await asyncio.to_thread(renderer.windowed)  # probe the template now, not on a call
         recorder = await Recorder(bus, capacity=record_buffer).start()
         stack.push_async_callback(recorder.close, close_timeout_s)
         sampling = SamplingParams(

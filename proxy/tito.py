@@ -39,6 +39,15 @@ Invariants (tested):
   down, error, abort) is never committed, so it is neither a miss nor an anchor, and the next
   call of a rollout whose first calls all failed is still its ``first``.
 
+What a call costs follows the tokens it adds, not its context (a long rollout's calls must not
+grow ever slower): the new part is rendered from a window of the conversation, not the whole of
+it (``ChatRenderer.new_part``; whole conversations only for a template that fails the window
+probe, and for the first call and misses), only it is tokenised, the meaning hashes of messages
+the previous call already had are reused (``_Seen``), anchors are looked up by digest rather
+than scanned, messages already normalised by the API layer are not normalised again
+(``Normalized``), and ids stay int32 arrays (``TitoPrompt.ids``), concatenated, never rebuilt
+as lists.
+
 Seams handled (DESIGN §4 hazards):
 
 * The engine stops on ``<|im_end|>`` without the ``\\n`` the template writes after it: every
@@ -46,8 +55,8 @@ Seams handled (DESIGN §4 hazards):
   stop token (``<|endoftext|>``) keeps that token and is followed by the template's whole turn end
   (``<|im_end|>\\n``); an output cut off by ``max_new_tokens`` is closed the same way.
 * Templates group consecutive tool results into one turn: the new part is found by rendering
-  the prefix and the whole conversation and checking that one is a string prefix of the other;
-  when it is not, the next candidate is tried, and finally a full render.
+  the prefix and the conversation (from a window) and checking that one is a string prefix of
+  the other; when it is not, the next candidate is tried, and finally a full render.
 * Templates that drop ``<think>`` of earlier turns (Qwen3): when the prefix check fails, it is
   retried with the reasoning of the reused turns blanked on both sides, so the new part is still
   found and the history stays as the engine saw it.
@@ -74,9 +83,11 @@ Tools must be equal as canonical JSON.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
+import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -86,8 +97,11 @@ import numpy as np
 from common import metrics
 from common.models import eos_token_ids, render_chat
 
+log = logging.getLogger("harnessrl.proxy.tito")
+
 __all__ = [
     "ChatRenderer",
+    "Normalized",
     "TitoPrompt",
     "TitoSession",
     "canonical_json",
@@ -104,6 +118,11 @@ M_FALSE_FORKS = metrics.counter(
     "hrl_proxy_false_forks_total",
     "Successful calls whose messages reuse an earlier call's request and reply but whose ids "
     "do not extend that call's input+output (a dead-end branch in the tree)",
+)
+M_WINDOW_MISMATCHES = metrics.counter(
+    "hrl_proxy_tito_window_mismatches_total",
+    "New parts rendered from a window of the conversation that differed from the full render "
+    "(the renderer renders whole conversations from then on)",
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -138,9 +157,14 @@ def _arguments(args: Any) -> str:
     return json.dumps(args, ensure_ascii=False)
 
 
-def normalize_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+class Normalized(list):
+    """Messages already in the normalised format (what ``normalize_messages`` returns):
+    ``TitoSession.prepare`` takes them as they are instead of normalising them again."""
+
+
+def normalize_messages(messages: Sequence[dict[str, Any]]) -> Normalized:
     """OpenAI-chat-shaped messages -> the normalised format (rendering is unchanged by it)."""
-    out = []
+    out = Normalized()
     for m in messages:
         role = str(m.get("role") or "user")
         n: dict[str, Any] = {"role": role, "content": _text(m.get("content"))}
@@ -208,12 +232,22 @@ def _chain(prev: bytes, m: dict[str, Any]) -> bytes:
     return hashlib.blake2b(prev + _visible_key(m), digest_size=16).digest()
 
 
-def _digests(messages: Sequence[dict[str, Any]]) -> list[bytes]:
-    """``d[i]`` identifies the meaning of ``messages[:i]`` (a hash chain of visible keys)."""
+def _digests(messages: Sequence[dict[str, Any]], seen: _Seen | None = None) -> list[bytes]:
+    """``d[i]`` identifies the meaning of ``messages[:i]`` (a hash chain of visible keys). A
+    link is taken from ``seen`` (a ``_Seen``) where the chain so far and the message are the
+    same there, so only what changed or is new is hashed."""
+    old, old_d = (seen.messages, seen.digests) if seen is not None else ((), ())
     out = [b""]
-    for m in messages:
-        out.append(_chain(out[-1], m))
+    for i, m in enumerate(messages):
+        if i < len(old) and out[i] == old_d[i] and m == old[i]:
+            out.append(old_d[i + 1])
+        else:
+            out.append(_chain(out[i], m))
     return out
+
+
+def _array(ids: Sequence[int]) -> np.ndarray:
+    return np.asarray(ids, dtype=np.int32)
 
 
 def _tools_key(tools: Sequence[dict[str, Any]] | None) -> str:
@@ -225,8 +259,26 @@ def _tools_key(tools: Sequence[dict[str, Any]] | None) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
+_WINDOW_EXACT: dict[str, bool] = {}
+"""Whether window rendering is exact for a template (and its kwargs), probed once per process."""
+
+
 class ChatRenderer:
-    """A tokenizer plus its chat template, and the facts about the template TITO relies on."""
+    """A tokenizer plus its chat template, and the facts about the template TITO relies on.
+
+    **Window rendering.** The new part of a prompt (``new_part``) is what the template writes
+    for the new messages once the earlier ones are written. Rendering the whole conversation to
+    find it makes each call cost as much as its context; instead it is rendered from a *window*:
+    the first message (system prompt and tools header), the last user message (templates that
+    treat the turns after the last user query differently, Qwen3), the last earlier message
+    (templates that join consecutive turns, tool results), then the new messages. That is exact
+    for a template whose rendering of a message depends only on those, so it is used only for
+    templates that pass a probe (``window_exact``: every split of a few agent conversations gives
+    the same new part both ways), and the first ``verify_first`` window renders on real traffic
+    are checked against the full render: on a difference the full one is used, the renderer
+    renders whole conversations from then on, and it is counted
+    (``hrl_proxy_tito_window_mismatches_total``).
+    """
 
     def __init__(
         self,
@@ -234,6 +286,9 @@ class ChatRenderer:
         template: str | None = None,
         template_kwargs: dict[str, Any] | None = None,
         stop_ids: Sequence[int] | None = None,
+        *,
+        incremental: bool | None = None,
+        verify_first: int = 16,
     ) -> None:
         self.tokenizer = tokenizer
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -247,6 +302,13 @@ class ChatRenderer:
         self.gen_ids = self.encode(gen_text)
         """Ids of the generation prompt (``<|im_start|>assistant\\n``), assumed history-free."""
         self._stop_text = {i: self.decode([i]) for i in self.stop_ids}
+        self.incremental = incremental
+        """Whether new parts are rendered from a window (see the class docstring); None:
+        whether the template passes the probe, decided on first use."""
+        self.verify_first = verify_first
+        """How many window renders (the first ones) are checked against the full render (a
+        bounded cost, paid while conversations are short)."""
+        self._windows = 0
 
     def render(
         self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None, gen: bool
@@ -273,6 +335,112 @@ class ChatRenderer:
         text = self.render(probe, None, gen=False)
         return text[text.rindex(marker) + len(marker) :]
 
+    def new_part(
+        self,
+        msgs: list[dict[str, Any]],
+        n: int,
+        tools: list[dict[str, Any]] | None,
+        *,
+        reply: bool,
+        full: str | None = None,
+    ) -> str | None:
+        """What ``render(msgs, gen=True)`` adds to ``render(msgs[:n])``: the template's
+        rendering of the new messages and the generation prompt. Where ``render(msgs[:n])`` is
+        not a prefix (a template that drops the reasoning of earlier turns), it is retried with
+        the reasoning of ``msgs[:n]`` left out on both sides. None when it still is not, or, for
+        a ``reply`` (``msgs[n - 1]`` is a sampled turn), when it does not end with the
+        template's turn end. ``full``: ``render(msgs, gen=True)`` if the caller has it."""
+        if not self.windowed():
+            return self._new_part(msgs, n, tools, reply, full)
+        keep = _window(msgs, n)
+        try:
+            part = self._new_part([msgs[i] for i in keep] + msgs[n:], len(keep), tools, reply)
+        except Exception:  # the template refuses the window: render the whole conversation
+            return self._new_part(msgs, n, tools, reply, full)
+        self._windows += 1
+        if self._windows <= self.verify_first:
+            whole = self._new_part(msgs, n, tools, reply, full)
+            if whole != part:
+                self.incremental = False
+                M_WINDOW_MISMATCHES.inc()
+                log.warning(
+                    "a window render differs from the full render with this chat template "
+                    "(%d messages, new from %d): rendering whole conversations from now on",
+                    len(msgs),
+                    n,
+                )
+                return whole
+        return part
+
+    def windowed(self) -> bool:
+        """Whether new parts are rendered from a window now (probing the template once)."""
+        if self.incremental is None:
+            self.incremental = self.window_exact()
+        return self.incremental
+
+    def _new_part(
+        self,
+        msgs: list[dict[str, Any]],
+        n: int,
+        tools: list[dict[str, Any]] | None,
+        reply: bool,
+        full: str | None = None,
+    ) -> str | None:
+        """``new_part`` from renders of the whole of ``msgs``."""
+        part = self._split(msgs, n, tools, reply, full)
+        if part is None and any("reasoning_content" in m for m in msgs[:n]):
+            blank = [_without_reasoning(m) for m in msgs[:n]] + msgs[n:]
+            part = self._split(blank, n, tools, reply)
+        return part
+
+    def _split(
+        self,
+        msgs: list[dict[str, Any]],
+        n: int,
+        tools: list[dict[str, Any]] | None,
+        reply: bool,
+        full: str | None = None,
+    ) -> str | None:
+        head = self.render(msgs[:n], tools, gen=False)
+        if full is None:
+            full = self.render(msgs, tools, gen=True)
+        if not full.startswith(head) or (reply and not head.endswith(self.turn_end)):
+            return None
+        return full[len(head) :]
+
+    def window_exact(self) -> bool:
+        """Whether a window render gives the same new part as rendering the whole conversation
+        at every split of the probe conversations (``_PROBES``, with and without tools);
+        probed once per template and kwargs."""
+        key = repr((self.template, sorted(self.template_kwargs.items())))
+        exact = _WINDOW_EXACT.get(key)
+        if exact is None:
+            exact = _WINDOW_EXACT[key] = self._probe_window()
+            if not exact:
+                log.info("the chat template fails the window probe: TITO renders in full")
+        return exact
+
+    def _probe_window(self) -> bool:
+        for msgs, tools in itertools.product(_PROBES, (None, _PROBE_TOOLS)):
+            try:
+                full = self.render(msgs, tools, gen=True)
+            except Exception:  # the template refuses this conversation: nothing to compare
+                continue
+            for n in range(1, len(msgs)):
+                reply = msgs[n - 1]["role"] == "assistant"  # as the anchors that end there
+                keep = _window(msgs, n)
+                window = [msgs[i] for i in keep] + msgs[n:]
+                try:
+                    want = self._new_part(msgs, n, tools, reply, full)
+                except Exception:
+                    continue
+                try:
+                    if self._new_part(window, len(keep), tools, reply) != want:
+                        return False
+                except Exception:
+                    return False
+        return True
+
     def closing(self, output_ids: Sequence[int]) -> str:
         """The text the template writes after a sampled output to close its turn; every sampled
         id is kept before it (never altered or dropped).
@@ -286,6 +454,67 @@ class ChatRenderer:
             if stop and self.turn_end.startswith(stop):
                 return self.turn_end[len(stop) :]
         return self.turn_end
+
+
+def _window(msgs: Sequence[dict[str, Any]], n: int) -> list[int]:
+    """Indices of the messages of ``msgs[:n]`` a window render keeps (see ``ChatRenderer``): the
+    first, the last user message and the last."""
+    if n <= 3:
+        return list(range(n))
+    user = next((i for i in range(n - 2, 0, -1) if msgs[i].get("role") == "user"), 0)
+    return [0, user, n - 1] if user else [0, n - 1]
+
+
+def _probe_call(i: int, arguments: str) -> dict[str, Any]:
+    return {
+        "id": f"p{i}",
+        "type": "function",
+        "function": {"name": "probe", "arguments": arguments},
+    }
+
+
+def _probe_conversations() -> list[list[dict[str, Any]]]:
+    """Agent conversations (normalised) that exercise what templates do across turns: a system
+    prompt or none, tool calls and grouped tool results, reasoning before and after the last
+    user message, consecutive assistant turns, several user turns."""
+    system = {"role": "system", "content": "Be brief."}
+    users = [{"role": "user", "content": f"Task {i}."} for i in range(3)]
+    text = {"role": "assistant", "content": "Done."}
+    think = {"role": "assistant", "content": "Looking.", "reasoning_content": "Think first."}
+
+    def call(i: int, think: bool = False, two: bool = False) -> dict[str, Any]:
+        m: dict[str, Any] = {"role": "assistant", "content": "Running." if two else ""}
+        if think:
+            m["reasoning_content"] = f"Plan {i}."
+        m["tool_calls"] = [_probe_call(i, f'{{"x": {i}}}')]
+        if two:
+            m["tool_calls"].append(_probe_call(i + 100, '{"y": "z"}'))
+        return m
+
+    def result(i: int) -> dict[str, Any]:
+        return {"role": "tool", "tool_call_id": f"p{i}", "content": f"out {i}"}
+
+    return [
+        [system, users[0], call(1), result(1), call(2, two=True), result(2), result(102),
+         think, users[1], call(3, think=True), result(3), text, users[2], text],
+        [users[0], think, users[1], call(4, think=True, two=True), result(4), result(104),
+         call(5, think=True), result(5), call(6), result(6), text],
+        [system, users[0], call(7, think=True), result(7), call(8, think=True), result(8),
+         think, think, users[1], call(9), result(9)],
+    ]  # fmt: skip
+
+
+_PROBES = _probe_conversations()
+_PROBE_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "probe",
+            "description": "A probe tool.",
+            "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}},
+        },
+    }
+]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -314,11 +543,12 @@ class _Anchor:
 TitoKind = Literal["hit", "miss", "first"]
 
 
-@dataclass
+@dataclass(eq=False)
 class TitoPrompt:
     """A prompt built for one call."""
 
-    input_ids: list[int]
+    ids: np.ndarray
+    """The input ids (int32; ``input_ids`` is the same as a list)."""
     kind: TitoKind
     """``first``: no earlier call of the rollout succeeded. ``hit``: every assistant turn of the
     prompt comes from ids the engine sampled (and the ids extend them). ``miss``: some assistant
@@ -344,6 +574,22 @@ class TitoPrompt:
     def hit(self) -> bool:
         return self.kind == "hit"
 
+    @functools.cached_property
+    def input_ids(self) -> list[int]:
+        """The input ids as a list (built on first use)."""
+        return self.ids.tolist()
+
+
+@dataclass
+class _Seen:
+    """The last committed conversation of a track: its messages (the reply included) and their
+    digests. The next call reuses the digests of the messages it repeats (equal dicts, in the
+    same place after the same history) instead of hashing its whole history again; normalised
+    messages hold only strings, so equal dicts mean equal meaning keys."""
+
+    messages: list[dict[str, Any]]
+    digests: list[bytes]
+
 
 class TitoSession:
     """TITO state of one rollout: ``prepare`` a prompt, then ``commit`` what the call produced
@@ -354,6 +600,8 @@ class TitoSession:
         self.max_tries = max_tries
         """Candidate anchors tried (longest first) before rendering in full."""
         self.anchors: list[_Anchor] = []
+        self._by_digest: dict[bytes, list[_Anchor]] = {}
+        """The anchors by digest."""
         self.calls: dict[str, int] = {}
         """Calls committed (succeeded), by track (the call's label): a rollout's first ``main``
         call is its ``first`` even when a title (``aux``) request succeeded before it."""
@@ -361,6 +609,8 @@ class TitoSession:
         """Committed calls by prompt kind."""
         self.false_forks = 0
         """Committed calls that were false forks."""
+        self._seen: dict[str, _Seen] = {}
+        """The last committed conversation, by track."""
 
     def prepare(
         self,
@@ -368,42 +618,42 @@ class TitoSession:
         tools: Sequence[dict[str, Any]] | None = None,
         track: str = "main",
     ) -> TitoPrompt:
-        """The input ids for a call with these messages (normalised here if they are not yet:
-        OpenAI-chat-shaped input is accepted) and tools. Changes no state and counts nothing:
-        the call counts once ``commit`` says it succeeded."""
-        msgs = normalize_messages(messages)
+        """The input ids for a call with these messages (normalised here unless they are a
+        ``Normalized`` list: OpenAI-chat-shaped input is accepted) and tools. Changes no state
+        and counts nothing: the call counts once ``commit`` says it succeeded."""
+        msgs = messages if isinstance(messages, Normalized) else normalize_messages(messages)
         tools_n = normalize_tools(tools)
-        digests = _digests(msgs)
+        digests = _digests(msgs, self._seen.get(track))
         tkey = _tools_key(tools_n)
-        full = self.r.render(msgs, tools_n, gen=True)
-        found, sent = self._found(msgs, digests, tkey)
+        # whole-conversation rendering only: rendered once for every anchor tried
+        full = None if self.r.windowed() else self.r.render(msgs, tools_n, gen=True)
+        sent = [(i, r) for i, m in enumerate(msgs) if (r := _reasoning(m)) is not None]
         prompt = None
-        for a in itertools.islice(_matching(found, sent), self.max_tries):
+        for a in itertools.islice(_matching(self._found(digests, tkey), sent), self.max_tries):
             prompt = self._extend(a, msgs, tools_n, full)
             if prompt is not None:
                 break
         if prompt is None:
             kind: TitoKind = "miss" if self.calls.get(track) else "first"
-            prompt = TitoPrompt(self.r.encode(full), kind, msgs, tools_n)
+            if full is None:
+                full = self.r.render(msgs, tools_n, gen=True)
+            prompt = TitoPrompt(_array(self.r.encode(full)), kind, msgs, tools_n)
         prompt.digests, prompt.tools_key, prompt.track = digests, tkey, track
-        if self._false_fork(prompt, _matching(found, sent)):
+        if self._false_fork(prompt, _matching(self._found(digests, tkey), sent)):
             prompt.false_fork = True
             prompt.kind = "miss"
         return prompt
 
-    def _found(
-        self, msgs: list[dict[str, Any]], digests: list[bytes], tkey: str
-    ) -> tuple[list[_Anchor], list[tuple[int, str]]]:
-        """Anchors whose visible meaning and tools are a prefix of ``msgs`` (longest first, then
-        earliest), and the reasoning ``msgs`` sends (``_matching`` checks it lazily)."""
-        found = [
-            a
-            for a in self.anchors
-            if a.n_msgs <= len(msgs) and a.tools_key == tkey and digests[a.n_msgs] == a.digest
-        ]
-        found.sort(key=lambda a: (-a.n_msgs, a.seq, a.kind != "reply"))
-        sent = [(i, r) for i, m in enumerate(msgs) if (r := _reasoning(m)) is not None]
-        return found, sent
+    def _found(self, digests: list[bytes], tkey: str) -> Iterator[_Anchor]:
+        """Anchors whose visible meaning and tools are a prefix of the messages ``digests``
+        describe: longest first, then earliest. Lazily, by digest: a hit needs only the first
+        few, never a scan of every anchor of the rollout."""
+        for n in range(len(digests) - 1, -1, -1):
+            same = self._by_digest.get(digests[n])
+            if same:
+                yield from sorted(
+                    (a for a in same if a.n_msgs == n and a.tools_key == tkey), key=_anchor_order
+                )
 
     @staticmethod
     def _false_fork(prompt: TitoPrompt, matching: Iterator[_Anchor]) -> bool:
@@ -418,10 +668,10 @@ class TitoSession:
             if prompt.anchor_seq == a.seq and prompt.anchor_kind == "reply":
                 return False  # built as a.ids + closing + new part: extends it by construction
             deepest.append(a)
-        ids = prompt.input_ids
+        ids = prompt.ids
         for a in deepest:
             n = len(a.ids)
-            if len(ids) >= n and np.array_equal(np.asarray(ids[:n], dtype=np.int32), a.ids):
+            if len(ids) >= n and np.array_equal(ids[:n], a.ids):
                 return False
         return bool(deepest)
 
@@ -430,36 +680,16 @@ class TitoSession:
         a: _Anchor,
         msgs: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
-        full: str,
+        full: str | None,
     ) -> TitoPrompt | None:
         """``a.ids + encode(closing + new part)``, or None when the new part cannot be found."""
-        suffix = self._new_part(msgs[: a.n_msgs], msgs, tools, full, a.kind)
+        suffix = self.r.new_part(msgs, a.n_msgs, tools, reply=a.kind == "reply", full=full)
         if suffix is None:
-            blank = [_without_reasoning(m) for m in msgs[: a.n_msgs]] + msgs[a.n_msgs :]
-            suffix = self._new_part(
-                blank[: a.n_msgs], blank, tools, self.r.render(blank, tools, True), a.kind
-            )
-            if suffix is None:
-                return None
-        ids = a.ids.tolist() + self.r.encode(a.closing + suffix)
+            return None
+        ids = np.concatenate([a.ids, _array(self.r.encode(a.closing + suffix))])
         rerendered = any(m.get("role") == "assistant" for m in msgs[a.n_msgs :])
         kind: TitoKind = "miss" if rerendered else "hit"
         return TitoPrompt(ids, kind, msgs, tools, a.seq, a.kind, len(a.ids))
-
-    def _new_part(
-        self,
-        prefix: list[dict[str, Any]],
-        msgs: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        full: str,
-        kind: str,
-    ) -> str | None:
-        head = self.r.render(prefix, tools, gen=False)
-        if not full.startswith(head):
-            return None
-        if kind == "reply" and not head.endswith(self.r.turn_end):
-            return None
-        return full[len(head) :]
 
     def commit(
         self,
@@ -488,10 +718,11 @@ class TitoSession:
         reasoning = {i: _reasoning(m) for i, m in enumerate(msgs) if m.get("role") == "assistant"}
         n, gen = len(msgs), self.r.gen_ids
         out = list(output_ids or [])
-        ids = np.asarray(list(prompt.input_ids) + out, dtype=np.int32)
-        n_in = len(prompt.input_ids)
-        if gen and list(prompt.input_ids[n_in - len(gen) :]) == gen:
-            self.anchors.append(
+        ids = np.concatenate([prompt.ids, _array(out)])
+        n_in = len(prompt.ids)
+        seen = _Seen(msgs, prompt.digests)
+        if gen and prompt.ids[n_in - len(gen) :].tolist() == gen:
+            self._add(
                 _Anchor(
                     seq,
                     n,
@@ -504,12 +735,16 @@ class TitoSession:
                 )
             )
         if reply is None or not out:
+            self._seen[track] = seen
             return
-        self.anchors.append(
+        seen.messages = [*msgs, reply]
+        seen.digests = [*prompt.digests, _chain(prompt.digests[n], reply)]
+        self._seen[track] = seen
+        self._add(
             _Anchor(
                 seq,
                 n + 1,
-                _chain(prompt.digests[n], reply),
+                seen.digests[-1],
                 prompt.tools_key,
                 {**reasoning, n: _reasoning(reply)},
                 ids,
@@ -518,9 +753,19 @@ class TitoSession:
             )
         )
 
+    def _add(self, anchor: _Anchor) -> None:
+        self.anchors.append(anchor)
+        self._by_digest.setdefault(anchor.digest, []).append(anchor)
 
-def _matching(found: list[_Anchor], sent: list[tuple[int, str]]) -> Iterator[_Anchor]:
-    """The anchors of ``found`` that are a prefix by meaning, reasoning included (in order)."""
+
+def _anchor_order(a: _Anchor) -> tuple[int, bool]:
+    """Among anchors of the same length: the earliest call first, its reply before its request."""
+    return a.seq, a.kind != "reply"
+
+
+def _matching(found: Iterator[_Anchor], sent: list[tuple[int, str]]) -> Iterator[_Anchor]:
+    """The anchors of ``found`` that are a prefix by meaning, reasoning included (in order);
+    ``sent``: the reasoning the messages send, by index."""
     for a in found:
         if all(a.reasoning.get(i) == r for i, r in sent if i < a.n_msgs):
             yield a

@@ -44,7 +44,7 @@ TOOL_REPLY = (
 
 
 @contextlib.asynccontextmanager
-async def proxy(run_name: str, script, **kw):
+async def proxy(run_name: str, script, grace: float = 0.1, **kw):
     bus = await connect(f"memory://{run_name}", run_name)
     async with (
         ScriptedEngine(TOK, script) as eng,
@@ -52,7 +52,7 @@ async def proxy(run_name: str, script, **kw):
         Recorder(bus) as rec,
     ):
         caller = ModelCaller(client, R, HermesParser(), rec, **kw)
-        async with ProxyServer(caller, {TOKEN: ROLLOUT}, ping_s=0.05, stream_grace_s=0.1) as srv:
+        async with ProxyServer(caller, {TOKEN: ROLLOUT}, ping_s=0.05, stream_grace_s=grace) as srv:
             sdk = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key=TOKEN, max_retries=0)
             yield sdk, srv, eng, rec, bus
             await sdk.close()
@@ -176,6 +176,30 @@ async def test_malformed_request_is_400(run_name: str) -> None:
             await sdk.chat.completions.create(model="m", messages=[])
         with pytest.raises(openai.BadRequestError, match="n=1"):
             await sdk.chat.completions.create(model="m", messages=MSGS, n=2)
+
+
+async def test_json_only_the_standard_library_reads_is_still_served(run_name: str) -> None:
+    """Bodies are read by msgspec; what it refuses but ``json`` reads (NaN, a lone surrogate,
+    a number beyond float range, a non-UTF-8 charset) is read the standard library's way and
+    served; what neither reads is a 400."""
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    good = json.dumps({"model": "m", "messages": MSGS})[:-1]
+    bodies = [
+        (good + ', "temperature": NaN, "top_p": 1e400, "user": "\\ud800"}').encode(),
+        (good + ', "user": "caf\u00e9"}').encode("latin-1"),
+    ]
+    async with (
+        proxy(run_name, ["a", "b", "c"]) as (_, srv, *_),
+        aiohttp.ClientSession() as s,
+    ):
+        url = srv.url + "/v1/chat/completions"
+        latin = {**headers, "Content-Type": "application/json; charset=latin-1"}
+        for data, h in zip(bodies, (headers, latin), strict=True):
+            async with s.post(url, data=data, headers=h) as r:
+                assert r.status == 200, await r.text()
+                assert (await r.json())["choices"][0]["message"]["content"]
+        async with s.post(url, data=good.encode() + b', "x": nan}', headers=headers) as r:
+            assert r.status == 400
 
 
 # ---------------------------------------------------------------------------------------------
@@ -430,3 +454,47 @@ def test_responses_conversion_groups_assistant_items() -> None:
     turn = req.messages[3]
     assert (turn["content"], turn["reasoning_content"]) == ("ok", "r\n")
     assert [c["function"]["name"] for c in turn["tool_calls"]] == ["a", "b"]
+
+
+STREAMED = {
+    "/v1/chat/completions": ({"messages": MSGS, "tools": TOOLS}, b"data: [DONE]\n\n"),
+    "/v1/messages": (
+        {"max_tokens": 300, "messages": A_MSGS, "tools": A_TOOLS},
+        b'{"type": "message_stop"}\n\n',
+    ),
+    "/v1/responses": ({"input": "List files.", "tools": R_TOOLS}, b"}\n\n"),
+}
+"""Path -> (request body, how the stream's last event ends)."""
+
+
+@pytest.mark.parametrize("slow", [False, True])
+@pytest.mark.parametrize("path", list(STREAMED))
+async def test_stream_is_sent_in_one_piece_per_stage(run_name: str, path: str, slow: bool):
+    """The reply's events are serialised once and sent in one HTTP chunk with the end of the
+    stream, not one chunk per event: the whole stream is one chunk when the engine answers
+    within the grace, else the opening events, the pings, then one chunk with every event."""
+    body, end = STREAMED[path]
+    body = {**body, "model": "m", "stream": True}
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    # slow: the engine answers well after the grace (0.1 s) and pings (0.05 s); else well
+    # within a grace of 60 s
+    script, grace = [Reply(text=TOOL_REPLY, delay=0.5 if slow else 0.0)], 0.1 if slow else 60.0
+    async with (
+        proxy(run_name, script, grace) as (_, srv, *_),
+        aiohttp.ClientSession() as s,
+        s.post(srv.url + path, json=body, headers=headers) as r,
+    ):
+        assert r.status == 200
+        chunks, part = [], b""
+        async for data, end_of_chunk in r.content.iter_chunks():
+            part += data
+            if end_of_chunk:
+                chunks.append(part)
+                part = b""
+    pings = [c for c in chunks if b"ping" in c and c.count(b"\n\n") == 1]
+    events = [c for c in chunks if c not in pings]
+    assert b"".join(events).count(b"\n\n") > 4 and events[-1].endswith(end)
+    if slow:
+        assert pings and len(events) == (1 if path == "/v1/chat/completions" else 2)
+    else:
+        assert not pings and len(events) == 1

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from common import metrics
 from common.models import CHAT_TEMPLATE, load_tokenizer
+from proxy import tito
 from proxy.parsers import HermesParser
 from proxy.tito import ChatRenderer, Tito, TitoSession, canonical_json, normalize_messages
 
@@ -33,6 +34,43 @@ START = [
     {"role": "system", "content": "You are terse."},
     {"role": "user", "content": "List files."},
 ]
+
+
+QWEN3ISH = CHAT_TEMPLATE.replace(
+    "{%- for message in messages %}",
+    "{%- set ns = namespace(last_user=-1) %}{%- for m in messages %}{%- if m.role == 'user' %}"
+    "{%- set ns.last_user = loop.index0 %}{%- endif %}{%- endfor %}"
+    "{%- for message in messages %}",
+    1,
+).replace(
+    "{%- if reasoning is not none %}",
+    "{%- if reasoning is not none and loop.index0 > ns.last_user %}",
+)
+"""The built-in template, dropping reasoning before the last user message like Qwen3's."""
+
+
+def _counting_tool_results(marker: str = "") -> str:
+    """The built-in template, numbering tool results across the whole conversation (every
+    one when ``marker`` is empty, else only once a tool result containing ``marker`` was seen):
+    how a turn renders depends on turns far before it."""
+    counted = "true" if not marker else "false"
+    template = CHAT_TEMPLATE.replace(
+        "{%- for message in messages %}",
+        f"{{%- set ns = namespace(k=0, on={counted}) %}}{{%- for message in messages %}}",
+        1,
+    ).replace(
+        "{{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' }}",
+        "{%- set ns.k = ns.k + 1 %}{{- '\\n<tool_response>' }}"
+        "{%- if ns.on %}{{- ' #' + ns.k|string }}{%- endif %}"
+        "{{- '\\n' + content + '\\n</tool_response>' }}"
+        + (
+            f"{{%- if '{marker}' in content %}}{{%- set ns.on = true %}}{{%- endif %}}"
+            if marker
+            else ""
+        ),
+    )
+    assert template.count("ns.k + 1") == 1
+    return template
 
 
 def enc(text: str) -> list[int]:
@@ -368,17 +406,7 @@ def test_fork_from_an_earlier_turn() -> None:
 def test_hazard_template_that_drops_earlier_reasoning() -> None:
     """Qwen3-style templates drop <think> before the last user query: the new part is still
     found (reasoning blanked on both sides) and the sampled reasoning stays in the ids."""
-    qwen3ish = CHAT_TEMPLATE.replace(
-        "{%- for message in messages %}",
-        "{%- set ns = namespace(last_user=-1) %}{%- for m in messages %}{%- if m.role == 'user' %}"
-        "{%- set ns.last_user = loop.index0 %}{%- endif %}{%- endfor %}"
-        "{%- for message in messages %}",
-        1,
-    ).replace(
-        "{%- if reasoning is not none %}",
-        "{%- if reasoning is not none and loop.index0 > ns.last_user %}",
-    )
-    r = ChatRenderer(TOK, template=qwen3ish)
+    r = ChatRenderer(TOK, template=QWEN3ISH)
     s = TitoSession(r)
     out = r.encode("<think>\nhidden\n</think>\n\nAnswer.") + [IM_END]
     p0 = s.prepare(START, None)
@@ -580,3 +608,111 @@ def test_long_rollout_stays_exact(n_turns: int) -> None:
         s.commit(seq, p, out, reply)
         msgs = msgs + [reply, {"role": "tool", "content": f"print({seq})\n" * 3}]
     assert s.prepare(msgs, TOOLS).input_ids == full_ids(msgs)
+
+
+# ---------------------------------------------------------------------------------------------
+# a call's work follows what it adds: window rendering, hashing only what is new
+# ---------------------------------------------------------------------------------------------
+
+
+def agent_loop(
+    s: TitoSession, turns: int, r: ChatRenderer = R, results: list[str] | None = None
+) -> list[dict]:
+    """``turns`` calls of a tool-calling agent loop (each echoing the history unchanged, each
+    prompt checked equal to a full render); returns the messages of the next call."""
+    msgs = list(START)
+    for seq in range(turns):
+        p = s.prepare(msgs, TOOLS)
+        assert p.input_ids == r.encode(r.render(msgs, TOOLS, True))
+        assert p.kind == ("hit" if seq else "first")
+        out = enc(f'<tool_call>\n{{"name": "bash", "arguments": {{"n": {seq}}}}}\n</tool_call>')
+        reply = P.parse(R.decode(out + [IM_END])).message([f"call_{seq}"])
+        s.commit(seq, p, out + [IM_END], reply)
+        result = results[seq] if results else f"out {seq}\n" * 3
+        tool = {"role": "tool", "tool_call_id": f"call_{seq}", "content": result}
+        msgs = msgs + [reply, tool]
+    return msgs
+
+
+def test_hit_renders_and_hashes_only_around_the_new_messages(monkeypatch) -> None:
+    """Deep in a conversation a hit renders a window (first message, last user message, last
+    earlier message) and the new messages, never the whole conversation, and hashes only the
+    messages it had not seen; its ids still equal a full render."""
+    r = ChatRenderer(TOK, verify_first=0)
+    s = TitoSession(r)
+    msgs = agent_loop(s, 30, r)
+    rendered, hashed = [], []
+    render, key = r.render, tito._visible_key
+    monkeypatch.setattr(r, "render", lambda m, t, gen: rendered.append(len(m)) or render(m, t, gen))
+    monkeypatch.setattr(tito, "_visible_key", lambda m: hashed.append(m) or key(m))
+    p = s.prepare(msgs, TOOLS)
+    monkeypatch.undo()
+    assert p.hit and p.input_ids == full_ids(msgs) and len(msgs) == 62
+    assert rendered and max(rendered) <= 4  # window (3) + the new tool result
+    assert hashed == [msgs[-1]]  # the echoed reply is the one committed: only the result is new
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+@given(conversations(), st.integers(0, 2**32 - 1), st.sampled_from([CHAT_TEMPLATE, QWEN3ISH]))
+def test_window_render_equals_whole_conversation_render(conv, seed: int, template: str) -> None:
+    """Over random conversations, echoed or re-serialised, with forks from earlier turns, and
+    with a template that drops earlier reasoning: a session rendering windows builds exactly the
+    prompts of one rendering whole conversations (ids, kind, anchor)."""
+    rnd = random.Random(seed)
+    start, tools, steps = conv
+    window = ChatRenderer(TOK, template=template, verify_first=0)
+    whole = ChatRenderer(TOK, template=template, incremental=False)
+    assert window.windowed()
+    sessions = (TitoSession(window), TitoSession(whole))
+    msgs = normalize_messages(start)
+    for seq, (intended, new) in enumerate(steps):
+        fork = msgs[: rnd.randrange(1, len(msgs) + 1)] + [{"role": "user", "content": "fork"}]
+        for m in (msgs, fork):
+            a, b = (s.prepare(m, tools) for s in sessions)
+            assert a.input_ids == b.input_ids
+            assert (a.kind, a.anchor_seq, a.anchor_kind, a.reused, a.false_fork) == (
+                b.kind, b.anchor_seq, b.anchor_kind, b.reused, b.false_fork,
+            )  # fmt: skip
+        out = canonical_output(full_ids(msgs, tools), msgs, intended, tools)
+        assume(out is not None)
+        reply = P.parse(R.decode(out)).message()
+        for s, p in zip(sessions, (a, b), strict=True):
+            s.commit(seq, p, out, reply)
+        echoed = _rewrite(reply, rnd) if rnd.random() < 0.5 else reply
+        msgs = normalize_messages(msgs[:] + [echoed] + new)
+    assert window.incremental and sessions[0].counts == sessions[1].counts
+
+
+def test_template_failing_the_probe_renders_whole_conversations() -> None:
+    """A template numbering tool results across the conversation renders a turn from turns
+    outside any window: it fails the probe, so TITO renders whole conversations and stays
+    equal to a full render (a window would not be)."""
+    numbered = _counting_tool_results()
+    r = ChatRenderer(TOK, template=numbered)
+    assert not r.windowed()
+    agent_loop(TitoSession(r), 6, r)
+    forced = TitoSession(ChatRenderer(TOK, template=numbered, incremental=True, verify_first=0))
+    with pytest.raises(AssertionError):
+        agent_loop(forced, 6, r)
+
+
+def test_window_that_differs_on_real_traffic_is_caught() -> None:
+    """A template that passes the probe but not on this conversation (tool results numbered
+    once a marker was seen, far back): the first window renders are checked against the full
+    render, the difference is caught and counted, the full render is used (the prompts stay
+    exact), and the renderer renders whole conversations from then on."""
+    template = _counting_tool_results("MAGIC")
+    results = ["MAGIC", "two", "three"]
+    r = ChatRenderer(TOK, template=template)
+    assert r.windowed()
+    before = metrics.sample_value("hrl_proxy_tito_window_mismatches_total") or 0
+    agent_loop(TitoSession(r), 3, r, results)
+    assert not r.incremental
+    assert metrics.sample_value("hrl_proxy_tito_window_mismatches_total") == before + 1
+    unchecked = ChatRenderer(TOK, template=template, verify_first=0)
+    with pytest.raises(AssertionError):
+        agent_loop(TitoSession(unchecked), 3, r, results)
