@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from common.config import toml_text
+from common.procs import pid_alive
 from common.run.demo import (
     DemoConfig,
     final_weights,
@@ -254,3 +257,60 @@ def test_example_run_file_is_valid() -> None:
         module = cli.COMMANDS[section.replace("_", "-")].module
         importlib.import_module(module).CONFIG.model_validate(table)
     assert sections["learner"]["feeder"]["eval_suite"] == "toy-eval"
+
+
+def _descendants(pid: int) -> list[int]:
+    """Live descendants of ``pid`` (from /proc, children first)."""
+    kids: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z":
+            kids.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for k in kids.get(todo.pop(), []):
+            out.append(k)
+            todo.append(k)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_the_demo_alone_stops_every_phase(tmp_path: Path, sig: int) -> None:
+    """``kill -INT`` (or ``-TERM``) sent to the demo's PID alone, not to its process group as a
+    terminal's Ctrl-C is: the running phase is stopped once, cleanly, and the demo exits
+    128 + signal with nothing of it left running."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap not installed")
+    out = tmp_path / "demo"
+    proc = subprocess.Popen(
+        [*HRL, "demo", "--steps", "200", "--no-dashboard", "--no-eval", "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+        start_new_session=True,  # its own group: only the signal sent below reaches it
+    )
+    try:
+        deadline = time.monotonic() + 200
+        while not (out / "rl" / "metrics.jsonl").exists():  # the RL run has started
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+            time.sleep(0.5)
+        time.sleep(2)
+        tree = _descendants(proc.pid)
+        assert tree
+        proc.send_signal(sig)
+        rc = proc.wait(timeout=120)
+        text = proc.stdout.read()
+        assert rc == 128 + sig, text[-3000:]
+        assert "interrupted" in text and "killing every process" not in text, text[-3000:]
+        left = [p for p in tree if pid_alive(p)]
+        assert left == [], left
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

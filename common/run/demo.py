@@ -402,17 +402,18 @@ class Demo:
             self.child.send_signal(signum)
 
     def child_run(self, argv: list[str]) -> int:
-        """Run ``python -m common.cli ARGV`` in the foreground (our terminal, our signals)."""
+        """Run ``python -m common.cli ARGV`` (our terminal) in its own process group: a
+        terminal's Ctrl-C reaches the demo alone, which forwards each SIGINT/SIGTERM to the
+        child once (``_on_signal``), so ``kill -INT <demo pid>`` stops a phase as Ctrl-C does
+        and a Ctrl-C is not delivered twice (a second signal kills a run at once)."""
         from common.procs import popen_child
 
-        self.child = popen_child([sys.executable, "-m", "common.cli", *argv])
-        while True:
-            try:
-                return self.child.wait()
-            except KeyboardInterrupt:  # the child got the same SIGINT; let it finish
-                self.stop_signal = signal.SIGINT
+        self.child = popen_child([sys.executable, "-m", "common.cli", *argv], process_group=0)
+        return self.child.wait()
 
     def phase(self, name: str, argv: list[str]) -> None:
+        if self.stop_signal is not None:  # signalled between two phases
+            raise KeyboardInterrupt
         t0 = time.monotonic()
         rc = self.child_run(argv)
         self.timings[name] = round(time.monotonic() - t0, 1)
@@ -428,7 +429,8 @@ class Demo:
 
     def run(self) -> int:
         cfg = self.cfg
-        signal.signal(signal.SIGTERM, self._on_signal)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._on_signal)
         self.dir.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         self.say(f"folder {self.dir}")
