@@ -64,7 +64,7 @@ def main(cfg: ActorConfig, args: argparse.Namespace | None = None) -> int:
     from common.aio import run, setup_logging
 
     setup_logging(cfg.log_level, "actor")
-    return int(run(serve(cfg)))
+    return int(run(serve(cfg), subprocesses=True))
 
 
 if __name__ == "__main__":  # ``python -m actors.actor_cmd`` is ``harnessrl actor``

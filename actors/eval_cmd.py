@@ -346,7 +346,7 @@ def run_eval(cfg: EvalConfig, out: Any = None) -> dict[str, Any]:
             if i == n or i % max(1, n // 10) == 0:
                 print(f"eval: {i}/{n} rollouts ({time.monotonic() - t0:.0f}s)", file=sys.stderr)
 
-        results = aio.run(evaluate(cfg, urls, progress=progress))
+        results = aio.run(evaluate(cfg, urls, progress=progress), subprocesses=True)
     finally:
         sup.stop_all(timeout=20)
     summary = summarize(results)

@@ -324,7 +324,7 @@ def main(cfg: RolloutConfig, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    report = run(rollout(cfg, args))
+    report = run(rollout(cfg, args), subprocesses=True)
     if args.json:
         print(json.dumps(report, sort_keys=True))
     else:

@@ -258,7 +258,7 @@ def _lint(args: argparse.Namespace) -> int:
         return 2
     targets = args.targets or list(list_suites())
     tasks = [t for spec in targets for t in resolve_tasks(spec)]
-    reports = run(_lint_all(tasks, args.jobs, args.sandbox, cfg))
+    reports = run(_lint_all(tasks, args.jobs, args.sandbox, cfg), subprocesses=True)
     if reports is None:
         return 2
     if args.json:
