@@ -70,14 +70,14 @@ class DemoConfig(HrlModel):
 
     out: Path | None = None
     """Demo folder; empty: ``runs/demo`` (``runs/demo-2``... when it exists)."""
-    steps: int = Field(80, ge=1, le=1_000_000)
+    steps: int = Field(120, ge=1, le=1_000_000)
     """RL steps (weight versions); the RL phase ends at ``steps`` or after ``rl_minutes``."""
     sft_steps: int = Field(0, ge=0, le=1_000_000)
     """SFT steps; 0: fifteen times ``steps`` (at most 400). The SFT phase ends at
     ``sft_steps`` or after ``sft_minutes``, whichever comes first."""
     sft_minutes: float = Field(5.5, ge=0, le=100_000)
     """Wall-clock limit of the SFT phase once its processes are ready (0: none)."""
-    rl_minutes: float = Field(10.0, ge=0, le=100_000)
+    rl_minutes: float = Field(12.0, ge=0, le=100_000)
     """Wall-clock limit of the RL phase once its processes are ready (0: none)."""
     algo: Literal["grpo", "ppo"] = "grpo"
     """RL algorithm."""
