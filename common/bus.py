@@ -6,6 +6,9 @@ Contract (both implementations):
   ``Nats-Msg-Id`` de-duplication); transient failures (disconnect, timeout) are retried with the
   *same* id, so a retry never duplicates. A record larger than the server's ``max_payload`` is an
   error (callers split such records), never a silent drop.
+* ``publish_many`` gives the same guarantees for a batch, pipelined: nothing waits for one
+  record's ack before the next is sent, and it returns only once every record is acked (or
+  raises; a record is never reported done unacked).
 * ``consumer(kind, durable, record_type)`` gives a durable pull consumer with explicit acks.
   ``fetch`` returns decoded ``Delivery`` objects. A payload that does not decode (a *poison*
   message) is written to ``hrl.<run>.dead.<kind>`` with the reason, terminated, counted, and never
@@ -13,9 +16,11 @@ Contract (both implementations):
 * A delivery that is neither acked nor kept alive (``in_progress``) within ``ack_wait`` is
   redelivered, possibly to another consumer instance: consumers must be idempotent.
 * ``read_subject`` returns every message currently stored on one subject, in order (the
-  assembler's per-rollout read of CallRecords). A reader that owns the subject's data passes
-  ``dead_letter_as`` (its name): an undecodable message is then dead-lettered like a poison
-  delivery (once per message and reader, however often it is read) and left out.
+  assembler's per-rollout read of CallRecords); ``read_subject_batches`` yields them batch by
+  batch as they arrive (the weight updater hashes a version while reading it). A reader that
+  owns the subject's data passes ``dead_letter_as`` (its name): an undecodable message is then
+  dead-lettered like a poison delivery (once per message and reader, however often it is read)
+  and left out.
 * ``stored(subject)`` lists the messages a subject holds now, one by one without a consumer
   (a work queue's unconsumed ones included), optionally from a time: what a resumed feeder and
   the run's accounting read.
@@ -441,13 +446,33 @@ class Bus(ABC):
             self.subjects.kind_of(subject), reader, subject, seq, data, f"undecodable: {err}"
         )
 
-    @abstractmethod
     async def read_subject(
         self, subject: str, record_type: type[R], *, dead_letter_as: str | None = None
     ) -> list[R]:
         """Every record currently stored on ``subject``, in stream order. An undecodable
         message is left out: dead-lettered as given up by ``dead_letter_as`` when set (the
         reader that owns the data), else only logged (read-only tools)."""
+        out: list[R] = []
+        async with contextlib.aclosing(
+            self.read_subject_batches(subject, record_type, dead_letter_as=dead_letter_as)
+        ) as batches:
+            async for batch in batches:
+                out.extend(batch)
+        return out
+
+    @abstractmethod
+    def read_subject_batches(
+        self,
+        subject: str,
+        record_type: type[R],
+        *,
+        dead_letter_as: str | None = None,
+        batch: int = 256,
+    ) -> AsyncIterator[list[R]]:
+        """`read_subject` as it arrives, at most ``batch`` records at a time (a reader that
+        works on the first records while the rest are still on their way: the weight
+        updater hashes a version while reading it). Close it (``contextlib.aclosing``) when
+        leaving early."""
 
     @abstractmethod
     async def stored(
@@ -613,11 +638,16 @@ class MemoryBus(Bus):
             st.consumers[durable] = state
         return _MemConsumer(self, kind, durable, record_type, state.ack_wait, st, state)
 
-    async def read_subject(
-        self, subject: str, record_type: type[R], *, dead_letter_as: str | None = None
-    ) -> list[R]:
+    async def read_subject_batches(
+        self,
+        subject: str,
+        record_type: type[R],
+        *,
+        dead_letter_as: str | None = None,
+        batch: int = 256,
+    ) -> AsyncIterator[list[R]]:
         st = self.broker.stream_for(subject)
-        out = []
+        out: list[R] = []
         for seq in sorted(st.msgs):
             m = st.msgs[seq]
             if m.subject == subject:
@@ -625,7 +655,11 @@ class MemoryBus(Bus):
                     out.append(decode(m.data, record_type))
                 except RecordDecodeError as e:
                     await self._undecodable(subject, seq, m.data, e, dead_letter_as)
-        return out
+            if len(out) >= batch:
+                yield out
+                out = []
+        if out:
+            yield out
 
     async def stored(
         self, subject: str, *, since: float | None = None, upto: int | None = None

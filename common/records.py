@@ -131,6 +131,9 @@ class Record(msgspec.Struct, kw_only=True, omit_defaults=False):
     """Schema version the producer wrote; decoders reject versions newer than ``SCHEMA_VERSION``."""
 
     KIND: ClassVar[str] = ""
+    COMPRESS: ClassVar[bool | None] = None
+    """Whether ``encode`` zstd-frames this type: None decides by size (``COMPRESS_THRESHOLD``);
+    False for incompressible payloads (weight chunks), which framing would only slow down."""
 
     def __post_init__(self) -> None:
         if not self.record:
@@ -485,8 +488,11 @@ class WeightChunk(Record, kw_only=True):
     """One chunk (<= ~1 MiB) of a serialized weight version for the ``stream`` transport.
 
     Producer: learner. Consumer: weight updaters. Subject: ``hrl.<run>.weights.data.<version>``.
-    Idempotency key: ``weights:<version>:<index>``.
+    Idempotency key: ``weights:<version>:<index>``. Never zstd-framed (``COMPRESS``): weights
+    are incompressible.
     """
+
+    COMPRESS: ClassVar[bool | None] = False
 
     version: int
     """Policy version this chunk belongs to."""
@@ -494,8 +500,9 @@ class WeightChunk(Record, kw_only=True):
     """0-based chunk index."""
     n_chunks: int
     """Total number of chunks of the version."""
-    data: bytes
-    """Raw chunk bytes."""
+    data: memoryview
+    """Raw chunk bytes: decoded as a view into the received message (no copy); any buffer
+    (``bytes``, a ``memoryview`` slice of the serialised version) when encoding."""
 
     def msg_id(self) -> str:
         return f"weights:{self.version}:{self.index}"
@@ -558,12 +565,18 @@ _header_decoder = msgspec.msgpack.Decoder(_Header)
 def encode(record: Record, *, compress: bool | None = None) -> bytes:
     """Encode a record to msgpack; zstd-frame it when larger than ``COMPRESS_THRESHOLD``.
 
-    ``compress=False`` never frames (weight chunks: incompressible), ``True`` always does.
+    ``compress=False`` never frames, ``True`` always does; by default the record type's
+    ``COMPRESS`` rule decides.
     """
     raw = _encoder.encode(record)
     if compress is None:
-        compress = len(raw) > COMPRESS_THRESHOLD
+        compress = _compresses(record, raw)
     return _zc.compress(raw) if compress else raw
+
+
+def _compresses(record: Record, raw: bytes) -> bool:
+    rule = record.COMPRESS
+    return len(raw) > COMPRESS_THRESHOLD if rule is None else rule
 
 
 def encode_many(records: list[Record]) -> list[bytes]:
@@ -575,7 +588,7 @@ def encode_many(records: list[Record]) -> list[bytes]:
             out.append(bytes(rec))  # pre-encoded (e.g. weight chunks): passed through as is
             continue
         raw = _encoder.encode(rec)
-        out.append(zc.compress(raw) if len(raw) > COMPRESS_THRESHOLD else raw)
+        out.append(zc.compress(raw) if _compresses(rec, raw) else raw)
     return out
 
 

@@ -6,8 +6,9 @@ Formats
 -------
 * A version's weights are one safetensors blob (``serialize``), the model's ``config.json`` in
   its metadata (``CONFIG_META_KEY``), identified by ``weights_digest`` (blake2b-256, hex).
-* ``stream``: the blob cut into chunks (``chunk``) and joined back, verified against the
-  ``WeightsReady`` that announces it (``join_chunks``, ``IncompleteVersion``).
+* ``stream``: the blob cut into chunks (``chunk``: views, no copies) and joined back as they
+  arrive, verified by one hash against the ``WeightsReady`` that announces it
+  (``ChunkJoiner``, ``join_chunks``, ``IncompleteVersion``).
 * ``disk``: an HF folder (``write_hf_folder``) written atomically (temp sibling + rename).
 
 Distributed update (SGLang's protocol)
@@ -37,6 +38,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from common.records import WeightChunk, WeightsReady
 
 CONFIG_META_KEY = "hrl_config_json"
@@ -47,7 +50,7 @@ CONFIG_META_KEY = "hrl_config_json"
 # ---------------------------------------------------------------------------------------------
 
 
-def weights_digest(data: bytes | memoryview) -> str:
+def weights_digest(data: bytes | bytearray | memoryview) -> str:
     """The digest carried by ``WeightsReady.digest``: blake2b-256, hex."""
     return hashlib.blake2b(data, digest_size=32).hexdigest()
 
@@ -60,14 +63,17 @@ def serialize(state: dict[str, Any], config_json: str = "") -> bytes:
     return save({k: v.contiguous() for k, v in state.items()}, metadata=meta)
 
 
-def safetensors_metadata(data: bytes) -> dict[str, str]:
+def safetensors_metadata(data: bytes | bytearray | memoryview) -> dict[str, str]:
     """The ``__metadata__`` of serialised safetensors bytes (header only, no tensors read)."""
     (n,) = struct.unpack("<Q", data[:8])
-    return json.loads(data[8 : 8 + n]).get("__metadata__") or {}
+    return json.loads(bytes(data[8 : 8 + n])).get("__metadata__") or {}
 
 
-def chunk(data: bytes, size: int) -> list[bytes]:
-    return [data[i : i + size] for i in range(0, len(data), size)] or [b""]
+def chunk(data: bytes | bytearray | memoryview, size: int) -> list[memoryview]:
+    """``data`` cut into views of at most ``size`` bytes (no copy: each view is encoded straight
+    into its ``WeightChunk`` message)."""
+    view = memoryview(data).cast("B")
+    return [view[i : i + size] for i in range(0, len(view), size)] or [view[:0]]
 
 
 class IncompleteVersion(ValueError):
@@ -78,31 +84,80 @@ class IncompleteVersion(ValueError):
         self.reason = reason
 
 
-def join_chunks(ready: WeightsReady, chunks: Sequence[WeightChunk]) -> bytes:
-    """The verified bytes of ``ready``'s version, or ``IncompleteVersion``."""
-    by_index: dict[int, bytes] = {}
-    for c in chunks:
-        if c.version != ready.version:
-            continue
-        if c.index in by_index and by_index[c.index] != c.data:
-            raise IncompleteVersion("conflicting_chunks", f"chunk {c.index} differs")
-        by_index[c.index] = c.data
-    n = ready.n_chunks
-    if sorted(by_index) != list(range(n)):
-        raise IncompleteVersion("missing_chunks", f"have {len(by_index)} of {n} chunks")
-    data = b"".join(by_index[i] for i in range(n))
-    if len(data) != ready.total_bytes:
-        raise IncompleteVersion("size_mismatch", f"{len(data)} bytes, expected {ready.total_bytes}")
-    if weights_digest(data) != ready.digest:
-        raise IncompleteVersion("digest_mismatch", "blake2b digest differs")
-    return data
+class ChunkJoiner:
+    """Joins a stream version's chunks as they arrive, verifying it with one hash.
+
+    ``add`` takes chunks in any order (a publish retried after a lost ack lands later in the
+    stream); each one, once every lower index is in, is copied once into its place in a buffer
+    of ``ready.total_bytes`` and fed to a single blake2b, so the digest check of ``finish``
+    costs no pass over the bytes of its own and the updater can hash while the rest of the
+    version is still being read. A chunk index seen twice must carry the same bytes."""
+
+    def __init__(self, ready: WeightsReady) -> None:
+        self.ready = ready
+        self.buf = memoryview(np.empty(ready.total_bytes, np.uint8)).cast("B")
+        """Where the chunks land (``np.empty``: its pages are written once, never zeroed first)."""
+        self.hash = hashlib.blake2b(digest_size=32)
+        self.placed: list[tuple[int, int]] = []
+        """(offset, length) of chunks 0..len-1, copied and hashed."""
+        self.waiting: dict[int, Any] = {}
+        self.end = 0
+
+    def add(self, chunks: Sequence[WeightChunk]) -> None:
+        """Take chunks of ``ready``'s version (others are ignored); ``IncompleteVersion`` on a
+        conflicting duplicate, an index out of range or more bytes than announced."""
+        n = self.ready.n_chunks
+        for c in chunks:
+            if c.version != self.ready.version:
+                continue
+            if not 0 <= c.index < n:
+                raise IncompleteVersion("missing_chunks", f"chunk {c.index} of {n} chunks")
+            if c.index < len(self.placed):
+                off, size = self.placed[c.index]
+                same = self.buf[off : off + size] == c.data
+            else:
+                same = self.waiting.setdefault(c.index, c.data) == c.data
+            if not same:
+                raise IncompleteVersion("conflicting_chunks", f"chunk {c.index} differs")
+        while (data := self.waiting.pop(len(self.placed), None)) is not None:
+            end = self.end + len(data)
+            if end > len(self.buf):
+                raise IncompleteVersion(
+                    "size_mismatch", f"more than the {len(self.buf)} bytes announced"
+                )
+            self.buf[self.end : end] = data
+            self.hash.update(data)
+            self.placed.append((self.end, len(data)))
+            self.end = end
+
+    def finish(self) -> memoryview:
+        """The verified bytes, or ``IncompleteVersion``."""
+        n, total = self.ready.n_chunks, self.ready.total_bytes
+        if len(self.placed) != n:
+            have = len(self.placed) + len(self.waiting)
+            raise IncompleteVersion("missing_chunks", f"have {have} of {n} chunks")
+        if self.end != total:
+            raise IncompleteVersion("size_mismatch", f"{self.end} bytes, expected {total}")
+        if self.hash.hexdigest() != self.ready.digest:
+            raise IncompleteVersion("digest_mismatch", "blake2b digest differs")
+        return self.buf
+
+
+def join_chunks(ready: WeightsReady, chunks: Sequence[WeightChunk]) -> memoryview:
+    """The verified bytes of ``ready``'s version, or ``IncompleteVersion`` (`ChunkJoiner`)."""
+    joiner = ChunkJoiner(ready)
+    joiner.add(chunks)
+    return joiner.finish()
 
 
 _WEIGHT_FILES = re.compile(r".*\.(safetensors|bin|pt|pth)$|.*\.safetensors\.index\.json$")
 
 
 def write_hf_folder(
-    final: Path, data: bytes, base: Path | None = None, config_json: str = ""
+    final: Path,
+    data: bytes | bytearray | memoryview,
+    base: Path | None = None,
+    config_json: str = "",
 ) -> Path:
     """Write ``model.safetensors`` (+ ``config.json``, + the non-weight files of ``base``) into
     ``final`` atomically: a temp sibling renamed into place."""

@@ -39,7 +39,7 @@ from common import metrics
 from common.bus import Bus
 from common.files import read_secret
 from common.layout import weights_folder
-from common.records import WeightChunk, WeightsReady, encode
+from common.records import WeightChunk, WeightsReady
 from common.weights import (
     WeightSender,
     chunk,
@@ -120,30 +120,35 @@ class StreamPublisher(_Base):
         data = await asyncio.to_thread(serialize, state, self.config_json)
         return await self.publish_bytes(version, step, data)
 
-    async def publish_bytes(self, version: int, step: int, data: bytes) -> WeightsReady:
-        """Publish already serialised weights (the benchmark's entry point)."""
+    async def publish_bytes(
+        self, version: int, step: int, data: bytes | bytearray | memoryview
+    ) -> WeightsReady:
+        """Publish already serialised weights (the benchmark's entry point): views of ``data``
+        (no per-chunk copy) go out through the bus's pipelined ``publish_many`` (bounded
+        in-flight acks) while a worker thread hashes the whole once."""
         t0 = time.perf_counter()
         parts = chunk(data, self.chunk_bytes)
+        digest = asyncio.ensure_future(asyncio.to_thread(weights_digest, data))
         subject = self.bus.subjects.weights_data(version)
         records = [
             (
                 subject,
-                encode(
-                    WeightChunk(version=version, index=i, n_chunks=len(parts), data=p),
-                    compress=False,
-                ),
+                WeightChunk(version=version, index=i, n_chunks=len(parts), data=p),
                 f"weights:{version}:{i}:{self.incarnation}",
             )
             for i, p in enumerate(parts)
         ]
-        await self.bus.publish_many(records)
+        try:
+            await self.bus.publish_many(records)
+        finally:
+            hexdigest = await digest
         ready = WeightsReady(
             version=version,
             step=step,
             transport="stream",
             n_chunks=len(parts),
-            total_bytes=len(data),
-            digest=await asyncio.to_thread(weights_digest, data),
+            total_bytes=len(memoryview(data).cast("B")),
+            digest=hexdigest,
             dtype=self.dtype,
         )
         await self._announce(ready, f"weights:{version}:ready:{self.incarnation}")
@@ -202,7 +207,7 @@ class DiskPublisher(_Base):
             transport="disk",
             path=str(path.resolve()),
             total_bytes=len(data),
-            digest=weights_digest(data),
+            digest=await asyncio.to_thread(weights_digest, data),
             dtype=self.dtype,
         )
         await self._announce(ready)

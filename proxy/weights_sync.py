@@ -26,7 +26,7 @@ from common import metrics
 from common.bus import Bus
 from common.layout import weights_folder
 from common.records import WeightChunk, WeightsReady
-from common.weights import IncompleteVersion, join_chunks, write_hf_folder
+from common.weights import ChunkJoiner, IncompleteVersion, write_hf_folder
 
 log = logging.getLogger("harnessrl.weights")
 
@@ -86,6 +86,7 @@ class WeightUpdater:
         retry_delay_s: float = 0.5,
         ack_wait: float = 10.0,
         label: str = "",
+        read_batch: int = 16,
     ) -> None:
         self.bus = bus
         self._apply = apply
@@ -98,6 +99,9 @@ class WeightUpdater:
         self.retry_delay_s = retry_delay_s
         self.ack_wait = ack_wait
         self.label = label or durable
+        self.read_batch = read_batch
+        """Chunks fetched per request while reading a stream version (each batch is joined
+        and hashed while the next is on its way)."""
         self.consumer: Any = None
         self.rejected: dict[int, str] = {}
         """Versions never applied, with the reason."""
@@ -171,14 +175,12 @@ class WeightUpdater:
             await asyncio.to_thread(self._clean_local)
         return True
 
-    async def receive(self, ready: WeightsReady) -> bytes | None:
+    async def receive(self, ready: WeightsReady) -> memoryview | None:
         """All chunks of a stream version, verified; None (counted) if incomplete."""
-        subject = self.bus.subjects.weights_data(ready.version)
         err: IncompleteVersion | None = None
         for attempt in range(self.read_retries + 1):
-            chunks = await self.bus.read_subject(subject, WeightChunk)
             try:
-                return await asyncio.to_thread(join_chunks, ready, chunks)
+                return await self._read_version(ready)
             except IncompleteVersion as e:
                 err = e
             if attempt < self.read_retries:
@@ -188,6 +190,25 @@ class WeightUpdater:
         M_SYNC_REJECTED.labels(engine=self.label, reason=err.reason).inc()
         log.warning("version %d not applied: %s", ready.version, err)
         return None
+
+    async def _read_version(self, ready: WeightsReady) -> memoryview:
+        """Read a version's chunks, joining and hashing each batch in a worker thread while
+        the next one is fetched (`ChunkJoiner`)."""
+        subject = self.bus.subjects.weights_data(ready.version)
+        joiner = ChunkJoiner(ready)
+        work: asyncio.Future[None] | None = None
+        try:
+            async with contextlib.aclosing(
+                self.bus.read_subject_batches(subject, WeightChunk, batch=self.read_batch)
+            ) as batches:
+                async for chunks in batches:
+                    if work is not None:
+                        await work
+                    work = asyncio.ensure_future(asyncio.to_thread(joiner.add, chunks))
+        finally:
+            if work is not None:
+                await work
+        return joiner.finish()
 
     def _applied(self, version: int, t0: float) -> None:
         self.applied_version = version

@@ -23,7 +23,14 @@ from common.records import (
     pack_ids,
     pack_u8,
 )
-from common.weights import chunk, serialize, weights_digest
+from common.weights import (
+    ChunkJoiner,
+    IncompleteVersion,
+    chunk,
+    join_chunks,
+    serialize,
+    weights_digest,
+)
 from learner.weights import DistributedPublisher, StreamPublisher
 from proxy.weights_sync import WeightUpdater, engine_apply
 
@@ -311,3 +318,59 @@ async def test_weights_sync_load_once(tmp_path: Path) -> None:
         weights_sync, "--engine", srv.url, "--load", str(new), "--engine-wait-s", "0"
     )
     assert res.returncode == 1 and srv.url in res.stderr and str(new) in res.stderr
+
+
+def test_chunk_joiner_orders_dedups_and_verifies_once() -> None:
+    """Chunks may arrive in any order and twice: the joined bytes are the version's; a chunk
+    seen twice with other bytes, a corrupted byte (one digest over the whole) or bytes beyond
+    the announced size reject the version, each with its reason."""
+    data = serialize(random_state(3, n=2))
+    parts = chunk(data, 4096)
+    ready = WeightsReady(
+        version=4, n_chunks=len(parts), total_bytes=len(data), digest=weights_digest(data)
+    )
+
+    def chunks(ps) -> list[WeightChunk]:
+        return [WeightChunk(version=4, index=i, n_chunks=len(ps), data=p) for i, p in enumerate(ps)]
+
+    shuffled = chunks(parts)[::-1]
+    joiner = ChunkJoiner(ready)
+    joiner.add(shuffled[:5])
+    joiner.add(shuffled[3:] + shuffled[-2:])  # repeats, some after they were placed
+    assert bytes(joiner.finish()) == data
+    bad = bytearray(parts[7])
+    bad[100] ^= 0xFF
+    corrupted = chunks([*parts[:7], bytes(bad), *parts[8:]])
+    with pytest.raises(IncompleteVersion) as e:
+        join_chunks(ready, corrupted)
+    assert e.value.reason == "digest_mismatch"
+    with pytest.raises(IncompleteVersion) as e:
+        join_chunks(ready, chunks(parts) + [corrupted[7]])
+    assert e.value.reason == "conflicting_chunks"
+    longer = chunks([*parts[:-1], bytes(parts[-1]) + b"x"])
+    with pytest.raises(IncompleteVersion) as e:
+        join_chunks(ready, longer)
+    assert e.value.reason == "size_mismatch"
+
+
+async def test_corrupted_chunk_is_never_applied(bus: Bus, tmp_path: Path) -> None:
+    """A version whose chunks are all there with the announced sizes, one byte of one chunk
+    altered, fails the single digest check and is counted; the next good version applies."""
+    rec = Recorder()
+    upd = WeightUpdater(bus, rec, tmp_path, durable="upd", read_retries=0, read_batch=3)
+    data = serialize(random_state(9))
+    parts = chunk(data, 16 * 1024)
+    for i, p in enumerate(parts):
+        body = bytearray(p)
+        if i == len(parts) // 2:
+            body[5] ^= 0x01
+        c = WeightChunk(version=2, index=i, n_chunks=len(parts), data=bytes(body))
+        await bus.publish(bus.subjects.weights_data(2), c, c.msg_id())
+    ready = WeightsReady(
+        version=2, n_chunks=len(parts), total_bytes=len(data), digest=weights_digest(data)
+    )
+    await bus.publish(bus.subjects.weights_ready, ready)
+    assert await upd.poll(timeout=2.0) is None
+    assert upd.rejected == {2: "digest_mismatch"} and rec.calls == []
+    await StreamPublisher(bus, chunk_bytes=16 * 1024).publish_bytes(3, 3, data)
+    assert await upd.poll(timeout=2.0) == 3 and [v for _, v in rec.calls] == [3]
