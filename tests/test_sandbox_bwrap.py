@@ -83,28 +83,6 @@ async def test_run_stdout_stderr_exit_code(sb: BwrapSandbox):
     assert r.returncode == 128 + signal.SIGKILL
 
 
-async def test_env_cwd_and_no_host_env(sb: BwrapSandbox, monkeypatch: pytest.MonkeyPatch):
-    """env and cwd are honoured; the host's environment never leaks in."""
-    monkeypatch.setenv("HRL_HOST_SECRET", "leak")
-    await sb.write_file("sub/dir/.keep", b"")
-    r = await sb.run(
-        ["sh", "-c", "echo $FOO; pwd; echo $HOME; env"],
-        env={"FOO": "bar"},
-        cwd="/workspace/sub/dir",
-        timeout=10,
-    )
-    lines = r.stdout.decode().splitlines()
-    assert lines[:3] == ["bar", "/workspace/sub/dir", "/home/hrl"]
-    assert "HRL_HOST_SECRET" not in r.stdout.decode()
-
-
-async def test_output_is_capped(backend: BwrapBackend):
-    """Output beyond the cap is drained and dropped, and says so."""
-    async with await backend.create(SandboxSpec(limits=Limits(output_cap_bytes=1000))) as s:
-        r = await s.run(["head", "-c", "300000", "/dev/zero"], timeout=10)
-    assert r.ok and len(r.stdout) == 1000 and r.stdout_truncated and not r.stderr_truncated
-
-
 async def test_setup_failure_is_a_sandbox_error(backend: BwrapBackend, tmp_path: Path):
     """A sandbox that cannot be set up raises SandboxError, not a command failure."""
     spec = SandboxSpec(ro_binds=[(tmp_path / "missing", "/opt/x")])
@@ -163,31 +141,6 @@ async def test_file_verbs_never_follow_sandbox_symlinks(sb: BwrapSandbox, tmp_pa
     out = tmp_path / "out"
     await sb.copy_out(out)
     assert (out / "s").is_symlink() and os.readlink(out / "s") == str(secret)
-
-
-async def test_workdir_below_home(backend: BwrapBackend):
-    """A task's mount dir such as /root/.openclaw/workspace works, with a private /root."""
-    spec = SandboxSpec(home="/root", workdir="/root/.openclaw/workspace")
-    async with await backend.create(spec) as s:
-        await s.write_file("task.md", b"do it")
-        r = await s.run(
-            ["sh", "-c", "pwd; cat task.md; echo; touch ../openclaw.json; ls -A ~"], timeout=10
-        )
-        assert r.ok, r.stderr
-        assert r.stdout.decode().split() == ["/root/.openclaw/workspace", "do", "it", ".openclaw"]
-
-
-async def test_ro_binds(backend: BwrapBackend, tmp_path: Path):
-    """Extra binds (a harness install) are readable and not writable."""
-    harness = tmp_path / "harness"
-    harness.mkdir()
-    (harness / "bin.sh").write_text("echo harness")
-    spec = SandboxSpec(ro_binds=[(harness, "/opt/harness")])
-    async with await backend.create(spec) as s:
-        r = await s.run(["sh", "/opt/harness/bin.sh"], timeout=10)
-        assert r.stdout == b"harness\n"
-        r = await s.run(["sh", "-c", "echo x > /opt/harness/new"], timeout=10)
-        assert r.returncode != 0 and not (harness / "new").exists()
 
 
 # ---------------------------------------------------------------------- proxy forwarder
@@ -347,18 +300,6 @@ async def test_cannot_write_outside_workspace(sb: BwrapSandbox):
     assert not any(p.name == name for p in sb.state_dir.rglob(name) if "tmp" not in p.parts)
 
 
-async def test_host_home_is_invisible(sb: BwrapSandbox):
-    """A marker in the host's real $HOME cannot be read (nor listed) from inside."""
-    marker = Path.home() / f".hrl-marker-{uuid.uuid4().hex}"
-    try:
-        marker.write_text("HOST-HOME-SECRET")
-        cmd = f"cat {marker}; cat ~/{marker.name}; ls -a {Path.home()} /root /home; true"
-        r = await sb.run(["sh", "-c", cmd], timeout=10)
-    finally:
-        marker.unlink()
-    assert b"HOST-HOME-SECRET" not in r.stdout and marker.name.encode() not in r.stdout
-
-
 async def test_process_limit(backend: BwrapBackend):
     """Forking stops at the process limit, and a fork bomb is contained and fully killed."""
     marker = f"hrl-bomb-{uuid.uuid4().hex}"
@@ -404,15 +345,6 @@ async def test_memory_limit(backend: BwrapBackend):
         big = await s.run(py("x = bytearray(1 << 30); x[-1] = 1"), timeout=20)
     assert small.ok, small.stderr
     assert big.returncode != 0 and b"MemoryError" in big.stderr
-
-
-async def test_file_size_limit(backend: BwrapBackend):
-    """A file cannot grow beyond the file size limit (SIGXFSZ)."""
-    spec = SandboxSpec(limits=Limits(max_file_size=2**20))
-    async with await backend.create(spec) as s:
-        r = await s.run(["sh", "-c", "head -c 3000000 /dev/zero > big"], timeout=10)
-        assert r.returncode != 0
-        assert s.workspace_host.joinpath("big").stat().st_size <= 2**20
 
 
 async def test_timeout_kills_whole_tree(backend: BwrapBackend):
@@ -496,6 +428,53 @@ async def test_sweep_removes_dead_owners_leftovers(backend: BwrapBackend):
     assert not state.exists() and live.state_dir.is_dir()
     assert await no_survivors(marker)
     await live.destroy()
+
+
+POOL_OWNER = """
+import asyncio, sys
+from actors.sandbox.bwrap import BwrapBackend
+
+async def main():
+    be = BwrapBackend(sys.argv[1], pool_size=2, sweep_on_start=False)
+    await be.start()
+    await be.pool.wait_full()
+    print(*(b.path for b in be.pool._ready), flush=True)
+    await asyncio.sleep(300)
+
+asyncio.run(main())
+"""
+
+
+async def test_sweep_removes_a_dead_pools_blanks_and_spares_a_live_pools(
+    backend: BwrapBackend,
+):
+    """Blanks made ahead by a pool are kept while their pool lives (even when old), removed by
+    sweep once it died; a closed pool leaves nothing behind."""
+    owner = subprocess.Popen(
+        [sys.executable, "-c", POOL_OWNER, str(backend.root)],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        line = await asyncio.wait_for(asyncio.to_thread(owner.stdout.readline), 30)
+        dead = [Path(x) for x in line.decode().split()]
+    finally:
+        owner.kill()
+        owner.wait()
+    live = BwrapBackend(backend.root, pool_size=2, sweep_on_start=False)
+    await live.start()
+    await live.pool.wait_full()
+    blanks = [b.path for b in live.pool._ready]
+    for d in dead + blanks:  # older than any create in progress
+        os.utime(d, (time.time() - 600, time.time() - 600))
+    assert len(dead) == 2 and all(d.is_dir() for d in dead + blanks)
+    assert await backend.sweep() == 2
+    assert not any(d.exists() for d in dead) and all(b.is_dir() for b in blanks)
+    sb = await live.create(SandboxSpec(owner="pooled"))
+    assert sb.state_dir.name.startswith("pooled-")
+    await sb.destroy()
+    await live.close()
+    assert sorted(p.name for p in backend.root.iterdir()) == []
 
 
 async def test_sweep_kills_processes_left_under_a_dead_sandbox_uid(backend: BwrapBackend):

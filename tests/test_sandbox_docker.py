@@ -130,28 +130,6 @@ async def test_run_stdout_stderr_exit_code(sb: DockerSandbox):
     assert r.returncode == 128 + signal.SIGKILL
 
 
-async def test_env_cwd_and_no_host_env(sb: DockerSandbox, monkeypatch: pytest.MonkeyPatch):
-    """env and cwd are honoured; the host's environment never leaks in."""
-    monkeypatch.setenv("HRL_HOST_SECRET", "leak")
-    await sb.write_file("sub/dir/.keep", b"")
-    r = await sb.run(
-        ["sh", "-c", "echo $FOO; pwd; echo $HOME; whoami; env"],
-        env={"FOO": "bar"},
-        cwd="/workspace/sub/dir",
-        timeout=10,
-    )
-    lines = r.stdout.decode().splitlines()
-    assert lines[:4] == ["bar", "/workspace/sub/dir", "/home/hrl", "hrl"]
-    assert "HRL_HOST_SECRET" not in r.stdout.decode()
-
-
-async def test_output_is_capped(backend: DockerBackend):
-    """Output beyond the cap is drained and dropped, and says so."""
-    async with await backend.create(SandboxSpec(limits=Limits(output_cap_bytes=1000))) as s:
-        r = await s.run(["head", "-c", "300000", "/dev/zero"], timeout=10)
-    assert r.ok and len(r.stdout) == 1000 and r.stdout_truncated and not r.stderr_truncated
-
-
 async def test_setup_failure_is_a_sandbox_error(backend: DockerBackend, tmp_path: Path):
     """A sandbox that cannot be set up raises SandboxError, not a command failure."""
     with pytest.raises(SandboxError):
@@ -198,31 +176,6 @@ async def test_file_verbs_never_follow_sandbox_symlinks(sb: DockerSandbox, tmp_p
     with pytest.raises(SandboxError):
         await sb.write_file("s", b"pwned")
     assert secret.read_text() == "top secret"
-
-
-async def test_workdir_below_home(backend: DockerBackend):
-    """A task's mount dir such as /root/.openclaw/workspace works, with a private /root."""
-    spec = SandboxSpec(home="/root", workdir="/root/.openclaw/workspace")
-    async with await backend.create(spec) as s:
-        await s.write_file("task.md", b"do it")
-        r = await s.run(
-            ["sh", "-c", "pwd; cat task.md; echo; touch ../openclaw.json; ls -A ~"], timeout=10
-        )
-        assert r.ok, r.stderr
-        assert r.stdout.decode().split() == ["/root/.openclaw/workspace", "do", "it", ".openclaw"]
-
-
-async def test_ro_binds(backend: DockerBackend, tmp_path: Path):
-    """Extra binds (a harness install) are readable and not writable."""
-    harness = tmp_path / "harness"
-    harness.mkdir()
-    (harness / "bin.sh").write_text("echo harness")
-    spec = SandboxSpec(ro_binds=[(harness, "/opt/harness")])
-    async with await backend.create(spec) as s:
-        r = await s.run(["sh", "/opt/harness/bin.sh"], timeout=10)
-        assert r.stdout == b"harness\n"
-        r = await s.run(["sh", "-c", "echo x > /opt/harness/new"], timeout=10)
-        assert r.returncode != 0 and not (harness / "new").exists()
 
 
 # ---------------------------------------------------------------------- proxy forwarder
@@ -354,18 +307,6 @@ async def test_cannot_write_outside_workspace(sb: DockerSandbox):
     assert not list(sb.state_dir.rglob(name))
 
 
-async def test_host_home_is_invisible(sb: DockerSandbox):
-    """A marker in the host's real $HOME cannot be read (nor listed) from inside."""
-    marker = Path.home() / f".hrl-marker-{uuid.uuid4().hex}"
-    try:
-        marker.write_text("HOST-HOME-SECRET")
-        cmd = f"cat {marker}; cat ~/{marker.name}; ls -a {Path.home()} /root /home; true"
-        r = await sb.run(["sh", "-c", cmd], timeout=10)
-    finally:
-        marker.unlink()
-    assert b"HOST-HOME-SECRET" not in r.stdout and marker.name.encode() not in r.stdout
-
-
 async def test_process_limit(backend: DockerBackend):
     """Forking stops at the pids limit, and a fork bomb is contained and fully killed."""
     marker = f"hrl-bomb-{uuid.uuid4().hex}"
@@ -418,15 +359,6 @@ async def test_memory_limit(backend: DockerBackend):
         assert _oom_kills(s._init_pid) > before
         assert "OOM killer" in big.killed and small.killed == ""  # killed from outside
         assert (await s.run(["true"], timeout=10)).ok  # only the hog died
-
-
-async def test_file_size_limit(backend: DockerBackend):
-    """A file cannot grow beyond the file size limit (SIGXFSZ)."""
-    spec = SandboxSpec(limits=Limits(max_file_size=2**20))
-    async with await backend.create(spec) as s:
-        r = await s.run(["sh", "-c", "head -c 3000000 /dev/zero > big"], timeout=10)
-        assert r.returncode != 0
-        assert s.workspace_host.joinpath("big").stat().st_size <= 2**20
 
 
 async def test_timeout_kills_whole_tree(backend: DockerBackend):

@@ -15,22 +15,65 @@ exiting, write how the command ended, ``exit N`` or ``signal N``. An exit status
 ambiguous (``exit 137`` or death by SIGKILL); this line is not, and its absence tells the host
 that this launcher (or the sandbox's init) itself died before the command ended.
 
-One thread, a selector, non-blocking sockets; both directions of every connection are relayed
+One thread, epoll, non-blocking sockets; both directions of every connection are relayed
 independently, with half-close (EOF on one side becomes shutdown(SHUT_WR) on the other once the
 pending bytes are written). Standard library only; no threads, so it costs a single entry of
 the sandbox's process limit.
+
+It starts on every `Sandbox.run` of a sandbox with a proxy, before the command: it imports only
+built-in modules (``_socket``, ``select``, ``_signal``; not ``socket``, ``selectors`` or
+``signal``, whose imports of ``enum`` and ``collections`` cost more than the rest of the
+start-up), which ``benchmarks/sandbox_lifecycle.py`` measures as ``run_with_forwarder``.
 """
 
+import _signal
+import _socket as socket
 import errno
 import os
-import selectors
-import signal
-import socket
+import select
 import sys
 
 BUF = 256 * 1024
-READ = selectors.EVENT_READ
-WRITE = selectors.EVENT_WRITE
+READ = select.EPOLLIN
+WRITE = select.EPOLLOUT
+
+
+class Selector:
+    """The few `selectors` verbs used here, over epoll (fd -> data; events as selectors gives
+    them: a hang-up or error reads as every registered event)."""
+
+    def __init__(self):
+        self.ep = select.epoll()
+        self.keys = {}
+
+    def register(self, obj, mask, data):
+        fd = obj if isinstance(obj, int) else obj.fileno()
+        self.ep.register(fd, mask)
+        self.keys[fd] = (obj, mask, data)
+
+    def modify(self, obj, mask, data):
+        fd = obj.fileno()
+        self.ep.modify(fd, mask)
+        self.keys[fd] = (obj, mask, data)
+
+    def unregister(self, obj):
+        fd = obj.fileno()
+        self.ep.unregister(fd)
+        del self.keys[fd]
+
+    def select(self, timeout):
+        out = []
+        for fd, ev in self.ep.poll(-1 if timeout is None else timeout):
+            key = self.keys.get(fd)
+            if key is None:
+                continue
+            events = 0
+            if ev & ~READ:
+                events |= WRITE
+            if ev & ~WRITE:
+                events |= READ
+            out.append((key, events & key[1]))
+        return out
 
 
 class Relay:
@@ -113,7 +156,7 @@ def listen(port):
     out = []
     for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
         try:
-            s = socket.socket(family, socket.SOCK_STREAM)
+            s = socket.socket(family, socket.SOCK_STREAM, 0)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if family == socket.AF_INET6:
                 s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
@@ -130,12 +173,13 @@ def listen(port):
 def accept(sel, listener, unix_path, warned):
     while True:
         try:
-            c, _ = listener.accept()
+            fd, _ = listener._accept()
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
             return
-        u = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        c = socket.socket(listener.family, socket.SOCK_STREAM, 0, fd)
+        u = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0)
         try:
             u.settimeout(5.0)
             u.connect(unix_path)
@@ -157,8 +201,8 @@ def spawn(cmd):
     if pid:
         return pid
     try:  # Python ignores these; a harness must get the default actions back
-        for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
-            signal.signal(sig, signal.SIG_DFL)
+        for sig in (_signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGINT):
+            _signal.signal(sig, _signal.SIG_DFL)
         os.execvp(cmd[0], cmd)
     except OSError as e:
         sys.stderr.write(f"hrl-forwarder: cannot execute {cmd[0]}: {e.strerror}\n")
@@ -192,7 +236,7 @@ def main(argv):
         sys.stderr.write("usage: _forwarder.py PORT UNIX_SOCKET [--status-fd FD] -- CMD [ARG...]\n")
         return 125
     port, unix_path, cmd = int(argv[0]), argv[1], argv[3:]
-    sel = selectors.DefaultSelector()
+    sel = Selector()
     try:
         for s in listen(port):
             sel.register(s, READ, None)
@@ -207,13 +251,13 @@ def main(argv):
         pidfd = None
     warned = []
     while True:
-        for key, events in sel.select(None if pidfd is not None else 0.05):
-            if key.data is None:
-                accept(sel, key.fileobj, unix_path, warned)
-            elif key.data == "child":
+        for (obj, _, data), events in sel.select(None if pidfd is not None else 0.05):
+            if data is None:
+                accept(sel, obj, unix_path, warned)
+            elif data == "child":
                 pass
             else:
-                relay, i = key.data
+                relay, i = data
                 relay.on_event(i, events)
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:

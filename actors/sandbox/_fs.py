@@ -6,12 +6,14 @@ path is walked one component at a time with ``O_NOFOLLOW`` relative to the previ
 fd, ``..`` is refused up front, and only regular files are read. Ownership of what the host
 creates is handed to the sandbox's uid (``owner``) so the sandbox can modify it.
 
-All functions are blocking; callers run them in a thread.
+Also the host-state helpers both backends share (lock files, owner processes). All functions
+are blocking; callers run them in a thread.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import shutil
 import stat
@@ -242,3 +244,37 @@ def rmtree(path: Path) -> None:
 
     if path.exists() or path.is_symlink():
         _rmtree(path)
+
+
+# -- host state shared by the backends: lock files, owner processes -------------------------
+
+
+def _starttime(pid: int) -> str | None:
+    """Kernel start time of ``pid`` (guards against pid reuse)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _pid_alive(pid: str) -> bool:
+    """Whether process ``pid`` (a string from a file name) may exist (True when unsure)."""
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (ValueError, OSError):
+        return True
+    return True
+
+
+def _try_lock(path: Path) -> int | None:
+    """An fd holding an exclusive flock on ``path`` (created), or None when someone holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd

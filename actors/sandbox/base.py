@@ -23,6 +23,8 @@ Invariants every backend keeps:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import posixpath
 import re
@@ -39,6 +41,10 @@ GiB = 1024 * MiB
 
 DEFAULT_OUTPUT_CAP = 4 * MiB
 DEFAULT_PROXY_PORT = 18080
+MAX_READ_BYTES = 256 * MiB
+"""Largest workspace file `SandboxBase.read_file` returns by default."""
+PATH_INSIDE = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+"""``$PATH`` of commands inside a sandbox unless they set their own."""
 
 
 class SandboxError(RuntimeError):
@@ -292,7 +298,78 @@ class SandboxBackend(Protocol):
 
 
 class SandboxBase:
-    """Mixin: ``async with`` a sandbox destroys it on exit."""
+    """What every backend's sandbox shares: the base environment of its commands, the
+    host-side file verbs on the workspace folder, and ``async with`` destroying it on exit.
+
+    A subclass sets ``spec``, ``workdir``, ``workspace_host`` (the workspace's host folder),
+    ``_owner`` (``(uid, gid)`` that files written from the host get, or None: the actor's) and
+    ``_destroyed``, and implements ``run`` and ``destroy``.
+    """
+
+    spec: SandboxSpec
+    workdir: str
+    workspace_host: Path
+    _owner: tuple[int, int] | None
+    _destroyed: bool
+
+    def base_env(self) -> dict[str, str]:
+        """The environment every command starts from (``spec.env`` over a minimal base; the
+        host's is never inherited); ``$HRL_PROXY_URL`` when the sandbox has a proxy."""
+        spec = self.spec
+        env = {
+            "PATH": PATH_INSIDE,
+            "HOME": spec.home,
+            "USER": "hrl",
+            "LOGNAME": "hrl",
+            "SHELL": "/bin/bash",
+            "LANG": "C.UTF-8",
+            "TMPDIR": "/tmp",
+            "TERM": "dumb",
+            "HOSTNAME": spec.hostname,
+        }
+        if spec.proxy_socket is not None:
+            env["HRL_PROXY_URL"] = f"http://127.0.0.1:{spec.proxy_port}"
+        return env | spec.env
+
+    def _check_alive(self) -> None:
+        if self._destroyed:
+            raise SandboxError("sandbox destroyed")
+
+    async def read_file(self, path: str, *, max_bytes: int = MAX_READ_BYTES) -> bytes:
+        """See `Sandbox.read_file` (``max_bytes``: larger files raise `SandboxError`)."""
+        self._check_alive()
+        rel = workspace_relpath(self.workdir, path)
+        return await self._fs("read_file", self.workspace_host, rel, max_bytes)
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        """See `Sandbox.write_file`."""
+        self._check_alive()
+        rel = workspace_relpath(self.workdir, path)
+        await self._fs("write_file", self.workspace_host, rel, data, self._owner)
+
+    async def copy_in(self, host_src: Path, dest: str) -> None:
+        """See `Sandbox.copy_in`."""
+        self._check_alive()
+        rel = workspace_relpath(self.workdir, dest)
+        await self._fs("copy_in", Path(host_src), self.workspace_host, rel, self._owner)
+
+    async def copy_out(self, dest_host: Path) -> None:
+        """See `Sandbox.copy_out`."""
+        self._check_alive()
+        await self._fs("copy_out", self.workspace_host, Path(dest_host))
+
+    @staticmethod
+    async def _fs(name: str, *args):
+        """``_fs.<name>(*args)`` in a thread; OS errors other than a missing file become
+        `SandboxError`."""
+        from actors.sandbox import _fs  # imports this module
+
+        try:
+            return await asyncio.to_thread(getattr(_fs, name), *args)
+        except (SandboxError, FileNotFoundError):
+            raise
+        except OSError as e:
+            raise SandboxError(f"{name}: {e}") from e
 
     async def destroy(self) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -302,3 +379,95 @@ class SandboxBase:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.destroy()
+
+
+class SandboxPool:
+    """Sandboxes made ahead and removed behind, so a rollout waits for neither.
+
+    A backend hands over two plain functions (run in a thread): ``make()`` builds one *blank*
+    sandbox (state that does not depend on the rollout's spec: its folders, lock, uid) and
+    ``discard(blank)`` removes one with everything it holds. The pool keeps up to ``size``
+    blanks ready; `take` returns one at once (None when empty: the caller makes its own) and
+    starts a refill in the background. The backend gives a taken blank the rollout's spec.
+    `remove_later` runs ``discard`` on a destroyed sandbox's state in the background.
+
+    A blank is used once: a sandbox is never reset and handed out again, so nothing of one
+    rollout can reach the next. ``size`` 0 turns all of it off (`take` always None).
+    Background work counts: the benchmark measures CPU per sandbox with refills included.
+    """
+
+    def __init__(self, make, discard, size: int = 0) -> None:
+        if size < 0:
+            raise ValueError(f"pool size must be >= 0: {size}")
+        self.size = size
+        """Blanks kept ready (0: no pool)."""
+        self.made = 0
+        """Blanks made by the background refill (for tests and benchmarks)."""
+        self._make, self._discard = make, discard
+        self._ready: list = []
+        self._refill: asyncio.Task | None = None
+        self._removals: set[asyncio.Task] = set()
+        self._closed = False
+        self.error: str = ""
+        """Why the last refill failed ("" when it did not); `take` then returns None and the
+        backend's own create reports the error where it belongs."""
+
+    def __len__(self) -> int:
+        return len(self._ready)
+
+    def take(self):
+        """A ready blank (None when there is none), and a refill started."""
+        blank = self._ready.pop() if self._ready else None
+        self.refill()
+        return blank
+
+    def refill(self) -> None:
+        """Start filling up to `size` in the background (no-op when full or running)."""
+        if self._closed or not self.size or len(self._ready) >= self.size:
+            return
+        if self._refill is None or self._refill.done():
+            self._refill = asyncio.get_running_loop().create_task(self._fill())
+
+    async def _fill(self) -> None:
+        while not self._closed and len(self._ready) < self.size:
+            try:
+                blank = await asyncio.to_thread(self._make)
+            except Exception as e:  # the next create makes its own and raises there
+                self.error = f"{type(e).__name__}: {e}"
+                return
+            if self._closed:
+                await asyncio.to_thread(self._discard, blank)
+                return
+            self._ready.append(blank)
+            self.made += 1
+        self.error = ""
+
+    async def wait_full(self) -> None:
+        """Until the running refill (if any) has finished (tests, benchmarks)."""
+        if self._refill is not None:
+            await asyncio.shield(self._refill)
+
+    def remove_later(self, state) -> None:
+        """``discard(state)`` in the background; `close` waits for it."""
+        task = asyncio.get_running_loop().create_task(asyncio.to_thread(self._discard, state))
+        self._removals.add(task)
+        task.add_done_callback(self._removals.discard)
+
+    async def drain(self) -> None:
+        """Until every background removal started so far has finished."""
+        while self._removals:
+            await asyncio.gather(*list(self._removals), return_exceptions=True)
+
+    async def close(self) -> None:
+        """Stop refilling, remove the ready blanks, wait for background removals. The pool
+        can be used again afterwards (a backend restarted by ``start``)."""
+        self._closed = True
+        if self._refill is not None:
+            with contextlib.suppress(Exception):
+                await self._refill
+            self._refill = None
+        ready, self._ready = self._ready, []
+        for blank in ready:
+            await asyncio.to_thread(self._discard, blank)
+        await self.drain()
+        self._closed = False

@@ -38,6 +38,11 @@ Design (the simplest one that is correct):
   only), which listens on ``127.0.0.1:<proxy_port>`` in the command's own network namespace
   before starting it and relays each connection to the unix socket. Without a proxy socket,
   commands run without Python in between (the fast path).
+* **Warm pool** (``pool_size`` > 0, `base.SandboxPool`): blank state dirs (lock, uid, empty
+  folders) are made ahead in the background as ``.new-<pid>-<id>``; `create` takes one, adds the
+  spec's parts (etc files, mount points, the workspace copy) and renames it. A blank serves one
+  sandbox only. `destroy` renames the state to ``.dead-<name>`` and removes it in the
+  background, holding its lock and uid until it is gone; sweep removes a dead pool's blanks.
 * **Killed from outside** (`ExecResult.killed`, see ``base.killed_from_outside``): bwrap's
   status cannot tell ``exit 137`` from SIGKILL, so the forwarder reports how the command ended
   (``exit N`` / ``signal N``) on a pipe passed to each run.
@@ -49,7 +54,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -62,16 +66,19 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from actors.sandbox import _fs
+from actors.sandbox._fs import _pid_alive, _starttime, _try_lock
 from actors.sandbox.base import (
+    PATH_INSIDE,
     ExecResult,
     SandboxBase,
     SandboxError,
+    SandboxPool,
     SandboxSpec,
     killed_from_outside,
-    workspace_relpath,
 )
 from actors.sandbox.envs import (
     BUILD_ENV,
@@ -103,8 +110,6 @@ PROXY_SOCK_INSIDE = f"{RUN_DIR}/proxy.sock"
 FORWARDER_INSIDE = f"{RUN_DIR}/forwarder.py"
 ETC_INSIDE = f"{RUN_DIR}/etc"
 FORWARDER_SRC = Path(__file__).with_name("_forwarder.py")
-MAX_READ_BYTES = 256 * 1024 * 1024
-PATH_INSIDE = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 #: /etc entries bound read-only when present. Everything else of /etc stays invisible
 #: (shadow, sudoers, ssh host keys, app secrets); passwd, group, hosts, hostname, nsswitch.conf
@@ -148,15 +153,6 @@ ETC_ALLOW = (
 _ROOT_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 
 
-def _starttime(pid: int) -> str | None:
-    """Kernel start time of ``pid`` (guards against pid reuse)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
 def _kill_uid(uid: int) -> int:
     """SIGKILL every process whose real uid is ``uid``; returns how many were found."""
     n = 0
@@ -176,15 +172,28 @@ def _kill_uid(uid: int) -> int:
     return n
 
 
-def _try_lock(path: Path) -> int | None:
-    """An fd holding an exclusive flock on ``path`` (created), or None when someone holds it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
+def _write_lock_info(fd: int, owner: str, sid: str, uid: int, mode: str) -> None:
+    """The lock file's JSON: who owns the sandbox (sweep reads ``mode`` and ``uid``)."""
+    info = {"owner": owner, "pid": os.getpid(), "start": _starttime(os.getpid())}
+    info |= {"id": sid, "uid": uid, "mode": mode}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(info).encode(), 0)
+
+
+@dataclass(slots=True)
+class _Blank:
+    """A sandbox's state made ahead (`BwrapBackend._blank_sync`), not yet given a spec."""
+
+    path: Path
+    sid: str
+    uid: int
+    lock_fd: int
+    uid_fd: int | None
+
+    def close(self) -> None:
+        for fd in (self.lock_fd, self.uid_fd):
+            if fd is not None:
+                os.close(fd)
 
 
 def _etc_files(spec: SandboxSpec, uid: int) -> dict[str, str]:
@@ -238,7 +247,7 @@ class BwrapBackend:
     (default ``/usr/bin/python3`` when present, else this interpreter with its prefix bound).
     ``env_cache_dir``: where task environments are built (default ``$HARNESSRL_CACHE/envs``
     or ``~/.cache/harnessrl/envs``); ``env_python``: the sandboxes' ``python3`` they are
-    built over.
+    built over. ``pool_size``: blank sandboxes kept ready, see `SandboxPool`.
     """
 
     name = "bwrap"
@@ -258,6 +267,7 @@ class BwrapBackend:
         sweep_on_start: bool = True,
         env_cache_dir: Path | str | None = None,
         env_python: str = "/usr/bin/python3",
+        pool_size: int = 0,
     ) -> None:
         self.root = Path(root) if root is not None else DEFAULT_ROOT
         if mode == "auto":
@@ -288,6 +298,8 @@ class BwrapBackend:
         self._start_lock = asyncio.Lock()
         self._live: set[BwrapSandbox] = set()
         self._etc: Path | None = None
+        self.pool = SandboxPool(self._blank_sync, self._discard_blank, pool_size)
+        """Blank sandboxes made ahead, and sandboxes being removed in the background."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -313,6 +325,7 @@ class BwrapBackend:
             self._started = True
         if self.sweep_on_start:
             await self.sweep()
+        self.pool.refill()
 
     async def probe(self) -> str | None:
         """None when sandboxes can run here, else why not (for skips and error messages)."""
@@ -339,9 +352,11 @@ class BwrapBackend:
         return None
 
     async def close(self) -> None:
-        """Destroy every sandbox of this backend that is still alive."""
+        """Destroy every sandbox of this backend that is still alive, remove the pool's blank
+        ones, and wait for background removals to finish."""
         for sb in list(self._live):
             await sb.destroy()
+        await self.pool.close()
 
     def _shared_etc(self) -> Path:
         """The curated read-only /etc shared by sandboxes (one mount instead of forty).
@@ -406,7 +421,10 @@ class BwrapBackend:
         await self.start()
         env_dir = await self.environment(spec.environment)
         try:
-            return await asyncio.to_thread(self._create_sync, spec, env_dir)
+            blank = self.pool.take()
+            if blank is None:
+                return await asyncio.to_thread(self._create_sync, spec, env_dir)
+            return await asyncio.to_thread(self._adopt_sync, blank, spec, env_dir)
         except SandboxError:
             raise
         except OSError as e:
@@ -497,9 +515,14 @@ class BwrapBackend:
     # ------------------------------------------------------------------ create (sync part)
 
     def _create_sync(self, spec: SandboxSpec, env_dir: Path | None = None) -> BwrapSandbox:
+        return self._adopt_sync(self._blank_sync(), spec, env_dir)
+
+    def _blank_sync(self) -> _Blank:
+        """A sandbox's state made before its spec is known: ``.new-<pid>-<id>/`` with its lock
+        held (so sweep leaves it alone), a uid of its own (root mode) and the empty
+        ``workspace``, ``home``, ``tmp`` and ``etc`` dirs."""
         sid = secrets.token_hex(4)
-        name = f"{spec.owner}-{os.getpid()}-{sid}"
-        tmp_dir = self.root / f".new-{name}"
+        tmp_dir = self.root / f".new-{os.getpid()}-{sid}"
         tmp_dir.mkdir(mode=0o700)
         lock_fd = _try_lock(tmp_dir / "lock")
         uid_fd, uid = None, USERNS_UID
@@ -507,19 +530,42 @@ class BwrapBackend:
             assert lock_fd is not None
             if self.mode == "root":
                 uid_fd, uid = self._alloc_uid()
-            info = {"owner": spec.owner, "pid": os.getpid(), "start": _starttime(os.getpid())}
-            info |= {"id": sid, "uid": uid, "mode": self.mode}
-            os.write(lock_fd, json.dumps(info).encode())
-            self._populate(tmp_dir, spec, uid)
-            state = self.root / name
-            os.rename(tmp_dir, state)  # only now visible to sweep, already locked
+            _write_lock_info(lock_fd, "(blank)", sid, uid, self.mode)
+            owner = (uid, uid) if self.mode == "root" else None
+            for sub, mode in (("workspace", 0o755), ("home", 0o700), ("tmp", 0o1777)):
+                d = tmp_dir / sub
+                d.mkdir()
+                os.chmod(d, mode)
+                if owner:
+                    os.chown(d, *owner)
+            (tmp_dir / "etc").mkdir()
         except BaseException:
             for fd in (lock_fd, uid_fd):
                 if fd is not None:
                     os.close(fd)
             _fs.rmtree(tmp_dir)
             raise
-        sb = BwrapSandbox(self, spec, state, uid, lock_fd, uid_fd, env_dir)
+        return _Blank(tmp_dir, sid, uid, lock_fd, uid_fd)
+
+    def _discard_blank(self, blank: _Blank) -> None:
+        _fs.rmtree(blank.path)
+        blank.close()
+
+    def _adopt_sync(
+        self, blank: _Blank, spec: SandboxSpec, env_dir: Path | None = None
+    ) -> BwrapSandbox:
+        """Give a blank state ``spec``'s parts (etc files, mount points, the workspace copy)
+        and its final name ``<owner>-<pid>-<id>``; on failure the blank is removed."""
+        name = f"{spec.owner}-{os.getpid()}-{blank.sid}"
+        try:
+            _write_lock_info(blank.lock_fd, spec.owner, blank.sid, blank.uid, self.mode)
+            self._populate(blank.path, spec, blank.uid)
+            state = self.root / name
+            os.rename(blank.path, state)  # visible to sweep under its name, still locked
+        except BaseException:
+            self._discard_blank(blank)
+            raise
+        sb = BwrapSandbox(self, spec, state, blank.uid, blank.lock_fd, blank.uid_fd, env_dir)
         self._live.add(sb)
         return sb
 
@@ -532,13 +578,8 @@ class BwrapBackend:
         raise SandboxError("no free sandbox uid")
 
     def _populate(self, state: Path, spec: SandboxSpec, uid: int) -> None:
+        """The spec's parts of a blank state (see `_blank_sync`)."""
         owner = (uid, uid) if self.mode == "root" else None
-        for sub, mode in (("workspace", 0o755), ("home", 0o700), ("tmp", 0o1777)):
-            d = state / sub
-            d.mkdir()
-            os.chmod(d, mode)
-            if owner:
-                os.chown(d, *owner)
         for inside, host in ((spec.home, "home"), ("/tmp", "tmp")):
             rel = spec.workdir.removeprefix(inside + "/")
             if rel != spec.workdir:  # workdir lies below home or /tmp: pre-make its mount point
@@ -547,10 +588,8 @@ class BwrapBackend:
             if not spec.workspace_src.is_dir():
                 raise SandboxError(f"workspace_src is not a directory: {spec.workspace_src}")
             _fs.copy_in(spec.workspace_src, state / "workspace", ".", owner)
-        etc = state / "etc"
-        etc.mkdir()
         for fname, text in _etc_files(spec, uid).items():
-            (etc / fname).write_text(text)
+            (state / "etc" / fname).write_text(text)
 
     # ------------------------------------------------------------------ sweep
 
@@ -564,11 +603,14 @@ class BwrapBackend:
         for entry in os.scandir(self.root):
             path = Path(entry.path)
             if entry.name.startswith(".new-"):
-                # a create() that died half-way; a live one finishes within seconds
-                if time.time() - entry.stat(follow_symlinks=False).st_mtime > 300:
-                    _fs.rmtree(path)
+                # a blank (its pool holds the lock while alive) or a create() that died half-way;
+                # a live one takes its lock right after the mkdir (``.new-<pid>-<id>``)
+                young = time.time() - entry.stat(follow_symlinks=False).st_mtime <= 5
+                if young and _pid_alive(entry.name.split("-")[1]):
+                    continue
+            elif entry.name.startswith(".") and not entry.name.startswith(".dead-"):
                 continue
-            if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+            if not entry.is_dir(follow_symlinks=False):
                 continue
             lock = path / "lock"
             fd = _try_lock(lock) if lock.exists() else -1
@@ -723,23 +765,6 @@ class BwrapSandbox(SandboxBase):
 
     # ------------------------------------------------------------------ run
 
-    def base_env(self) -> dict[str, str]:
-        spec = self.spec
-        env = {
-            "PATH": PATH_INSIDE,
-            "HOME": spec.home,
-            "USER": "hrl",
-            "LOGNAME": "hrl",
-            "SHELL": "/bin/bash",
-            "LANG": "C.UTF-8",
-            "TMPDIR": "/tmp",
-            "TERM": "dumb",
-            "HOSTNAME": spec.hostname,
-        }
-        if spec.proxy_socket is not None:
-            env["HRL_PROXY_URL"] = f"http://127.0.0.1:{spec.proxy_port}"
-        return env | spec.env
-
     async def run(
         self,
         argv: list[str],
@@ -844,42 +869,6 @@ class BwrapSandbox(SandboxBase):
             await proc.stdin.drain()
             proc.stdin.close()
 
-    # ------------------------------------------------------------------ files
-
-    def _check_alive(self) -> None:
-        if self._destroyed:
-            raise SandboxError("sandbox destroyed")
-
-    async def read_file(self, path: str, *, max_bytes: int = MAX_READ_BYTES) -> bytes:
-        self._check_alive()
-        rel = workspace_relpath(self.workdir, path)
-        return await self._fs(_fs.read_file, self.workspace_host, rel, max_bytes)
-
-    async def write_file(self, path: str, data: bytes) -> None:
-        self._check_alive()
-        rel = workspace_relpath(self.workdir, path)
-        await self._fs(_fs.write_file, self.workspace_host, rel, data, self._owner)
-
-    async def copy_in(self, host_src: Path, dest: str) -> None:
-        self._check_alive()
-        rel = workspace_relpath(self.workdir, dest)
-        await self._fs(_fs.copy_in, Path(host_src), self.workspace_host, rel, self._owner)
-
-    async def copy_out(self, dest_host: Path) -> None:
-        self._check_alive()
-        await self._fs(_fs.copy_out, self.workspace_host, Path(dest_host))
-
-    @staticmethod
-    async def _fs(fn, *args):
-        try:
-            return await asyncio.to_thread(fn, *args)
-        except SandboxError:
-            raise
-        except FileNotFoundError:
-            raise
-        except OSError as e:
-            raise SandboxError(f"{fn.__name__}: {e}") from e
-
     # ------------------------------------------------------------------ destroy
 
     async def destroy(self) -> None:
@@ -892,8 +881,18 @@ class BwrapSandbox(SandboxBase):
             for proc in list(self._procs):
                 with contextlib.suppress(ProcessLookupError):
                     await proc.wait()
+            self.backend._live.discard(self)
+            if self.backend.pool.size:
+                # nothing runs any more (each run's pid namespace died with it): rename now,
+                # remove in the background; the locks (and the uid) are held until it is gone
+                dead = self.state_dir.with_name(f".dead-{self.state_dir.name}")
+                os.rename(self.state_dir, dead)
+                self.backend.pool.remove_later(_Blank(dead, "", self.uid, *self._fds()))
+                return
             await asyncio.to_thread(_fs.rmtree, self.state_dir)
-            for fd in (self._lock_fd, self._uid_fd):
+            for fd in self._fds():
                 if fd is not None:
                     os.close(fd)
-            self.backend._live.discard(self)
+
+    def _fds(self) -> tuple[int, int | None]:
+        return self._lock_fd, self._uid_fd

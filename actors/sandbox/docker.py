@@ -67,14 +67,14 @@ except ImportError:  # optional: `DockerBackend.probe` says what is missing
     aiodocker = None
 
 from actors.sandbox import _fs
+from actors.sandbox._fs import _starttime, _try_lock
 from actors.sandbox.base import (
+    PATH_INSIDE,
     ExecResult,
     SandboxBase,
     SandboxError,
     SandboxSpec,
-    workspace_relpath,
 )
-from actors.sandbox.bwrap import _starttime, _try_lock
 from actors.sandbox.docker_image import DEFAULT_IMAGE, ensure_env_image
 from actors.sandbox.envs import EnvBuilds, content_key, with_env_path
 from actors.sandbox.envs import env_cache_dir as default_env_cache
@@ -85,8 +85,6 @@ RUN_DIR = "/run/hrl"
 PROXY_SOCK_INSIDE = f"{RUN_DIR}/proxy.sock"
 FORWARDER_INSIDE = f"{RUN_DIR}/forwarder.py"
 FORWARDER_SRC = Path(__file__).with_name("_forwarder.py")
-PATH_INSIDE = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-MAX_READ_BYTES = 256 * 1024 * 1024
 LABEL = "harnessrl.sandbox"
 EXIT_GRACE_S = 5.0
 """How long a run waits for output to end after its processes were killed."""
@@ -615,23 +613,6 @@ class DockerSandbox(SandboxBase):
 
     # ------------------------------------------------------------------ run
 
-    def base_env(self) -> dict[str, str]:
-        spec = self.spec
-        env = {
-            "PATH": PATH_INSIDE,
-            "HOME": spec.home,
-            "USER": "hrl",
-            "LOGNAME": "hrl",
-            "SHELL": "/bin/bash",
-            "LANG": "C.UTF-8",
-            "TMPDIR": "/tmp",
-            "TERM": "dumb",
-            "HOSTNAME": spec.hostname,
-        }
-        if spec.proxy_socket is not None:
-            env["HRL_PROXY_URL"] = f"http://127.0.0.1:{spec.proxy_port}"
-        return env | spec.env
-
     async def run(
         self,
         argv: list[str],
@@ -793,38 +774,6 @@ class DockerSandbox(SandboxBase):
             _kill_uid_round(self._procs_file, self.uid)
         finally:
             await self._container.unpause()
-
-    def _check_alive(self) -> None:
-        if self._destroyed:
-            raise SandboxError("sandbox destroyed")
-
-    async def read_file(self, path: str, *, max_bytes: int = MAX_READ_BYTES) -> bytes:
-        self._check_alive()
-        rel = workspace_relpath(self.workdir, path)
-        return await self._fs(_fs.read_file, self.workspace_host, rel, max_bytes)
-
-    async def write_file(self, path: str, data: bytes) -> None:
-        self._check_alive()
-        rel = workspace_relpath(self.workdir, path)
-        await self._fs(_fs.write_file, self.workspace_host, rel, data, self._owner)
-
-    async def copy_in(self, host_src: Path, dest: str) -> None:
-        self._check_alive()
-        rel = workspace_relpath(self.workdir, dest)
-        await self._fs(_fs.copy_in, Path(host_src), self.workspace_host, rel, self._owner)
-
-    async def copy_out(self, dest_host: Path) -> None:
-        self._check_alive()
-        await self._fs(_fs.copy_out, self.workspace_host, Path(dest_host))
-
-    @staticmethod
-    async def _fs(fn, *args):
-        try:
-            return await asyncio.to_thread(fn, *args)
-        except (SandboxError, FileNotFoundError):
-            raise
-        except OSError as e:
-            raise SandboxError(f"{fn.__name__}: {e}") from e
 
     # ------------------------------------------------------------------ destroy
 
