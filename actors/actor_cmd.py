@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import logging
 import signal
+from typing import Any
 
 from actors.config import ActorConfig
 
@@ -33,12 +34,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-async def serve(cfg: ActorConfig, stop: asyncio.Event | None = None) -> int:
+async def serve(cfg: ActorConfig, stop: asyncio.Event | None = None, *, backend: Any = None) -> int:
+    """Run the actor until ``stop`` (or SIGTERM/SIGINT). ``backend``: a sandbox backend to use
+    instead of the configured one (``benchmarks/fleet.py`` passes its no-op backend)."""
     from actors.rollout import RolloutDeps, default_actor_name
     from actors.service import ActorService
     from common import metrics
     from common.bus import connect_service
+    from common.procs import raise_open_files_limit
 
+    raise_open_files_limit()  # a few descriptors per rollout in flight: see its docstring
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -47,7 +52,7 @@ async def serve(cfg: ActorConfig, stop: asyncio.Event | None = None) -> int:
     bus = await connect_service(cfg, f"actor {name}")
     served = await metrics.start_metrics_server(cfg.metrics_port)
     try:
-        async with RolloutDeps.open(cfg, bus, actor=name) as deps:
+        async with RolloutDeps.open(cfg, bus, actor=name, backend=backend) as deps:
             service = ActorService(cfg, bus, deps)
             port = f", metrics on :{served[1]}" if served else ""
             print(f"actor ready: {name} (run {cfg.run}, {cfg.concurrency} slots{port})", flush=True)

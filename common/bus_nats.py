@@ -15,7 +15,6 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
-import msgspec
 import nats
 import nats.errors
 import nats.js.errors
@@ -36,6 +35,7 @@ from common.bus import (
     PubResult,
     R,
 )
+from common.nats_acks import Acks
 from common.records import Record, RecordDecodeError, decode, encode_many
 
 log = logging.getLogger("harnessrl.bus")
@@ -89,7 +89,7 @@ class JetStreamBus(Bus):
         self.replicas = replicas
         self.outage = outage or _Outage()
         self.denials.outage = self.outage
-        self.acks = _Acks(nc)
+        self.acks = Acks(nc)
 
     def interrupt(self) -> None:
         super().interrupt()
@@ -361,7 +361,7 @@ class JetStreamBus(Bus):
     async def publish_many(self, items):  # type: ignore[override]
         """Pipelined publish at the raw client's cost per record: records are encoded (and
         zstd-framed) in a worker thread one batch ahead while the previous batch is sent, each
-        with its ack inbox (`_Acks`); at most ``max_in_flight_bytes`` are unacked at a time.
+        with its ack inbox (`common.nats_acks.Acks`); at most ``max_in_flight_bytes`` are unacked at a time.
         Acks are awaited together, raced once per call against a permission violation or an
         abandoned outage. A record is reported done only once JetStream acked it: a missing or
         failed ack is retried with ``publish_bytes`` under the same msg id (never a duplicate),
@@ -589,10 +589,16 @@ class _NatsConsumer(Consumer[R]):
     def __init__(self, bus, kind, durable, record_type, ack_wait, psub) -> None:
         super().__init__(bus, kind, durable, record_type, ack_wait)
         self.psub = psub
+        self._held: list[Any] = []
+        """Deliveries beyond an earlier fetch's batch, handed out first (see `_at_most`)."""
 
     async def _fetch_raw(self, batch: int, timeout: float) -> list[Any]:
+        if self._held:  # deliveries that came late to an earlier fetch go first
+            got, self._held = self._held[:batch], self._held[batch:]
+            await self._keep_alive(self._held)
+            return got
         try:
-            return await self.psub.fetch(batch, timeout=timeout)
+            got = await self.psub.fetch(batch, timeout=timeout)
         except nats.errors.TimeoutError:
             return []
         except (*_TRANSIENT, nats.js.errors.ServiceUnavailableError) as e:
@@ -601,6 +607,28 @@ class _NatsConsumer(Consumer[R]):
             log.debug("fetch failed (%r); will retry", e)
             await asyncio.sleep(min(timeout, 0.25))
             return []
+        return await self._at_most(got, batch)
+
+    async def _at_most(self, got: list[Any], batch: int) -> list[Any]:
+        """The first ``batch`` of ``got``; the rest is held for the next fetch.
+
+        Replies to a pull request that arrive after its fetch gave up (a busy machine, a slow
+        link) wait in the subscription's queue, and nats-py's next fetch returns all of them
+        whatever its batch: an actor would run more rollouts than its slots. They are this
+        consumer's deliveries all the same, so they are kept (alive: ``in_progress`` now and
+        at every fetch until handed out) rather than released, which would count a delivery
+        against the task's attempts each time a busy machine is late again.
+        """
+        self._held.extend(got[batch:])
+        await self._keep_alive(got[batch:])
+        return got[:batch]
+
+    async def _keep_alive(self, raws: list[Any]) -> None:
+        for raw in raws:
+            try:
+                await raw.in_progress()
+            except Exception as e:  # redelivered after ack_wait at worst
+                log.debug("in_progress of a held delivery failed: %r", e)
 
     def _meta(self, raw: Any) -> tuple[str, int, int, int]:
         md = raw.metadata
@@ -625,84 +653,6 @@ class _NatsConsumer(Consumer[R]):
     async def pending(self) -> int:
         info = await self.psub.consumer_info()
         return int(info.num_pending or 0)
-
-
-# ---------------------------------------------------------------------------------------------
-# pipelined publish acks
-# ---------------------------------------------------------------------------------------------
-
-
-class _PubAck(msgspec.Struct):
-    """JetStream's answer to a publish (``{"stream", "seq", "duplicate"}`` or ``{"error"}``)."""
-
-    stream: str = ""
-    seq: int = 0
-    duplicate: bool = False
-    error: dict[str, Any] | None = None
-
-
-_ack_decoder = msgspec.json.Decoder(_PubAck)
-
-
-class _Acks:
-    """Publishes whose JetStream acks arrive on one inbox subscription of the connection.
-
-    What nats-py's ``publish_async`` does, at a fraction of its cost per record (no semaphore,
-    no random token, no done-callback, acks parsed by msgspec): the pipelined publish's floor
-    is then the core client's ``publish``. A future resolves to a ``_PubAck`` or fails with
-    ``BusError`` (an error ack, no responders, an unreadable ack): the caller retries such a
-    record with ``publish_bytes`` under the same msg id, which tells a refusal from an outage."""
-
-    def __init__(self, nc: Any) -> None:
-        self.nc = nc
-        self.prefix = ""
-        self.futures: dict[str, asyncio.Future[_PubAck]] = {}
-        self.tokens: dict[asyncio.Future[_PubAck], str] = {}
-        self.next = 0
-
-    async def send(
-        self, subject: str, data: Any, headers: dict[str, str] | None
-    ) -> asyncio.Future[_PubAck]:
-        """Publish ``data`` with a reply inbox; the returned future resolves with its ack."""
-        if not self.prefix:
-            prefix = f"{self.nc.new_inbox()}."
-            await self.nc.subscribe(prefix + "*", cb=self._on_ack)
-            self.prefix = prefix
-        self.next += 1
-        token = str(self.next)
-        fut: asyncio.Future[_PubAck] = asyncio.get_running_loop().create_future()
-        self.futures[token] = fut
-        self.tokens[fut] = token
-        try:
-            await self.nc.publish(subject, data, reply=self.prefix + token, headers=headers)
-        except BaseException:
-            self.drop([fut])
-            raise
-        return fut
-
-    def drop(self, futures: Iterable[asyncio.Future[_PubAck]]) -> None:
-        """Stop waiting for these acks (a late one is then ignored)."""
-        for fut in list(futures):
-            self.futures.pop(self.tokens.pop(fut, ""), None)
-            fut.cancel()
-
-    async def _on_ack(self, msg: Any) -> None:
-        fut = self.futures.pop(msg.subject[len(self.prefix) :], None)
-        if fut is None:
-            return
-        self.tokens.pop(fut, None)
-        if fut.done():
-            return
-        try:
-            ack = _ack_decoder.decode(msg.data)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            status = (msg.headers or {}).get("Status", "")
-            fut.set_exception(BusError(f"no JetStream ack (status {status!r})"))
-            return
-        if ack.error is not None:
-            fut.set_exception(BusError(f"publish refused: {ack.error}"))
-        else:
-            fut.set_result(ack)
 
 
 # JetStream API error codes (nats-server's errors.json)

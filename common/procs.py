@@ -73,3 +73,24 @@ def wait_group_dead(pgid: int, timeout: float = 5.0) -> bool:
             return False
         time.sleep(0.01)
     return True
+
+
+def raise_open_files_limit() -> tuple[int, int]:
+    """Raise this process's soft limit of open files to its hard limit; returns (soft, hard).
+
+    An actor holds a few descriptors per rollout in flight (its proxy's socket and connections,
+    the sandbox's pipes and locks): ``benchmarks/fleet.py`` measured 1,034 in one actor running
+    260 rollouts, past the 1,024 soft limit many systems start services with (systemd's
+    default), where the next rollout would fail with EMFILE. The hard limit is the real bound.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError):
+            return soft, hard
+        soft = want
+    return soft, hard

@@ -344,3 +344,36 @@ async def test_publish_many_bounds_unacked_bytes(nats_url: str, run_name: str) -
     assert [x.seq for x in res] == list(range(1, 31)) and not any(x.duplicate for x in res)
     assert await b.read_subject(s.calls("w-0-1"), r.CallRecord) == recs
     await b.close()
+
+
+async def test_fetch_never_returns_more_than_its_batch(nats_url: str, run_name: str) -> None:
+    """Replies to an earlier pull request that arrive after its fetch gave up (a busy machine)
+    wait in the client's queue; nats-py's next fetch drains them all, whatever its batch. The
+    bus returns at most ``batch`` (an actor never runs more rollouts than its slots) and hands
+    the rest out first at the next fetches, each delivered once (no attempt is spent)."""
+    import json
+
+    b = await connect(nats_url, run_name)
+    try:
+        tasks = [
+            r.TaskRequest(group_id="g", k=k, group_size=5, issued_version=0, task_id="t")
+            for k in range(5)
+        ]
+        await b.publish_many([(b.subjects.tasks, t, None) for t in tasks])
+        consumer = await b.consumer("TASKS", "actors", r.TaskRequest, ack_wait=30.0)
+        psub = consumer.psub  # type: ignore[attr-defined]
+        late = json.dumps({"batch": 5, "no_wait": True}).encode()
+        await b.nc.publish(psub._nms, late, psub._deliver)  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 10
+        while psub._sub._pending_queue.qsize() < 5 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        sizes, got = [], []
+        for batch in (2, 2, 10):
+            part = await consumer.fetch(batch, timeout=1.0)
+            sizes.append(len(part))
+            got += part
+        assert sizes == [2, 2, 1]
+        assert sorted(d.record.k for d in got) == [0, 1, 2, 3, 4]
+        assert {d.num_delivered for d in got} == {1}
+    finally:
+        await b.close()
