@@ -13,12 +13,14 @@ PY="${PYTHON:-python3}"
 
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   # bubblewrap: the default sandbox; docker.io + debootstrap: the docker sandbox backend and
-  # its offline image build; nodejs/npm: installing the npm-distributed harnesses
+  # its offline image build; nodejs/npm: installing the npm-distributed harnesses;
+  # docker-compose: the deploy/compose stack (Debian's is v1)
   need=()
   command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
   command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
   command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
   command -v npm >/dev/null 2>&1 || need+=(npm)
+  command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)
   # prometheus (+ promtool): tests evaluate deploy/monitoring's rules and dashboards against
   # it; installed without its recommends (the node exporter)
   lean=()

@@ -8,8 +8,9 @@ first, so the accumulated gradient is the gradient of the step's loss however ro
 With several data-parallel ranks each rank normalises over its own rows and DeepSpeed averages
 the ranks' gradients (a mean of per-rank means).
 
-Processes: single process on CPU uses gloo (``DS_ACCELERATOR=cpu``; the first
-``init_distributed`` on a machine compiles DeepSpeed's shared-memory op, ~35-70 s, cached in
+Processes: single process on CPU uses gloo (``DS_ACCELERATOR=cpu``; DeepSpeed's shared-memory
+allreduce op is skipped for one rank, so no C++ compiler is needed; several CPU ranks compile it
+on their machine's first ``init_distributed``, ~35-70 s, cached in
 ``~/.cache/torch_extensions``); on GPU NCCL, one process per GPU under a launcher that sets
 ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``. Missing rendezvous variables are filled for a single
 process (free port on loopback). deepspeed is imported lazily: importing this module is cheap.
@@ -111,7 +112,12 @@ def init_distributed() -> None:
     if cuda:  # pragma: no cover - GPU only
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     import deepspeed
+    import deepspeed.ops
 
+    if not cuda and os.environ["WORLD_SIZE"] == "1":
+        # a lone rank exchanges nothing: never build DeepSpeed's shared-memory allreduce op
+        # (a C++ toolchain, which the learner image lacks, and 35-70 s on a fresh machine)
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.utils.logger.setLevel("WARNING")
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", verbose=False)
 

@@ -213,3 +213,25 @@ def test_zero3_gathers_full_weights_and_checkpoints(tmp_path) -> None:
     assert engine.load_checkpoint(tmp_path) == {"version": 1}
     back = engine.state_dict_for_broadcast(dedupe_tied=False)
     assert all(torch.equal(sd[k], back[k]) for k in sd)
+
+
+def test_single_cpu_rank_needs_no_cxx_compiler(tmp_path) -> None:
+    """One learner rank on CPU starts where no C++ compiler exists (the learner image): it never
+    builds DeepSpeed's shared-memory allreduce op, which only ranks of one machine share."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "from learner.ds_engine import init_distributed; init_distributed(); "
+        "import torch; print('world', torch.distributed.get_world_size())"
+    )
+    rendezvous = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in rendezvous}  # this process's own
+    env.update(CXX=str(tmp_path / "no-c++"), TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"))
+    res = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.split()[-2:] == ["world", "1"]
+    assert not (tmp_path / "ext").exists()  # nothing was compiled

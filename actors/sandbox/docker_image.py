@@ -8,9 +8,11 @@ filesystem tarball built here and cached in ``<cache>/docker/rootfs-<key>.tar.gz
 ``$HARNESSRL_CACHE`` or ``~/.cache/harnessrl``; key = method, suite, packages, layout), built
 once per machine, atomically (temp file + rename). Two ways to build it:
 
-* ``debootstrap`` (default): ``debootstrap --variant=minbase --include=python3 bookworm`` from a
-  Debian mirror (the only network it needs), then docs, man pages, locales and apt lists are
-  dropped. A clean Debian userland independent of the host: ~1 min, ~120 MB, ~40 MB gzipped.
+* ``debootstrap`` (default): ``debootstrap --variant=minbase --include=<PACKAGES> bookworm``
+  from a Debian mirror (the only network it needs), then docs, man pages, locales and apt lists
+  are dropped. A clean Debian userland independent of the host: ~3 min, ~75 MB gzipped. The
+  deploy images (``deploy/images/build.py``) are built on the same rootfs, so a machine (CI)
+  bootstraps Debian once for both.
 * ``host``: the files of the host's own installed Debian packages (``dpkg-query -L``) of the
   dependency closure of ``python3 bash coreutils …``. Seconds and no mirror, but the image is
   whatever the host has installed (versions, local edits), and it needs a dpkg-based host.
@@ -69,7 +71,10 @@ from common.tasks.model import TaskEnv
 DEFAULT_IMAGE = "harnessrl-sandbox:latest"
 DEFAULT_SUITE = "bookworm"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
-PACKAGES = ("python3",)
+PACKAGES = ("python3", "bubblewrap", "nodejs", "ca-certificates", "openssl", "procps")
+"""What the rootfs installs besides the minimal base: sandboxes need ``python3`` (the proxy
+forwarder); the rest is what the deploy images add (bubblewrap sandboxes and Node harnesses in
+the actor image, openssl for the NATS certificates), on the same cached rootfs."""
 #: extra packages of the ``host`` method (debootstrap's minbase has them already)
 HOST_BASE_PACKAGES = ("base-files", "bash", "coreutils", "dash", "util-linux", "findutils")
 HOST_BASE_PACKAGES += ("grep", "sed", "tar", "gzip", "procps")
@@ -488,8 +493,8 @@ class PrivateDockerd:
 
     def stop(self, timeout: float = 30.0, *, remove: bool = False) -> None:
         """SIGTERM (dockerd stops its containers and its containerd), SIGKILL the group after
-        ``timeout``. ``remove``: then delete ``root`` (images included), unless something is
-        still mounted below it."""
+        ``timeout``. ``remove``: then delete ``root`` (images included), after detaching what
+        dockerd left mounted below it (unless something there cannot be unmounted)."""
         p, self.proc = self.proc, None
         if p is not None and p.poll() is None:
             p.send_signal(signal.SIGTERM)
@@ -499,8 +504,19 @@ class PrivateDockerd:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
-        if remove and not self._mounts_below():
-            shutil.rmtree(self.root, ignore_errors=True)
+        if remove:
+            self._unmount_below()
+            if not self._mounts_below():
+                shutil.rmtree(self.root, ignore_errors=True)
+
+    def _unmount_below(self) -> None:
+        """Detach what the stopped dockerd left mounted below ``root`` (it keeps the host's
+        network namespace bound at ``<exec-root>/netns/default`` once a ``--network host``
+        container ran), deepest first; never anything outside ``root``."""
+        if self.proc is not None:
+            return
+        for point in sorted(self._mounts_below(), key=len, reverse=True):
+            subprocess.run(["umount", "-l", point], capture_output=True, check=False)
 
     def _mounts_below(self) -> list[str]:
         top = str(self.root) + "/"

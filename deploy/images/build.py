@@ -1,0 +1,351 @@
+"""Build the harnessrl images on this machine, offline: no image registry is needed.
+
+    python deploy/images/build.py [--docker-host URL] [--target actor|cpu|prometheus ...]
+                                  [--tag local] [--harness NAME ...] [--no-envs]
+                                  [--method auto|debootstrap|host] [--cache-dir DIR]
+
+1. **Base**: the docker sandbox backend's own image (``actors.sandbox.docker_image``: a Debian
+   userland with python3, bubblewrap, nodejs, ca-certificates, openssl and procps, from the
+   rootfs tarball it bootstraps once per machine with debootstrap, or from the host's own
+   packages), imported as ``harnessrl-base:<key>``.
+2. **Build context** (a temp folder): ``wheels/`` holds harnessrl's wheel (built from this
+   checkout) and every dependency of ``harnessrl[train]`` at the version installed in *this*
+   Python (``pip download`` for the image's interpreter, probed from the base; DeepSpeed has no
+   wheel on PyPI and is built here with ``DS_BUILD_OPS=0``); ``harnesses/`` the harnesses named
+   with ``--harness`` (installed on this host first, ``harnessrl harness install``);
+   ``envs/`` the wheelhouses of the built-in task environments (``actors/sandbox/envs.py``), so
+   actors build a task's environment without an index; ``prometheus`` the host's binary.
+   Downloads are cached in ``<cache>/images``.
+3. **docker build** of ``deploy/images/Dockerfile`` (``Dockerfile.prometheus``) per target with ``BASE`` set and network
+   ``none``: images ``harnessrl-actor:TAG``, ``harnessrl-cpu:TAG``,
+   ``harnessrl-prometheus:TAG``. The GPU image (``Dockerfile.gpu``) needs a registry (CUDA
+   base) and is built with plain ``docker build`` on a machine that has one.
+
+Prints one JSON line per image (tag, id, size, seconds). Needs a docker engine (``DOCKER_HOST``,
+or ``--docker-host``; ``python -m actors.sandbox.docker_image`` explains the private one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import importlib.metadata as md
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKERFILE = Path(__file__).with_name("Dockerfile")
+TARGETS = ("actor", "cpu", "prometheus")
+IMAGE = {t: f"harnessrl-{t}" for t in TARGETS}
+LAYOUT = 1
+"""Bump when the wheelhouse recipe changes: cached downloads are then ignored."""
+
+
+class BuildError(RuntimeError):
+    """An image could not be built; the message says which step and why."""
+
+
+def _run(argv: list[str], what: str, **kw) -> str:
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=3600, **kw)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise BuildError(f"{what}: {e}") from None
+    if p.returncode != 0:
+        raise BuildError(f"{what} exited {p.returncode}: {(p.stderr or p.stdout)[-2000:]}")
+    return p.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# wheels
+# ---------------------------------------------------------------------------------------------
+
+
+def project_requirements() -> list[str]:
+    """``harnessrl``'s core and ``train`` requirements, from pyproject.toml."""
+    meta = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    return [*meta["dependencies"], *meta["optional-dependencies"]["train"]]
+
+
+def installed_pins() -> list[str]:
+    """``name==version`` of every distribution of this Python but harnessrl and pip (the
+    images install what the tests here run against)."""
+    pins = {}
+    for d in md.distributions():
+        name = (d.metadata["Name"] or "").lower()
+        if name and name not in ("harnessrl", "pip"):  # pip: the one envs.py pins
+            pins[name] = f"{name}=={d.version}"
+    return sorted(pins.values())
+
+
+def build_local_wheels(out: Path, cache: Path, train: bool) -> None:
+    """harnessrl's wheel from this checkout; DeepSpeed's (pure Python with ``DS_BUILD_OPS=0``,
+    cached) when ``train``."""
+    py = sys.executable
+    pip = [py, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w"]
+    with tempfile.TemporaryDirectory(prefix=".src-", dir=cache) as src:
+        # a copy: setuptools leaves build/ and *.egg-info in the tree it builds
+        for name in ("pyproject.toml", "README.md"):
+            shutil.copy2(REPO / name, Path(src) / name)
+        skip = shutil.ignore_patterns("__pycache__", "*.pyc", "results")
+        for pkg in ("common", "proxy", "actors", "learner", "benchmarks"):
+            shutil.copytree(REPO / pkg, Path(src) / pkg, ignore=skip)
+        _run([*pip, str(out), src], "building the harnessrl wheel")
+    if not train:
+        return
+    version = md.version("deepspeed")
+    done = cache / f"deepspeed-{version}"
+    if not list(done.glob("deepspeed-*.whl")):
+        tmp = Path(tempfile.mkdtemp(prefix=".ds-", dir=cache))
+        env = {**os.environ, "DS_BUILD_OPS": "0"}
+        _run([*pip, str(tmp), f"deepspeed=={version}"], "building the DeepSpeed wheel", env=env)
+        shutil.rmtree(done, ignore_errors=True)
+        os.rename(tmp, done)
+    for whl in done.glob("deepspeed-*.whl"):
+        shutil.copy2(whl, out / whl.name)
+
+
+def download_wheels(out: Path, local: Path, target, cache: Path) -> None:
+    """Every dependency of ``harnessrl[train]`` (pinned to this Python's versions) as wheels
+    for ``target`` (``actors.sandbox.envs.Target``), plus the pip that installs them."""
+    from actors.sandbox.envs import PIP_REQUIREMENT
+
+    pins = installed_pins()
+    key = hashlib.blake2b(
+        json.dumps([LAYOUT, pins, project_requirements(), target.__dict__]).encode(),
+        digest_size=6,
+    ).hexdigest()
+    done = cache / f"wheels-{key}"
+    if not (done / "complete").exists():
+        tmp = Path(tempfile.mkdtemp(prefix=".wheels-", dir=cache))
+        (tmp / "constraints.txt").write_text("\n".join(pins) + "\n")
+        argv = [sys.executable, "-m", "pip", "download", "--dest", str(tmp), "--progress-bar"]
+        argv += ["off", "--disable-pip-version-check", "--no-input", *target.pip_flags()]
+        argv += ["-c", str(tmp / "constraints.txt"), "harnessrl[train]", PIP_REQUIREMENT]
+        # the local wheels (harnessrl, DeepSpeed) next to the configured find-links
+        links = " ".join(filter(None, [os.environ.get("PIP_FIND_LINKS", ""), str(local)]))
+        _run(argv, "pip download", env={**os.environ, "PIP_FIND_LINKS": links})
+        for whl in tmp.glob("harnessrl-*.whl"):
+            whl.unlink()  # changes with the checkout: never cached
+        (tmp / "complete").write_text(f"{time.time()}\n")
+        shutil.rmtree(done, ignore_errors=True)
+        os.rename(tmp, done)
+    for whl in done.glob("*.whl"):
+        shutil.copy2(whl, out / whl.name)
+
+
+# ---------------------------------------------------------------------------------------------
+# the build context
+# ---------------------------------------------------------------------------------------------
+
+
+async def probe_target(docker, base: str):
+    """``actors.sandbox.envs.Target`` of the base image's python3."""
+    from actors.sandbox.docker_image import _build_container
+    from actors.sandbox.envs import PROBE_CODE, Target
+
+    rc, out, _ = await _build_container(docker, base, ["python3", "-I", "-c", PROBE_CODE], [], {})
+    if rc != 0:
+        raise BuildError(f"the base image's python3 failed (exit {rc}): {out[-500:]}")
+    return Target.parse(out)
+
+
+def prepare_context(
+    ctx: Path, targets: list[str], target, cache: Path, harnesses: list[str], envs: bool
+) -> None:
+    """Lay out the build context of ``targets`` in ``ctx``."""
+    rel = "deploy/images/entrypoint.sh"
+    (ctx / rel).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(REPO / rel, ctx / rel)
+    for f in ("Dockerfile", "Dockerfile.prometheus"):
+        shutil.copy2(DOCKERFILE.with_name(f), ctx / f)
+    for d in ("wheels", "harnesses", "envs"):
+        (ctx / d).mkdir()
+    if {"actor", "cpu"} & set(targets):
+        local = ctx / "wheels"
+        build_local_wheels(local, cache, train=True)
+        download_wheels(ctx / "wheels", local, target, cache)
+    if "actor" in targets:
+        copy_harnesses(ctx / "harnesses", harnesses)
+        if envs:
+            copy_env_wheelhouses(ctx / "envs", target)
+    if "prometheus" in targets:
+        exe = shutil.which("prometheus")
+        if exe is None:
+            raise BuildError(
+                "the prometheus image needs Prometheus here: apt-get install prometheus"
+            )
+        shutil.copy2(exe, ctx / "prometheus")
+
+
+def copy_harnesses(out: Path, names: list[str]) -> None:
+    """Install (when missing) and copy the named harnesses of this host's harness cache."""
+    from actors.harnesses import ADAPTERS, default_cache_dir
+
+    cache = default_cache_dir()
+    for name in names:
+        if name not in ADAPTERS:
+            raise BuildError(f"unknown harness {name!r} (harnesses: {', '.join(ADAPTERS)})")
+        adapter = ADAPTERS[name]
+        if not adapter.is_installed(cache):
+            asyncio.run(adapter.install(cache))
+        src = adapter.install_dir(cache)
+        if src.is_dir():
+            shutil.copytree(src, out / src.name, symlinks=True)
+
+
+def copy_env_wheelhouses(out: Path, target) -> None:
+    """The wheelhouse of every built-in task environment with packages, for ``target``, at
+    the name an actor's sandbox backend looks for (``<cache>/envs/wheels-<key>``)."""
+    from actors.sandbox.envs import env_cache_dir, wheelhouse
+    from common.tasks.environments import BUILTIN_ENVS
+
+    for env in BUILTIN_ENVS.values():
+        if env.pip:
+            src = wheelhouse(env, target, env_cache_dir())
+            shutil.copytree(src, out / src.name)
+
+
+# ---------------------------------------------------------------------------------------------
+# docker
+# ---------------------------------------------------------------------------------------------
+
+
+async def docker_build(docker, ctx_tar: Path, target: str, tag: str, base: str) -> dict:
+    """``docker build --target TARGET --network none --build-arg BASE=base`` of the context."""
+    params = {
+        "t": tag,
+        "target": target,
+        "dockerfile": "Dockerfile.prometheus" if target == "prometheus" else "Dockerfile",
+        "buildargs": json.dumps({"BASE": base}),
+        "networkmode": "none",
+        "rm": "1",
+        "forcerm": "1",
+    }
+
+    async def chunks():
+        with open(ctx_tar, "rb") as f:
+            while chunk := await asyncio.to_thread(f.read, 1 << 20):
+                yield chunk
+
+    t0 = time.monotonic()
+    headers = {"Content-Type": "application/x-tar"}
+    async with docker._query(
+        "build", "POST", params=params, data=chunks(), headers=headers, timeout=None
+    ) as resp:
+        tail: list[str] = []
+        async for raw in resp.content:
+            with contextlib.suppress(ValueError):
+                msg = json.loads(raw)
+                if "error" in msg:
+                    raise BuildError(f"{tag}: {msg['error']}\n" + "".join(tail[-30:]))
+                if text := msg.get("stream"):
+                    tail.append(text)
+                    if re.match(r"Step \d+/\d+", text):
+                        print(f"  {tag}: {text.strip()[:150]}", file=sys.stderr, flush=True)
+    info = await docker.images.inspect(tag)
+    return {"image": tag, "id": info["Id"], "size_bytes": info.get("Size"),
+            "built_s": round(time.monotonic() - t0, 1)}  # fmt: skip
+
+
+async def build(
+    docker_url: str | None,
+    targets: list[str],
+    tag: str,
+    *,
+    harnesses: list[str],
+    envs: bool,
+    method: str,
+    cache_dir: Path | None,
+) -> list[dict]:
+    import aiodocker
+
+    from actors.sandbox.docker_image import PACKAGES, ensure_image, image_cache_dir
+
+    cache = image_cache_dir(cache_dir).parent / "images"
+    cache.mkdir(parents=True, exist_ok=True)
+    # the sandbox image's rootfs (one debootstrap per machine for both), tagged by its packages
+    # so that an engine's older base is never taken for it
+    pkg_key = hashlib.blake2b(" ".join(PACKAGES).encode(), digest_size=4).hexdigest()
+    base = f"harnessrl-base:{pkg_key}"
+    out = [await ensure_image(docker_url, base, cache_dir=cache_dir, method=method)]
+    async with aiodocker.Docker(url=docker_url) as docker:
+        target = await probe_target(docker, base)
+        with tempfile.TemporaryDirectory(prefix=".ctx-", dir=cache) as tmp:
+            ctx = Path(tmp) / "ctx"
+            ctx.mkdir()
+            await asyncio.to_thread(prepare_context, ctx, targets, target, cache, harnesses, envs)
+            ctx_tar = Path(tmp) / "ctx.tar"
+            with tarfile.open(ctx_tar, "w") as tf:
+                tf.add(ctx, arcname=".")
+            for t in targets:
+                out.append(await docker_build(docker, ctx_tar, t, f"{IMAGE[t]}:{tag}", base))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="build.py", description="build the harnessrl images here, offline"
+    )
+    p.add_argument("--docker-host", default=None, help="engine URL (default: $DOCKER_HOST)")
+    p.add_argument(
+        "--target",
+        dest="targets",
+        action="append",
+        choices=TARGETS,
+        help="image to build (repeat; default: all three)",
+    )
+    p.add_argument("--tag", default="local", help="tag of the images (default: local)")
+    p.add_argument(
+        "--harness",
+        dest="harnesses",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="harness to install into the actor image (repeat; the built-in reference harness "
+        "needs none)",
+    )
+    p.add_argument("--no-envs", action="store_true", help="leave the task environments out")
+    p.add_argument(
+        "--method",
+        default="auto",
+        choices=("auto", "debootstrap", "host"),
+        help="how the base rootfs is made (actors.sandbox.docker_image)",
+    )
+    p.add_argument("--cache-dir", type=Path, default=None, help="rootfs cache (images/ beside)")
+    args = p.parse_args(argv)
+    from actors.sandbox.docker_image import ImageError
+
+    try:
+        res = asyncio.run(
+            build(
+                args.docker_host,
+                args.targets or list(TARGETS),
+                args.tag,
+                harnesses=args.harnesses,
+                envs=not args.no_envs,
+                method=args.method,
+                cache_dir=args.cache_dir,
+            )
+        )
+    except (BuildError, ImageError) as e:
+        print(f"build.py: {e}", file=sys.stderr)
+        return 1
+    for r in res:
+        print(json.dumps(r), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    sys.exit(main())
