@@ -1,4 +1,4 @@
-"""Embedded engine: aggregate tokens/s of 16 concurrent requests vs 1, and prefix-cache reuse.
+"""Embedded engine: tokens/s of 16 concurrent requests vs 1, prefix-cache reuse, lean forward.
 
 ``python -m benchmarks.engine_batching [--quick] [--model tiny]``
 
@@ -8,7 +8,11 @@ Runs a real ``EngineServer`` in this process and drives it over loopback HTTP, a
 * batched: 16 concurrent requests (one packed forward per step) — target >= 4x the baseline
   (the two loads alternate a few times; each keeps its best run);
 * prefix cache: time to first token of a long prompt, cold vs. a request that extends an
-  earlier prompt + reply (the harness resending its history every turn).
+  earlier prompt + reply (the harness resending its history every turn);
+* lean forward: a second engine with ``lean_forward = false`` (the ``transformers`` module
+  tree) runs the same loads at 1, 8 and 16 concurrent requests, alternating with the lean one;
+  reported as tokens/s, time per scheduler step, and the scheduler thread's CPU time per step
+  (what a busy machine distorts least) with the ratio transformers / lean.
 
 torch runs one thread by default (``--threads``): on a shared machine, oversubscribed OpenMP
 threads make every number erratic.
@@ -17,6 +21,7 @@ threads make every number erratic.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from typing import Any
@@ -60,6 +65,48 @@ async def _first_token_s(http: Any, ids: list[int]) -> tuple[float, int]:
     return time.perf_counter() - start, reply["meta_info"]["cached_tokens"]
 
 
+async def _lean_vs_hf(
+    model: str, threads: int, max_new: int, repeats: int
+) -> dict[str, dict[int, dict[str, float]]]:
+    """Tokens/s, seconds per step and scheduler CPU seconds per step of the lean and the
+    transformers forward at 1/8/16 concurrent requests, the two engines alternating; each
+    keeps its run of least CPU per step (wall times on a busy machine include waiting for a
+    core; CPU time mostly does not)."""
+    import aiohttp
+
+    from proxy.config import EngineConfig
+    from proxy.engine import EngineServer
+
+    best: dict[str, dict[int, dict[str, float]]] = {"lean": {}, "hf": {}}
+    async with contextlib.AsyncExitStack() as stack:
+        sessions = {}
+        for name, lean in (("lean", True), ("hf", False)):
+            cfg = EngineConfig(
+                model=model, port=0, max_batch_size=16, threads=threads, lean_forward=lean
+            )
+            srv = await stack.enter_async_context(EngineServer(cfg))
+            if (srv.engine.lean is not None) != lean:
+                raise RuntimeError(f"{model}: the lean forward is not available")
+            http = await stack.enter_async_context(aiohttp.ClientSession(srv.url))
+            await _generate(http, _ids(16, 0), 4)  # warm-up
+            sessions[name] = (srv, http)
+        for r in range(repeats):
+            for conc in (1, 8, 16):
+                for name, (srv, http) in sessions.items():
+                    eng = srv.engine
+                    steps, cpu = eng.steps, eng.step_cpu_s
+                    start = time.perf_counter()
+                    tps = await _throughput(http, conc, max_new, seed=r)
+                    n = max(eng.steps - steps, 1)
+                    step_s = (time.perf_counter() - start) / n
+                    cpu_s = (eng.step_cpu_s - cpu) / n
+                    old = best[name].get(conc)
+                    if old is None or cpu_s < old["step_cpu_s"]:
+                        best[name][conc] = {"tokens_per_s": tps, "step_s": step_s}
+                        best[name][conc]["step_cpu_s"] = cpu_s
+    return best
+
+
 async def run(quick: bool, model: str, threads: int) -> dict[str, Any]:
     import aiohttp
 
@@ -84,6 +131,7 @@ async def run(quick: bool, model: str, threads: int) -> dict[str, Any]:
         turn2 = prompt + first["output_ids"] + _ids(64, 8)
         warm_s, cached = await _first_token_s(http, turn2)
         folder = str(srv.engine.folder)
+    lean = await _lean_vs_hf(model, threads, max_new // 2, repeats)
     return {
         "model": folder,
         "threads": threads,
@@ -97,6 +145,7 @@ async def run(quick: bool, model: str, threads: int) -> dict[str, Any]:
         "cached_first_token_s": warm_s,
         "cached_tokens": cached,
         "cache_speedup": cold_s / warm_s,
+        "lean": lean,
     }
 
 
@@ -131,14 +180,62 @@ def main(argv: list[str] | None = None) -> int:
         ],
         ("request", "first token", "cached tokens"),
     )
+    lean, hf = r["lean"]["lean"], r["lean"]["hf"]
+    print_table(
+        "lean forward vs transformers forward (same run, alternating)",
+        [
+            (
+                str(c),
+                f"{hf[c]['tokens_per_s']:.1f}",
+                f"{lean[c]['tokens_per_s']:.1f}",
+                f"{hf[c]['step_s'] * 1000:.2f} ms",
+                f"{lean[c]['step_s'] * 1000:.2f} ms",
+                f"{hf[c]['step_cpu_s'] * 1000:.2f} ms",
+                f"{lean[c]['step_cpu_s'] * 1000:.2f} ms",
+                f"{hf[c]['step_cpu_s'] / lean[c]['step_cpu_s']:.2f}x",
+            )
+            for c in sorted(lean)
+        ],
+        (
+            "requests",
+            "hf tok/s",
+            "lean tok/s",
+            "hf step",
+            "lean step",
+            "hf cpu",
+            "lean cpu",
+            "hf / lean cpu",
+        ),
+    )
     print(f"\nbatching ratio {r['ratio']:.2f}x (target >= {TARGET_RATIO}x); ", end="")
     print(f"cache speedup {r['cache_speedup']:.1f}x")
     path = write_result(
         NAME,
-        metrics={k: r[k] for k in ("tokens_per_s_16", "cached_first_token_s", "cached_tokens")},
-        baseline={k: r[k] for k in ("tokens_per_s_1", "cold_first_token_s")},
+        metrics={
+            **{k: r[k] for k in ("tokens_per_s_16", "cached_first_token_s", "cached_tokens")},
+            **{f"lean_tokens_per_s_{c}": v["tokens_per_s"] for c, v in lean.items()},
+            **{f"lean_step_s_{c}": v["step_s"] for c, v in lean.items()},
+            **{f"lean_step_cpu_s_{c}": v["step_cpu_s"] for c, v in lean.items()},
+        },
+        baseline={
+            **{k: r[k] for k in ("tokens_per_s_1", "cold_first_token_s")},
+            **{f"hf_tokens_per_s_{c}": v["tokens_per_s"] for c, v in hf.items()},
+            **{f"hf_step_s_{c}": v["step_s"] for c, v in hf.items()},
+            **{f"hf_step_cpu_s_{c}": v["step_cpu_s"] for c, v in hf.items()},
+        },
         targets={"batching_ratio": target(r["ratio"], TARGET_RATIO)},
-        ratios={"batching": r["ratio"], "prefix_cache_first_token": r["cache_speedup"]},
+        ratios={
+            "batching": r["ratio"],
+            "prefix_cache_first_token": r["cache_speedup"],
+            **{
+                f"lean_vs_hf_tokens_per_s_{c}": lean[c]["tokens_per_s"] / hf[c]["tokens_per_s"]
+                for c in sorted(lean)
+            },
+            **{
+                f"hf_vs_lean_step_cpu_{c}": hf[c]["step_cpu_s"] / lean[c]["step_cpu_s"]
+                for c in sorted(lean)
+            },
+        },
         quick=args.quick,
         out=args.out,
     )

@@ -51,6 +51,11 @@ class EngineConfig(HrlModel):
     """Weight version reported before the first update (a string, as in SGLang)."""
     threads: int = Field(0, ge=0, le=1024)
     """torch intra-op threads; 0 keeps torch's default (one per core)."""
+    lean_forward: bool = True
+    """Run Llama/Qwen2/Qwen3-shaped models through the engine's lean forward (plain torch ops
+    over the model's own weights, checked against the ``transformers`` forward at load; on
+    ``tiny-agent`` a forward costs 2-3x less CPU); other models, and ``--no-lean-forward``,
+    use the ``transformers`` forward (which cannot serve Llama models)."""
     dist_timeout_s: float = Field(300.0, gt=0, le=86_400)
     """Timeout of the distributed weight-update group (joining it and each broadcast)."""
     suites: list[str] = ["toy"]

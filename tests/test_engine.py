@@ -675,13 +675,14 @@ def test_cli_ready_line_and_sigterm(model_dir: Path) -> None:
     """``python -m proxy.engine_cmd`` prints the ready line with a free port, stops on SIGTERM."""
     import urllib.request
 
-    from proxy.engine_cmd import spawn_engine
+    from proxy.engine_cmd import READY_RE, spawn_engine
 
     proc, url = spawn_engine(["--model", str(model_dir), "--port", "0", "--threads", "1"])
     try:
         with urllib.request.urlopen(url + "/health", timeout=10) as r:
             assert r.status == 200
-        assert "weight_version 0" in proc.output_lines[0]
+        ready = [line for line in proc.output_lines if READY_RE.match(line)]
+        assert len(ready) == 1 and "weight_version 0" in ready[0], proc.output_lines
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0

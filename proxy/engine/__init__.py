@@ -3,8 +3,10 @@
 The proxy talks to every engine the same way (DESIGN §5), so this package reproduces the subset of
 SGLang's native API that harnessrl uses, on CPU (GPU runs use SGLang itself), for any Hugging Face
 causal LM with full attention whose attention goes through ``transformers``' attention interface
-(Qwen3, Qwen2, Llama, Mistral...; a start-up self-check refuses the others). It also holds the
-scripted toy teacher (``harnessrl engine --kind teacher``), which speaks the same API.
+(Qwen3, Qwen2...; a start-up self-check refuses the others), and for Llama/Qwen2/Qwen3-shaped
+models through the lean forward (plain torch ops; Llama models need it under ``transformers``
+5). It also holds the scripted toy teacher (``harnessrl engine --kind teacher``), which speaks
+the same API.
 
 Modules
 -------
@@ -13,6 +15,8 @@ Modules
   ``EngineStopped``);
 * ``cache``: the KV slot pool (``KVPool``) and the LRU prefix cache (``PrefixCache``);
 * ``attention``: the packed attention plugged into ``transformers``;
+* ``lean``: the lean forward (``LeanForward``), the model's step as torch ops over its own
+  parameters, for Llama/Qwen2/Qwen3-shaped decoders;
 * ``sampling``: ``truncate_logits`` and ``sample`` (and what the log-probs mean);
 * ``scheduler``: ``Request`` and ``Engine`` (model, KV, the scheduler thread; weight versions);
 * ``weights``: engine side of weight updates (reading a folder, joining a weight-update group,

@@ -40,7 +40,9 @@ class _PackedBatch:
     """One step's layout, passed to the attention function in place of the attention mask.
 
     The packed sequence holds first the decode rows (one token each, ordered by slot), then the
-    prefill segments. Each layer writes the new K/V into the pool, then attends.
+    prefill segments. Each layer writes the new K/V into the pool, then attends. The masks are
+    additive (0 / -inf), built once per step: SDPA would otherwise turn a boolean mask into
+    this very tensor in every layer.
     """
 
     def __init__(
@@ -49,6 +51,7 @@ class _PackedBatch:
         self.pool = pool
         self.nd = len(dec_slots)
         self.segs = segs
+        dtype = pool.dtype
         if self.nd:
             self.dec_slots = torch.tensor(dec_slots)
             self.dec_pos = torch.tensor(dec_pos)
@@ -62,30 +65,46 @@ class _PackedBatch:
                 mask = ar[None, :].expand(self.n_hi, -1) < 1
                 mask = mask.clone()
                 mask[self.dec_slots] = ar[None, :] <= self.dec_pos[:, None]
-            self.mask = mask[:, None, None, :]
+            self.mask = _additive(mask[:, None, None, :], dtype)
         self.seg_masks = [
             None
             if s.past == 0
-            else (torch.arange(s.past + s.n)[None, :] <= (s.past + torch.arange(s.n))[:, None])[
-                None, None
-            ]
+            else _additive(
+                (torch.arange(s.past + s.n)[None, :] <= (s.past + torch.arange(s.n))[:, None])[
+                    None, None
+                ],
+                dtype,
+            )
             for s in segs
         ]
 
     def attend(
         self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: Any
     ) -> torch.Tensor:
-        _, heads, total, dim = query.shape
+        """``transformers``' layout: ``[1, heads, tokens, dim]`` in, ``[1, tokens, heads, dim]``
+        out."""
+        rows = self.attend_rows(
+            layer, query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), scale
+        )
+        return rows.unsqueeze(0)
+
+    def attend_rows(
+        self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: Any
+    ) -> torch.Tensor:
+        """Write this step's K/V of layer ``layer`` into the pool and attend: ``query``
+        ``[tokens, heads, dim]``, ``key``/``value`` ``[tokens, kv_heads, dim]`` -> ``[tokens,
+        heads, dim]``."""
+        total, heads, dim = query.shape
         kv_heads = key.shape[1]
         groups = heads // kv_heads
         kp, vp = self.pool.kv[layer, 0], self.pool.kv[layer, 1]  # [slots, kv_heads, cap, dim]
-        out = query.new_empty(total, heads, dim)
         nd = self.nd
+        out = None
         if nd:
-            kp[self.dec_slots, :, self.dec_pos] = key[0, :, :nd].transpose(0, 1)
-            vp[self.dec_slots, :, self.dec_pos] = value[0, :, :nd].transpose(0, 1)
+            kp[self.dec_slots, :, self.dec_pos] = key[:nd]
+            vp[self.dec_slots, :, self.dec_pos] = value[:nd]
             # [nd, kv_heads, groups, dim]: the query heads sharing a KV head attend together.
-            q = query[0, :, :nd].transpose(0, 1).reshape(nd, kv_heads, groups, dim)
+            q = query[:nd].reshape(nd, kv_heads, groups, dim)
             if not self.dense:
                 full = q.new_zeros(self.n_hi, kv_heads, groups, dim)
                 full[self.dec_slots] = q
@@ -99,14 +118,19 @@ class _PackedBatch:
             )
             if not self.dense:
                 o = o[self.dec_slots]
+            if not self.segs:  # a decode-only step: the batch's output as it comes
+                return o.reshape(nd, heads, dim)
+            out = query.new_empty(total, heads, dim)
             out[:nd] = o.reshape(nd, heads, dim)
+        if out is None:
+            out = query.new_empty(total, heads, dim)
         for seg, mask in zip(self.segs, self.seg_masks, strict=True):
             a, b, p = seg.start, seg.start + seg.n, seg.past
-            kp[seg.slot, :, p : p + seg.n] = key[0, :, a:b]
-            vp[seg.slot, :, p : p + seg.n] = value[0, :, a:b]
+            kp[seg.slot, :, p : p + seg.n] = key[a:b].transpose(0, 1)
+            vp[seg.slot, :, p : p + seg.n] = value[a:b].transpose(0, 1)
             # 4-D inputs (a batch of one) reach torch's fused CPU kernels; 3-D ones do not.
             o = F.scaled_dot_product_attention(
-                query[:, :, a:b],
+                query[a:b].transpose(0, 1).unsqueeze(0),
                 kp[seg.slot : seg.slot + 1, :, : p + seg.n],
                 vp[seg.slot : seg.slot + 1, :, : p + seg.n],
                 attn_mask=mask,
@@ -115,7 +139,12 @@ class _PackedBatch:
                 enable_gqa=groups > 1,
             )
             out[a:b] = o[0].transpose(0, 1)
-        return out.unsqueeze(0)
+        return out
+
+
+def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask (True: attend) as SDPA's additive mask: 0 where True, -inf elsewhere."""
+    return torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, float("-inf"))
 
 
 def _packed_attention(

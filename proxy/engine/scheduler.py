@@ -8,7 +8,10 @@ admitted ones (at most ``prefill_chunk`` prompt tokens per step), samples every 
 fed tokens reached its end, and finishes the ones that stopped. KV lives in a slot pool
 (``proxy.engine.cache``); attention is plugged into ``transformers`` through its attention
 interface (``proxy.engine.attention``), and a start-up self-check compares the packed path with
-the model's own forward and refuses a model where they differ.
+the model's own forward and refuses a model where they differ. Llama/Qwen-shaped models run the
+step through the lean forward (``proxy.engine.lean``: the same ops without the module tree),
+checked the same way at load; a model it does not cover, or one where it differs, keeps the
+``transformers`` forward.
 
 Weight versions
 ---------------
@@ -43,6 +46,7 @@ from common.models import eos_token_ids, load_model, load_tokenizer, model_info,
 from proxy.config import EngineConfig
 from proxy.engine.attention import _ATTN_NAME, _PackedBatch, _register_attention, _Segment
 from proxy.engine.cache import KVPool, PrefixCache, _lcp
+from proxy.engine.lean import LeanForward
 from proxy.engine.requests import (
     BadRequest,
     EngineStopped,
@@ -55,6 +59,7 @@ from proxy.engine.sampling import sample
 log = logging.getLogger("harnessrl.engine")
 
 _DEFER_MIN_SHARED = 64  # tokens a waiting prompt must share with a running prefill to wait for it
+_LEAN_TOL = 1e-4  # fp32 logits: the lean forward runs HF's own ops, so only kernel noise remains
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,7 +147,12 @@ class Engine:
         self._counter = 0
         self._tps: collections.deque[tuple[float, int]] = collections.deque()
         self.steps = 0
+        self.step_cpu_s = 0.0
+        """CPU seconds of the scheduler thread in steps (other torch threads not included): on
+        a shared machine, a cost that waiting for a core does not inflate."""
         self.peak_batch = 0
+        self.lean: LeanForward | None = None
+        """The lean forward when it runs the model's steps (see ``_switch_attention``)."""
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -190,8 +200,12 @@ class Engine:
         return KVPool(layers, heads, dim, slots, self.model.dtype, self.max_context)
 
     def _switch_attention(self) -> None:
-        """Plug the packed attention in, and check it against the model's own forward on the
-        three paths a step takes: a first chunk, a chunk after cached KV, a decode row."""
+        """Plug the packed attention in, then the lean forward where the model allows, and
+        check each against the model's own forward on the three paths a step takes: a first
+        chunk, a chunk after cached KV, a decode row. The lean forward runs the steps when it
+        passes; otherwise the packed ``transformers`` path must pass (else the model is
+        refused). Llama-style models in ``transformers`` 5 build their own causal mask from
+        the one the engine passes, so only the lean forward can serve them."""
         ids = [(7 * i + 3) % self.vocab_size for i in range(9)]
         with torch.no_grad():
             ref = self.model(input_ids=torch.tensor([ids])).logits[0, [4, 7, 8]].float()
@@ -199,6 +213,33 @@ class Engine:
         self.model.set_attn_implementation(_ATTN_NAME)
         if self.model.config._attn_implementation != _ATTN_NAME:
             raise ValueError(f"{type(self.model).__name__} cannot use a custom attention")
+        tol = _LEAN_TOL if self.model.dtype == torch.float32 else 0.5
+        self.lean = None
+        err = self._check_steps(ids, ref)
+        if self.cfg.lean_forward:
+            self.lean = LeanForward.build(self.model)
+        if self.lean is not None:
+            lean_err = self._check_steps(ids, ref)
+            if lean_err <= tol:
+                log.info(
+                    "lean forward on (%s, off by %.2g from its forward; transformers path: %.2g)",
+                    type(self.model).__name__,
+                    lean_err,
+                    err,
+                )
+                return
+            log.warning(
+                "lean forward differs from the model's forward by %.3g; using the transformers "
+                "forward",
+                lean_err,
+            )
+            self.lean = None
+        if not err <= (1e-3 if self.model.dtype == torch.float32 else 0.5):
+            raise ValueError(f"packed attention differs from the model's forward by {err:.3g}")
+
+    def _check_steps(self, ids: list[int], ref: torch.Tensor) -> float:
+        """Largest |logit difference| from ``ref`` of the current forward path over a first
+        chunk ``ids[:5]``, a chunk ``ids[5:8]`` after cached KV and a decode row ``ids[8]``."""
         self.pool = self._new_pool(1)
         with torch.no_grad():
             got = [
@@ -206,10 +247,7 @@ class Engine:
                 self._run_packed(ids[5:8], [], [], [_Segment(0, 3, 0, 5)], [2]),
                 self._run_packed(ids[8:9], [0], [8], [], [0]),
             ]
-        tol = 1e-3 if self.model.dtype == torch.float32 else 0.5
-        err = float((torch.cat(got).float() - ref).abs().max())
-        if not err <= tol:
-            raise ValueError(f"packed attention differs from the model's forward by {err:.3g}")
+        return float((torch.cat(got).float() - ref).abs().max())
 
     def _run_packed(
         self,
@@ -222,6 +260,10 @@ class Engine:
         """One packed forward (decode rows first, then segments); logits of rows ``keep``."""
         pos = list(dec_pos) + [s.past + j for s in segs for j in range(s.n)]
         batch = _PackedBatch(self.pool, dec_slots, dec_pos, segs)
+        if self.lean is not None:
+            return self.lean(
+                torch.tensor(ids), torch.tensor(pos), batch, torch.tensor(keep), max(pos) + 1
+            )
         out = self.model(
             input_ids=torch.tensor([ids]),
             position_ids=torch.tensor([pos]),
@@ -353,7 +395,9 @@ class Engine:
     # -- scheduler thread ------------------------------------------------------------------
 
     def _run(self) -> None:
-        with torch.no_grad():
+        # inference_mode, not no_grad: no version counters or autograd metadata on the step's
+        # tensors (cheaper dispatch). Every tensor it creates stays in this thread.
+        with torch.inference_mode():
             while True:
                 with self._cv:
                     while not (
@@ -385,7 +429,7 @@ class Engine:
                 M_RUNNING.set(len(self.active))
 
     def _step(self) -> None:
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         self._admit()
         plan = self._plan()
         if not plan:
@@ -394,6 +438,7 @@ class Engine:
         n_tokens = self._advance(sampled)
         self._compact()
         self.steps += 1
+        self.step_cpu_s += time.thread_time() - cpu0
         now = time.perf_counter()
         M_STEP.observe(now - t0)
         self._tps.append((now, n_tokens))
@@ -611,6 +656,12 @@ class Engine:
             self._do_abort(None, True, "aborted for a weight update")
         for name, t in named:
             self._params[name].copy_(t)
+        if self.lean is not None:
+            try:
+                self.lean.refresh()
+            except RuntimeError:  # the HF parameters hold the new weights: fuse them again
+                log.warning("lean forward lost its weights' storage; rebuilding it")
+                self.lean = LeanForward(self.model)
         self.cache.clear()
         if version is None and src == "disk" and self.version.isdigit():
             version = str(int(self.version) + 1)
