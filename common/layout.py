@@ -270,14 +270,19 @@ class SummaryLine(RunLine, kw_only=True):
     message: str = ""
     elapsed_s: float = 0.0
     version: int = 0
+    """The learner's committed version (a step logged after it was rolled back by a crash)."""
     steps: int = 0
     engine_versions: dict[str, str] = {}
     samples_trained: int = 0
+    """Rollouts trained in the committed lineage (the ledger's count)."""
     issued: int = 0
     results: dict[str, int] = {}
     members_with_result: int = 0
     samples: int = 0
+    """Assembled rollouts that became a sample, each once (from the committed ledger and the
+    samples still stored; the assembler's counters when those could not be read)."""
     tombstones: dict[str, int] = {}
+    """Assembled rollouts that became a tombstone, by reason (counted like ``samples``)."""
     assembled: int = 0
     """RolloutResults the assembler settled (from its durable consumer on ROLLOUTS)."""
     unaccounted: int = 0

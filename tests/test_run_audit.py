@@ -9,11 +9,13 @@ restarting it; then a *fresh* monitor (a resumed ``harnessrl run``) writes the s
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from types import SimpleNamespace
 
 from common.bus import Bus, connect
-from common.records import RolloutResult, TaskRequest
+from common.layout import CLIENT_STATE, LATEST, LearnerState
+from common.records import RolloutResult, TaskRequest, TreeSample
 from common.run.dashboard import Monitor
 from common.run.run import Run
 from learner.assembler import Assembler
@@ -46,6 +48,14 @@ async def assemble_for(bus: Bus, seconds: float) -> None:
     await asyncio.gather(t, return_exceptions=True)
 
 
+def commit(ckpt, state: LearnerState) -> None:
+    """A learner commit as ``learner/checkpoint.py`` lays it out (the client state alone)."""
+    tag = f"step-{state.version}"
+    (ckpt / tag).mkdir(parents=True)
+    (ckpt / tag / CLIENT_STATE).write_text(json.dumps({"client_state": state.to_json()}))
+    (ckpt / LATEST).write_text(tag)
+
+
 async def summarise(nats_url: str, run: str, run_dir) -> object:
     """What a freshly (re)started ``harnessrl run`` writes as its summary at the end."""
     monitor = Monitor(run, run_dir, steps=1)
@@ -53,7 +63,10 @@ async def summarise(nats_url: str, run: str, run_dir) -> object:
     sup = Run.__new__(Run)  # the summary's parts of a Run, without starting processes
     sup.monitor, sup.cfg, sup.time_limited = monitor, SimpleNamespace(steps=1), False
     sup.sup, sup.events, sup.view = SimpleNamespace(children={}), [], None
-    sup.paths = SimpleNamespace(supervisor_log=run_dir / "supervisor.log")
+    sup.paths = SimpleNamespace(
+        supervisor_log=run_dir / "supervisor.log", checkpoints=run_dir / "checkpoints"
+    )
+    sup.plan = SimpleNamespace(sections={"learner": {}})
     try:
         await sup._final_tick()
     finally:
@@ -109,3 +122,61 @@ async def test_unaccounted_is_exact_across_restarts(nats_url: str, run_name: str
         assert (s.issued, s.pending, s.unaccounted) == (8, 3, 1)
     finally:
         await bus.close()
+
+
+def test_summary_reports_the_committed_version_and_trained_rollouts(tmp_path) -> None:
+    """A learner SIGKILLed after logging a step but before committing it: the summary's
+    version and trained rollouts are the committed ones (what a restart resumes from and what
+    the engines serve), not the rolled-back step's; with no commit at all, version 0."""
+    learner = tmp_path / "learner.jsonl"
+    steps = [("start", 0, 0), ("step", 1, 2), ("step", 2, 2)]  # step 2 is never committed
+    learner.write_text(
+        "".join(json.dumps({"event": e, "version": v, "samples": n}) + "\n" for e, v, n in steps)
+    )
+    monitor = Monitor("r", tmp_path, steps=3, learner_metrics=learner)
+    monitor.copy_learner_lines()
+    sup = Run.__new__(Run)
+    sup.monitor, sup.cfg, sup.time_limited = monitor, SimpleNamespace(steps=3), False
+    sup.sup, sup.events, sup.view = SimpleNamespace(children={}), [], None
+    ckpt = tmp_path / "checkpoints"
+    sup.paths = SimpleNamespace(supervisor_log=tmp_path / "supervisor.log", checkpoints=ckpt)
+    sup.plan = SimpleNamespace(sections={"learner": {}})
+    s = sup.summary(None, 1.0, [])
+    assert (s.version, s.samples_trained) == (0, 0)  # died before its first commit
+
+    commit(
+        ckpt, LearnerState(version=1, ledger={"trained": {"g-0-1": 1, "g-1-1": 1}, "n_trained": 2})
+    )
+    s = sup.summary(None, 1.0, [])
+    assert (s.version, s.samples_trained) == (1, 2)
+
+    sup.plan = SimpleNamespace(sections={"learner": {"checkpoint_every": 0}})  # never commits
+    s = sup.summary(None, 1.0, [])
+    assert (s.version, s.samples_trained) == (2, 4)
+
+
+async def test_summary_counts_what_was_assembled_from_the_ledger_and_stream(
+    nats_url: str, run_name: str, tmp_path
+) -> None:
+    """Samples and tombstones in the summary are counted per rollout id from the committed
+    ledger and the samples still stored, not from assembler counters (a restarted assembler
+    counts a redelivered result twice; a resumed supervisor never saw the first part)."""
+    ledger = {
+        "trained": {"g-0-1": 1, "g-1-1": 1},
+        "dropped": {"h-0-1": "tombstone:timeout", "h-1-1": "stale", "g-0-2": "duplicate_attempt"},
+        "n_trained": 2,
+    }
+    commit(tmp_path / "checkpoints", LearnerState(version=1, ledger=ledger))
+    stored = [
+        TreeSample(rollout_id="g-0-1", group_id="g", k=0),  # committed, its ack not yet sent
+        TreeSample(rollout_id="i-0-1", group_id="i", k=0),  # not consumed yet
+        TreeSample(rollout_id="i-1-1", group_id="i", k=1, dropped_reason="sandbox_error"),
+    ]
+    bus = await connect(nats_url, run_name)
+    try:
+        for sample in stored:
+            await bus.publish(bus.subjects.samples, sample)
+    finally:
+        await bus.close()
+    s = await summarise(nats_url, run_name, tmp_path)
+    assert s.samples == 5 and s.tombstones == {"timeout": 1, "sandbox_error": 1}, s

@@ -11,6 +11,13 @@ dead-letters the task, and the work queue keeps a task until then):
 * **dead-lettered without a result** — on ``hrl.<run>.dead.tasks`` (poison, unusable identity);
 * otherwise it is **unaccounted** for: a task settled without a result anywhere, i.e. lost.
 
+What the assembler made of the results (``outcomes``: samples, tombstones by reason) is counted
+per rollout id from the learner's committed ledger (a tombstone is dropped there as
+``tombstone:<reason>``; everything else it holds was a sample), the samples still stored on
+``SAMPLES`` and the results dead-lettered by the assembler, never from the assembler's counters
+(a redelivered result is assembled again by a restarted assembler, increments since the last
+scrape die with a killed one, and a resumed supervisor never saw the first part of the run).
+
 Everything comes from durable state (streams and the assembler's durable consumer), never from
 a process's counters, which reset when it restarts and which a restarted supervisor never saw:
 restarts of actors, the assembler, the learner or ``harnessrl run`` itself cannot make a
@@ -24,6 +31,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +60,9 @@ class Accounting:
     exact: bool = True
     """Whether every stored result was read before counting (else ``unaccounted`` may be
     too high)."""
+    outcomes: dict[str, int] | None = None
+    """Assembled rollouts by outcome (``sample``, a tombstone's reason, ``dead_letter``), each
+    rollout id once (see the module docstring); None when no ledger was given."""
 
     @property
     def unaccounted(self) -> int:
@@ -76,9 +87,11 @@ async def audit(
     results_read: Callable[[], int],
     *,
     catch_up_s: float = 10.0,
+    ledger: dict[str, Any] | None = None,
 ) -> Accounting:
     """Count where every issued rollout is. ``members``: members with a RolloutResult, from
-    the monitor's reading of ROLLOUTS; ``results_read()``: the last stream sequence it read.
+    the monitor's reading of ROLLOUTS; ``results_read()``: the last stream sequence it read;
+    ``ledger``: the learner's committed ledger (``LearnerState.ledger``), for ``outcomes``.
     Reads are ordered so that nothing settled meanwhile is missed: TASKS first, then ROLLOUTS
     (a result is stored before its task is settled), then the dead letters."""
     from common.records import DeadLetter
@@ -113,4 +126,31 @@ async def audit(
     with contextlib.suppress(Exception):  # no assembler consumer yet: nothing assembled
         ci = await js.consumer_info(subj.stream("ROLLOUTS"), "assembler")
         acc.assembled = int(ci.delivered.stream_seq) - int(ci.num_ack_pending)
+    if ledger is not None:
+        acc.outcomes = await assembled_outcomes(bus, ledger)
     return acc
+
+
+async def assembled_outcomes(bus: Any, ledger: dict[str, Any]) -> dict[str, int]:
+    """Assembled rollouts by outcome, each rollout id once (see the module docstring). The
+    SAMPLES stream is read before the ledger's copy is trusted: a sample trained but not yet
+    committed is still stored (acks follow commits), so none is missed."""
+    from common.records import DeadLetter, RecordDecodeError, TreeSample, decode
+
+    subj = bus.subjects
+    kinds: dict[str, str] = {}
+    for _, data in await bus.stored(subj.samples):
+        try:
+            s = decode(data, TreeSample)
+        except RecordDecodeError:
+            continue  # the learner dead-letters it; not an assembled rollout we can name
+        kinds[s.rollout_id] = s.dropped_reason if s.is_tombstone else "sample"
+    for rid in ledger.get("trained", {}):
+        kinds[rid] = "sample"
+    for rid, why in ledger.get("dropped", {}).items():
+        kinds[rid] = why.removeprefix("tombstone:") if why.startswith("tombstone:") else "sample"
+    out = Counter(kinds.values())
+    for dl in await bus.read_subject(subj.dead("ROLLOUTS"), DeadLetter):
+        if dl.stream == subj.stream("ROLLOUTS"):
+            out["dead_letter"] += 1
+    return dict(out)

@@ -407,13 +407,17 @@ class Monitor:
         queues_empty = all(st.queues.get(q) == 0 for q in ("tasks", "results"))
         return actors_read and queues_empty and st.in_flight == 0
 
-    async def audit(self, catch_up_s: float = 10.0) -> Any:
-        """Where every issued rollout is, from the streams (``common.run.audit``); kept in
-        ``accounting``."""
+    async def audit(self, catch_up_s: float = 10.0, ledger: dict[str, Any] | None = None) -> Any:
+        """Where every issued rollout is, from the streams (``common.run.audit``; with the
+        learner's committed ``ledger``, what was assembled too); kept in ``accounting``."""
         from common.run.audit import audit
 
         self.accounting = await audit(
-            self.bus, self.members, lambda: self.results_read, catch_up_s=catch_up_s
+            self.bus,
+            self.members,
+            lambda: self.results_read,
+            catch_up_s=catch_up_s,
+            ledger=ledger,
         )
         return self.accounting
 

@@ -176,6 +176,8 @@ class Run:
                             await self.drain()
                 except ChildFailed as e:
                     outcome = Outcome("fatal", str(e))
+                # the accounting is of the run's end: nothing moves a rollout after it
+                await asyncio.to_thread(self.stop_movers)
                 await self._final_tick()
                 self.view = None
         finally:
@@ -395,24 +397,37 @@ class Run:
             with contextlib.suppress(Exception):
                 await self.monitor.tick()
             self.monitor.write_line(self.monitor.rollup(self.status()))
+            committed = self.committed()
+            ledger = committed.ledger if committed is not None else None
             try:  # while the bus is still up: the summary's accounting
-                await self.monitor.audit()
+                await self.monitor.audit(ledger=ledger)
             except Exception as e:
                 self._event(f"accounting from the streams failed: {e!r}")
 
-    def stop_all(self) -> None:
+    def tiers(self) -> list[list[str]]:
+        """Children by stop order: consumers before what they need (the bus last)."""
         names = {
             r: [n for n, c in self.sup.children.items() if c.spec.role == r]
             for r in ("actor", "learner", "assembler", "weights_sync", "engine", "nats")
         }
-        tiers = [
+        return [
             names["actor"],
             names["learner"],
             names["assembler"] + names["weights_sync"],
             names["engine"],
             names["nats"],
         ]
-        self.sup.stop_all(tiers)
+
+    def stop_movers(self) -> None:
+        """Stop what issues, runs, assembles or trains rollouts (actors, learner, assembler,
+        updaters; the learner commits), keeping the bus and the engines up for the summary: its
+        counts are then the run's final state, also when a death or a signal ended it."""
+        for tier in self.tiers()[:3]:
+            if tier:
+                self.sup.stop(tier)
+
+    def stop_all(self) -> None:
+        self.sup.stop_all(self.tiers())
 
     # -- views and records ------------------------------------------------------------------
 
@@ -451,20 +466,25 @@ class Run:
         audited = acc is not None
         acc = acc or Accounting(issued=st.issued, exact=False)
         steps = sorted(st.reward_train.items())
+        committed = self.committed()
+        # what was assembled: durable counts when the ledger was read, else the counters
+        outcomes = acc.outcomes if acc.outcomes is not None else st.outcomes
         return SummaryLine(
             outcome=outcome.kind if outcome else "error",
             time_limited=self.time_limited,
             message=(outcome.message if outcome else "").split("\n", 1)[0],
             elapsed_s=round(elapsed, 1),
-            version=st.version,
+            version=committed.version if committed else st.version,
             steps=self.cfg.steps,
             engine_versions=st.engine_versions,
-            samples_trained=st.samples_trained,
+            samples_trained=(
+                int(committed.ledger.get("n_trained", 0)) if committed else st.samples_trained
+            ),
             issued=acc.issued,
             results=st.results,
             members_with_result=len(self.monitor.members),
-            samples=int(st.outcomes.get("sample", 0)),
-            tombstones={k: int(v) for k, v in st.tombstones.items()},
+            samples=int(outcomes.get("sample", 0)),
+            tombstones={k: int(v) for k, v in outcomes.items() if k != "sample"},
             assembled=acc.assembled,
             unaccounted=acc.unaccounted if audited else 0,
             pending=acc.pending,
@@ -478,6 +498,21 @@ class Run:
             restarts={c.name: c.restarts for c in st.children if c.restarts},
             leftover_pids=leftovers,
         )
+
+    def committed(self) -> Any:
+        """The learner's committed state (``common.layout.LearnerState``; version 0 before its
+        first commit): the version a restart resumes from and the engines serve, whatever
+        steps were logged after it and rolled back by a crash. None when the learner never
+        commits (``checkpoint_every = 0``) or the checkpoint cannot be read."""
+        from common.layout import LearnerState, read_learner_state
+
+        if self.plan.sections.get("learner", {}).get("checkpoint_every", 1) == 0:
+            return None
+        try:
+            return read_learner_state(self.paths.checkpoints) or LearnerState()
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            self._event(f"reading the learner's checkpoint failed: {e!r}")
+            return None
 
     def print_summary(self, s: SummaryLine, plot: Path | None) -> None:
         p = self.out
