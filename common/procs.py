@@ -23,6 +23,13 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
             pass
 
 
+def die_with_parent() -> None:
+    """Have Linux send this process SIGTERM when its parent dies. For a launcher's ranks:
+    torchrun starts each in a session of its own, out of reach of a process-group kill of the
+    launcher, so a SIGKILLed launcher would otherwise leave its ranks running."""
+    _die_with_parent()
+
+
 def popen_child(argv: list[str], *, new_session: bool = False, **kwargs: Any) -> subprocess.Popen:
     """``subprocess.Popen`` whose child gets SIGTERM if this process dies (Linux PDEATHSIG).
 

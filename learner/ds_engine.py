@@ -5,14 +5,19 @@ through forward/backward in micro-batches of ``micro_batch_rows`` and their grad
 accumulate (DeepSpeed's accumulation boundary is set by hand on the last micro-batch, so a step
 may hold any number of micro-batches). Loss normalisation weights are computed for the whole step
 first, so the accumulated gradient is the gradient of the step's loss however rows were split.
-With several data-parallel ranks each rank normalises over its own rows and DeepSpeed averages
-the ranks' gradients (a mean of per-rank means).
+
+With N data-parallel ranks (``learner.fleet``) rank 0 computes those weights over the whole
+step, splits the rows over the ranks (each row to exactly one rank) and every rank back-props
+N times its share of the step's loss: DeepSpeed's mean of the ranks' gradients is then exactly
+the gradient of the step's loss, as on one rank. Sequence-level IS weights are summed over the
+ranks (a rollout's rows may sit on two ranks). ``logprobs``, the broadcast gather (ZeRO-3) and
+checkpoint save/load run on every rank the same way; rank 0 alone commits.
 
 Processes: single process on CPU uses gloo (``DS_ACCELERATOR=cpu``; DeepSpeed's shared-memory
 allreduce op is skipped for one rank, so no C++ compiler is needed; several CPU ranks compile it
 on their machine's first ``init_distributed``, ~35-70 s, cached in
 ``~/.cache/torch_extensions``); on GPU NCCL, one process per GPU under a launcher that sets
-``RANK``/``WORLD_SIZE``/``LOCAL_RANK``. Missing rendezvous variables are filled for a single
+``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` (torchrun, deepspeed). Missing rendezvous variables are filled for a single
 process (free port on loopback). deepspeed is imported lazily: importing this module is cheap.
 
 Checkpoints are atomic: DeepSpeed state and ``client_state.json`` are written under
@@ -22,6 +27,8 @@ Checkpoints are atomic: DeepSpeed state and ``client_state.json`` are written un
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import json
 import math
 import os
@@ -37,6 +44,7 @@ from pydantic import Field
 
 from common.config import HrlModel
 from common.files import atomic_write, free_port
+from learner.fleet import Fleet, shard_rows
 from learner.losses import (
     LossConfig,
     LossStats,
@@ -84,6 +92,11 @@ class DeepSpeedConfig(HrlModel):
     """Sampling temperature of the engines; log-probs are of ``softmax(logits / T)``."""
     seed: int = 0
     """Seed for value-head init and anything random in the learner."""
+    rank_timeout_s: float = Field(600.0, ge=5.0, le=86_400.0)
+    """With several learner ranks: how long a collective may wait for another rank before the
+    fleet gives up and exits (a dead rank is noticed at once, a hung one after this). Must
+    exceed the longest time rank 0 spends between commands outside of idle waits (a step's
+    skew between ranks, publishing one broadcast)."""
 
 
 def lr_at(cfg: DeepSpeedConfig, step: int) -> float:
@@ -98,8 +111,9 @@ def lr_at(cfg: DeepSpeedConfig, step: int) -> float:
     return floor + (cfg.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * t))
 
 
-def init_distributed() -> None:
-    """Initialise torch.distributed for DeepSpeed once (gloo on CPU, NCCL on CUDA)."""
+def init_distributed(timeout_s: float = 600.0) -> None:
+    """Initialise torch.distributed for DeepSpeed once (gloo on CPU, NCCL on CUDA); its
+    collectives give up after ``timeout_s``."""
     cuda = torch.cuda.is_available()
     if not cuda:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed picks an accelerator
@@ -119,7 +133,11 @@ def init_distributed() -> None:
         # (a C++ toolchain, which the learner image lacks, and 35-70 s on a fresh machine)
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.utils.logger.setLevel("WARNING")
-    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", verbose=False)
+    deepspeed.init_distributed(
+        dist_backend="nccl" if cuda else "gloo",
+        verbose=False,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
 
 
 def ds_config(cfg: DeepSpeedConfig) -> dict[str, Any]:
@@ -147,7 +165,7 @@ class LearnerEngine:
     ):
         self.cfg = config or DeepSpeedConfig()
         self.loss_cfg = loss or LossConfig()
-        init_distributed()
+        init_distributed(self.cfg.rank_timeout_s)
         import deepspeed
 
         cuda = torch.cuda.is_available()
@@ -184,6 +202,15 @@ class LearnerEngine:
         self.dtype = torch.bfloat16 if self.cfg.dtype == "bfloat16" else torch.float32
         if self.reference is not None:
             self.reference.to(self.device, self.dtype)
+        self.fleet: Fleet | None = None
+        if torch.distributed.get_world_size() > 1:
+            self.fleet = Fleet(self.cfg.rank_timeout_s)
+        self.last_split: list[np.ndarray] = []
+        """Scored tokens per sample that each rank trained in the last step (rank 0)."""
+        self.record_grads = False
+        """Debug (set on every rank): keep the last step's full gradient in ``last_grads``
+        on rank 0 (a gather of every gradient under ZeRO-3)."""
+        self.last_grads: dict[str, torch.Tensor] = {}
 
     @property
     def policy(self) -> Policy:
@@ -194,7 +221,7 @@ class LearnerEngine:
         """Optimiser steps taken (restored by ``load_checkpoint``)."""
         return int(self.engine.global_steps)
 
-    # ------------------------------------------------------------------ training
+    # ------------------------------------------------------------------ micro-batches
 
     def _batches(self, rows: Sequence[PackedRow]) -> list[list[int]]:
         n = self.cfg.micro_batch_rows
@@ -203,15 +230,80 @@ class LearnerEngine:
     def _collate(self, rows: Sequence[PackedRow]) -> Any:
         return collate(rows, device=self.device, dtype=self.dtype, flex=self.flex)
 
+    # ------------------------------------------------------------------ the fleet
+
+    @property
+    def world(self) -> int:
+        """Data-parallel ranks (1 without a fleet)."""
+        return self.fleet.world if self.fleet is not None else 1
+
+    def _on_all(self, op: str, args: list[tuple[Any, ...]]) -> list[Any]:
+        """Run ``_op_<op>`` with ``args[r]`` on every rank r; each rank's result."""
+        if self.fleet is None:
+            return [self._run(op, *args[0])]
+        return self.fleet.call(op, args, self._run)
+
+    def _run(self, op: str, *args: Any) -> Any:
+        return getattr(self, f"_op_{op}")(*args)
+
+    def follow(self) -> None:
+        """Ranks > 0: do rank 0's part-commands until it stops (see ``learner.fleet``)."""
+        if self.fleet is None or self.fleet.rank == 0:
+            raise RuntimeError("follow() is for learner ranks other than 0")
+        self.fleet.serve(self._run)
+
+    def keepalive(self) -> None:
+        """Rank 0 while waiting for data: keep idle followers from timing out, notice a dead
+        one (raises ``FleetBroken``)."""
+        if self.fleet is not None:
+            self.fleet.keepalive(self._run)
+
+    def close(self) -> None:
+        """Rank 0 at exit: let the other ranks return from ``follow``."""
+        if self.fleet is not None and self.fleet.rank == 0:
+            self.fleet.stop()
+
+    def _op_ping(self) -> None:
+        return None
+
+    def _shards(self, rows: list[PackedRow], *per_row: Sequence[Any] | None) -> list[tuple]:
+        """Each rank's ``(rows, n_real, *per_row slices)``; ranks short of rows get padding
+        rows (loss mask 0, so they add nothing) so that every rank runs as many micro-batches."""
+        parts = shard_rows(len(rows), self.world)
+        width = max(len(p) for p in parts)
+        out = []
+        for idx in parts:
+            pad = width - len(idx)
+            mine = [rows[i] for i in idx] + [_padding_row(rows[0])] * pad
+            extra = []
+            for values in per_row:
+                if values is None:
+                    extra.append(None)
+                    continue
+                fill = [np.zeros(len(rows[0].target_ids), np.asarray(values[0]).dtype)] * pad
+                extra.append([values[i] for i in idx] + fill)
+            out.append((mine, len(idx), *extra))
+        return out
+
+    # ------------------------------------------------------------------ training
+
     @torch.no_grad()
     def logprobs(self, rows: Sequence[PackedRow]) -> list[np.ndarray]:
         """Per-row target log-probs of the current weights (no grad): pi_old, or a check."""
+        rows = list(rows)
+        if self.fleet is None:
+            return self._op_logprobs(rows, len(rows))
+        parts = self._on_all("logprobs", self._shards(rows))
+        return [lp for part in parts for lp in part]
+
+    @torch.no_grad()
+    def _op_logprobs(self, rows: list[PackedRow], n_real: int) -> list[np.ndarray]:
         out = []
         for idx in self._batches(rows):
             chunk = [rows[i] for i in idx]
             lp = self.engine(**self._collate(chunk).model_inputs()).logprobs.float().cpu().numpy()
             out.extend(np.split(lp, np.cumsum([len(r.target_ids) for r in chunk])[:-1]))
-        return out
+        return out[:n_real]
 
     def train_step(
         self, rows: Sequence[PackedRow], old_logp: Sequence[np.ndarray] | None = None
@@ -221,27 +313,75 @@ class LearnerEngine:
         ``old_logp`` (per row, from ``logprobs`` before earlier updates on the same data) is
         pi_old; by default it is the current policy (one step per batch), except that
         sequence-level IS weights need it for the whole step first, so a no-grad pass runs.
+        With a fleet, rank 0 calls this with the whole step; the rows are split over the ranks.
         """
         t0 = time.perf_counter()
         rows = list(rows)
         if not rows:
             raise ValueError("train_step needs at least one row")
+        mask = np.concatenate([r.loss_mask for r in rows])
+        index = np.concatenate([r.sample_index for r in rows])
+        splits = np.cumsum([len(r.target_ids) for r in rows])[:-1]
+        nw_rows = np.split(norm_weights(index, mask, self.loss_cfg.norm), splits)
+        n_samples = int(index.max()) + 1 if len(index) else 0
+        shards = self._shards(rows, nw_rows, old_logp)
+        parts = self._on_all("train", [(*s, n_samples) for s in shards])
+        self.last_split = [p["scored"] for p in parts]
+        stats = [st for p in parts for st in p["stats"]]
+        m0 = parts[0]
+        dt = time.perf_counter() - t0
+        tokens = sum(p["tokens"] for p in parts)
+        metrics = summarize(stats)
+        metrics.update(
+            {
+                "grad_norm": m0["grad_norm"],
+                "step": float(self.global_steps),
+                "step_time_s": dt,
+                "tokens_computed": float(tokens),
+                "tokens_per_s": tokens / dt,
+                "micro_batches": float(sum(p["micro"] for p in parts)),
+                "policy_weight": m0["policy_weight"],
+                "lr": m0["lr"],
+            }
+        )
+        if self.fleet is not None:
+            metrics["ranks"] = float(self.world)
+        return metrics
+
+    def _op_train(
+        self,
+        rows: list[PackedRow],
+        n_real: int,
+        nw_rows: list[np.ndarray],
+        old_logp: list[np.ndarray] | None,
+        n_samples: int,
+    ) -> dict[str, Any]:
+        """This rank's part of a step: forward/backward over its rows, then the (collective)
+        optimiser step. ``nw_rows`` are normalised over the whole step, on every rank."""
         cfg = self.loss_cfg
         mask = np.concatenate([r.loss_mask for r in rows])
         index = np.concatenate([r.sample_index for r in rows])
         splits = np.cumsum([len(r.target_ids) for r in rows])[:-1]
-        nw_rows = np.split(norm_weights(index, mask, cfg.norm), splits)
         seq_is = cfg.algo != "sft" and cfg.is_level == "sequence" and cfg.is_mode != "none"
         if seq_is and old_logp is None:
-            old_logp = self.logprobs(rows)
+            old_logp = self._op_logprobs(rows, len(rows))
         is_rows: list[Any] = [None] * len(rows)
         if seq_is:
             log_w = torch.from_numpy(
                 np.concatenate(old_logp) - np.concatenate([r.rollout_logp for r in rows])
             )
-            seq = sequence_log_weights(log_w, torch.from_numpy(mask), torch.from_numpy(index))
+            reduce = self.fleet.all_reduce_sum if self.fleet is not None else None
+            seq = sequence_log_weights(
+                log_w,
+                torch.from_numpy(mask),
+                torch.from_numpy(index),
+                n=n_samples,
+                reduce=reduce,
+            )
             is_rows = np.split(seq.numpy(), splits)
         policy_weight = 0.0 if self.global_steps < cfg.critic_warmup_steps else 1.0
+        # DeepSpeed averages the ranks' gradients; each rank holds its share of the step's sum
+        scale = float(self.world)
 
         stats: list[LossStats] = []
         micro = self._batches(rows)
@@ -280,31 +420,41 @@ class LearnerEngine:
                     sample_index=batch.sample_index,
                     policy_weight=policy_weight,
                 )
-            self.engine.backward(loss, scale_wrt_gas=False)
-            stats.append(st)
+            self.engine.backward(loss * scale if scale != 1.0 else loss, scale_wrt_gas=False)
+            if idx[0] < n_real:
+                stats.append(st)
         before = self._grad_norm_before_step()
+        if self.record_grads:
+            self._record_grads()
         lr = lr_at(self.cfg, self.global_steps)
         for group in self.engine.optimizer.param_groups:
             group["lr"] = lr
         self.engine.step()
         gn = self.engine.get_global_grad_norm()  # None where DeepSpeed keeps no norm (ZeRO-0)
-        grad_norm = float(gn) if gn is not None else before
-        dt = time.perf_counter() - t0
-        tokens = sum(r.n_tokens for r in rows)
-        metrics = summarize(stats)
-        metrics.update(
-            {
-                "grad_norm": grad_norm,
-                "step": float(self.global_steps),
-                "step_time_s": dt,
-                "tokens_computed": float(tokens),
-                "tokens_per_s": tokens / dt,
-                "micro_batches": float(len(micro)),
-                "policy_weight": policy_weight,
-                "lr": lr,
-            }
+        real = rows[:n_real]
+        scored = np.bincount(
+            np.concatenate([r.sample_index for r in real]) if real else np.zeros(0, np.int64),
+            weights=np.concatenate([r.loss_mask for r in real]) if real else None,
+            minlength=n_samples,
         )
-        return metrics
+        return {
+            "stats": stats,
+            "grad_norm": float(gn) if gn is not None else before,
+            "micro": len(micro),
+            "tokens": sum(r.n_tokens for r in real),
+            "scored": scored,
+            "policy_weight": policy_weight,
+            "lr": lr,
+        }
+
+    def _record_grads(self) -> None:
+        from deepspeed.utils import safe_get_full_grad
+
+        grads = {n: safe_get_full_grad(p) for n, p in self.policy.named_parameters()}
+        if self.fleet is None or self.fleet.rank == 0:
+            self.last_grads = {
+                n: g.detach().float().cpu().clone() for n, g in grads.items() if g is not None
+            }
 
     def _grad_norm_before_step(self) -> float:
         """Pre-clip norm of the whole grads ZeRO-0 keeps on the params (NaN for other stages)."""
@@ -323,15 +473,24 @@ class LearnerEngine:
         self, dtype: torch.dtype | None = None, *, dedupe_tied: bool = True
     ) -> dict[str, torch.Tensor]:
         """Full LM weights on CPU under Hugging Face names (no value head), gathered from
-        ZeRO-3 shards when needed. ``dedupe_tied`` drops names that share storage with an
-        earlier one (tied embeddings: the receiver ties them again)."""
+        ZeRO-3 shards when needed (every rank enters the gather; rank 0 gets the weights).
+        ``dedupe_tied`` drops names that share storage with an earlier one (tied embeddings:
+        the receiver ties them again)."""
+        if self.fleet is not None and self.cfg.zero_stage == 3:
+            return self._on_all("gather", [(dtype, dedupe_tied)] * self.world)[0]
+        return self._op_gather(dtype, dedupe_tied)
+
+    def _op_gather(self, dtype: torch.dtype | None, dedupe_tied: bool) -> Any:
         import deepspeed
 
         lm = self.policy.lm
         params = list(lm.parameters())
+        keep = self.fleet is None or self.fleet.rank == 0
         with deepspeed.zero.GatheredParameters(
             params, modifier_rank=None, enabled=self.cfg.zero_stage == 3
         ):
+            if not keep:
+                return None
             out: dict[str, torch.Tensor] = {}
             seen: set[int] = set()
             for name, t in lm.state_dict(keep_vars=True).items():
@@ -348,13 +507,15 @@ class LearnerEngine:
         self, root: str | Path, client_state: dict[str, Any], *, keep: int = 2
     ) -> Path:
         """Atomically write DeepSpeed state + ``client_state`` (JSON-able) as a new checkpoint
-        under ``root`` and point ``root/latest`` at it; keep the newest ``keep`` checkpoints."""
+        under ``root`` and point ``root/latest`` at it; keep the newest ``keep`` checkpoints.
+        With a fleet every rank writes its shards into the same folder (which must be shared
+        by all ranks) and fsyncs them before rank 0 commits."""
         root = Path(root)
         root.mkdir(parents=True, exist_ok=True)
         tag = f"step-{self.global_steps:09d}"
         final, tmp = root / tag, root / f".tmp-{tag}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        self.engine.save_checkpoint(str(tmp), tag="ds", save_latest=False)
+        self._on_all("save", [(str(tmp),)] * self.world)  # returns once every rank's is durable
         meta = {"tag": tag, "global_steps": self.global_steps, "client_state": client_state}
         (tmp / "client_state.json").write_text(json.dumps(meta))
         _fsync_tree(tmp)
@@ -368,18 +529,31 @@ class LearnerEngine:
                 shutil.rmtree(root / old, ignore_errors=True)
         return final
 
+    def _op_save(self, tmp: str) -> None:
+        self.engine.save_checkpoint(tmp, tag="ds", save_latest=False)
+        _fsync_tree(Path(tmp))
+
     def load_checkpoint(self, root: str | Path) -> dict[str, Any] | None:
         """Restore the checkpoint ``root/latest`` names (weights, optimiser, step counter) and
-        return its client state; None when there is none."""
+        return its client state; None when there is none. Every rank loads its shards."""
         root = Path(root)
         latest = root / "latest"
         if not latest.exists():
             return None
         path = root / latest.read_text().strip()
-        load_path, _ = self.engine.load_checkpoint(str(path), tag="ds")
-        if load_path is None:
+        loaded = self._on_all("load", [(str(path),)] * self.world)
+        if not all(loaded):
             raise RuntimeError(f"DeepSpeed could not load the checkpoint in {path}")
         return json.loads((path / "client_state.json").read_text())["client_state"]
+
+    def _op_load(self, path: str) -> bool:
+        load_path, _ = self.engine.load_checkpoint(path, tag="ds")
+        return load_path is not None
+
+
+def _padding_row(row: PackedRow) -> PackedRow:
+    """A copy of ``row`` that trains nothing (loss mask 0): keeps a rank in step."""
+    return dataclasses.replace(row, loss_mask=np.zeros_like(row.loss_mask))
 
 
 def _frozen_copy(policy: Policy) -> Policy:

@@ -4,6 +4,12 @@ train on the run's TreeSamples and broadcast new weights until SIGTERM, Ctrl-C o
 continues from it.
 
 Also runnable as ``python -m learner.learner_cmd`` with the same flags.
+
+A fleet of N data-parallel ranks is started by a launcher that sets ``RANK``/``WORLD_SIZE``/
+``LOCAL_RANK``/``MASTER_ADDR``/``MASTER_PORT``, e.g.
+``torchrun --standalone --nproc-per-node 2 -m -- common.cli learner ...`` (the ``--`` keeps
+torchrun from reading ``--run`` as its own ``--run-path``): rank 0 is the learner service, the
+other ranks follow it (``learner.fleet``).
 """
 
 from __future__ import annotations
@@ -18,12 +24,32 @@ CONFIG = _config.LearnerConfig
 SECTION = "learner"
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--local-rank",
+        "--local_rank",
+        dest="local_rank",
+        type=int,
+        metavar="N",
+        help="set by the deepspeed launcher; ignored (ranks are read from RANK, WORLD_SIZE and "
+        "LOCAL_RANK, which torchrun and deepspeed both set)",
+    )
+
+
 def main(cfg: Any, args: argparse.Namespace | None = None) -> int:
     from common import aio
-    from learner.service import serve
+    from learner.fleet import world
+    from learner.service import follow, serve
 
-    aio.setup_logging(cfg.log_level, "learner")
+    rank, size = world()
+    if size > 1:
+        from common.procs import die_with_parent
+
+        die_with_parent()  # a rank never outlives its launcher
+    aio.setup_logging(cfg.log_level, "learner" if rank == 0 else f"learner-rank{rank}")
     try:
+        if rank > 0:
+            return follow(cfg)
         return aio.run(serve(cfg))
     except RuntimeError as e:
         print(f"harnessrl learner: {e}", file=sys.stderr)

@@ -43,7 +43,7 @@ Definitions chosen here:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -186,14 +186,26 @@ def norm_weights(
 
 
 def sequence_log_weights(
-    log_w: torch.Tensor, loss_mask: torch.Tensor, sample_index: torch.Tensor
+    log_w: torch.Tensor,
+    loss_mask: torch.Tensor,
+    sample_index: torch.Tensor,
+    *,
+    n: int | None = None,
+    reduce: Callable[..., None] | None = None,
 ) -> torch.Tensor:
-    """Broadcast each rollout's mean ``log(pi_old/pi_rollout)`` (over scored tokens) to its tokens."""
-    n = int(sample_index.max()) + 1 if len(sample_index) else 0
+    """Broadcast each rollout's mean ``log(pi_old/pi_rollout)`` (over scored tokens) to its tokens.
+
+    With data-parallel ranks each holding some of a rollout's tokens, ``n`` is the step's number
+    of rollouts and ``reduce`` sums the per-rollout numerators and denominators over the ranks
+    in place, so every rank gets the rollout's mean over all its tokens."""
+    if n is None:
+        n = int(sample_index.max()) + 1 if len(sample_index) else 0
     num = torch.zeros(n, dtype=log_w.dtype, device=log_w.device)
     den = torch.zeros_like(num)
     num.index_add_(0, sample_index, log_w * loss_mask)
     den.index_add_(0, sample_index, loss_mask)
+    if reduce is not None:
+        reduce(num, den)
     return (num / den.clamp_min(1.0))[sample_index]
 
 

@@ -27,6 +27,11 @@ seen, never one that rollouts were generated with, and a resumed learner never p
 version number again with other weights. (With ``checkpoint_every = 0`` nothing is committed
 and nothing resumes: versions are broadcast right after their step.)
 
+**Fleet** (N ranks under torchrun/deepspeed, ``learner.fleet``): this service runs on rank 0
+alone; the other ranks run ``follow`` and take part in every step, broadcast gather and
+checkpoint save that rank 0's engine starts. A rank that dies makes rank 0's next engine call
+raise (while idle, within a ping interval), so the loop fails without committing.
+
 **Stopping** (SIGTERM, ``stop()``): the current step finishes, is committed, and the process
 exits. The bus is interrupted (``Bus.interrupt``), so when NATS is down nothing waits for it:
 the checkpoint is written locally, acks and the broadcast are given up (the samples are
@@ -56,6 +61,7 @@ from common.records import TreeSample
 from learner.batching import Batch, Batcher, BatchRules, Ledger
 from learner.checkpoint import Checkpointer, LearnerState
 from learner.feeder import Feeder
+from learner.fleet import FleetBroken
 
 log = logging.getLogger("harnessrl.learner")
 
@@ -111,27 +117,7 @@ class Learner:
     # -- setup ------------------------------------------------------------------------------
 
     def build_engine(self) -> Any:
-        import os
-
-        import torch
-        import torch.distributed as dist
-
-        from learner.ds_engine import LearnerEngine
-
-        if self.cfg.threads > 0:
-            torch.set_num_threads(self.cfg.threads)
-
-        for attempt in range(3):
-            try:
-                return LearnerEngine(self.cfg.model, self.cfg.ds, self.cfg.loss)
-            except RuntimeError as e:
-                # the rendezvous port was picked free and taken by someone else before use
-                if "EADDRINUSE" not in str(e) or dist.is_initialized() or attempt == 2:
-                    raise
-                log.warning("rendezvous port taken (%s); retrying with another", e)
-                if os.environ.get("WORLD_SIZE", "1") == "1":
-                    os.environ.pop("MASTER_PORT", None)
-        raise AssertionError("unreachable")
+        return build_engine(self.cfg)
 
     async def setup(self) -> None:
         cfg = self.cfg
@@ -244,11 +230,17 @@ class Learner:
             for t in self._tasks:
                 t.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
-            if clean:  # after a failure, the uncommitted work is simply redone on restart
-                await self._final_commit()
-                await self._release_held()
-            if self.publisher is not None:
-                await self.publisher.close()
+            try:
+                if clean:  # after a failure, the uncommitted work is simply redone on restart
+                    try:
+                        await self._final_commit()
+                    finally:
+                        await self._release_held()
+            finally:
+                if self.publisher is not None:
+                    await self.publisher.close()
+                if hasattr(self.engine, "close"):  # release the other ranks (learner.fleet)
+                    await asyncio.to_thread(self.engine.close)
         return 0
 
     async def _loop(self) -> None:
@@ -303,6 +295,8 @@ class Learner:
             if time.monotonic() - idle_since > IDLE_COMMIT_S and self._can_commit_state():
                 await self._commit_state()
             await self._top_up()
+            if hasattr(self.engine, "keepalive"):  # other learner ranks: see learner.fleet
+                await asyncio.to_thread(self.engine.keepalive)
 
     async def _pump(self) -> None:
         """Fetch samples into the batcher; ack redeliveries whose outcome is committed."""
@@ -482,6 +476,8 @@ class Learner:
                 await self._commit_state()
             elif self.batcher.ledger.dirty:
                 await self._commit_full()  # nothing saved yet: write the first checkpoint
+        except FleetBroken:
+            raise  # a rank is gone: nothing was committed, exit with an error
         except Exception:
             log.exception("final checkpoint failed")
 
@@ -561,6 +557,50 @@ class Learner:
         line.time = time.time()
         with open(self.run_dir / "metrics.jsonl", "a") as f:
             f.write(encode_line(line) + "\n")
+
+
+def build_engine(cfg: Any) -> Any:
+    """The ``LearnerEngine`` of ``cfg`` (on every rank of a fleet)."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from learner.ds_engine import LearnerEngine
+
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+
+    for attempt in range(3):
+        try:
+            return LearnerEngine(cfg.model, cfg.ds, cfg.loss)
+        except RuntimeError as e:
+            # the rendezvous port was picked free and taken by someone else before use
+            if "EADDRINUSE" not in str(e) or dist.is_initialized() or attempt == 2:
+                raise
+            log.warning("rendezvous port taken (%s); retrying with another", e)
+            if os.environ.get("WORLD_SIZE", "1") == "1":
+                os.environ.pop("MASTER_PORT", None)
+    raise AssertionError("unreachable")
+
+
+def follow(cfg: Any) -> int:
+    """A learner rank other than 0: no bus, no metrics server; build the engine and do rank 0's
+    part-commands until it stops (``learner.fleet``). SIGTERM and SIGINT are left to rank 0,
+    which finishes its step and commits with every rank; if rank 0 dies, the next collective
+    fails and this rank exits non-zero."""
+    import signal
+
+    from learner.fleet import world
+
+    rank, size = world()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: log.info("rank %d: stopping is rank 0's decision", rank))
+    engine = build_engine(cfg)
+    log.info("learner rank %d of %d following rank 0", rank, size)
+    engine.follow()
+    log.info("learner rank %d of %d: stopped by rank 0", rank, size)
+    return 0
 
 
 async def serve(cfg: Any, bus: Bus | None = None) -> int:

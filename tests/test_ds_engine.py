@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from common.records import TreeNode, TreeSample, pack_f32, pack_ids, pack_u8
+from benchmarks._learner_fleet import make_samples, rows_for
 from learner.ds_engine import DeepSpeedConfig, LearnerEngine
-from learner.losses import LossConfig, group_advantages, norm_weights, sft_loss
-from learner.packing import PackConfig, collate, pack
+from learner.losses import LossConfig, norm_weights, sft_loss
+from learner.packing import collate
 from learner.policy import load_policy
 
 pytestmark = pytest.mark.slow
@@ -29,38 +29,6 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
-
-
-def make_samples(seed: int = 0, n: int = 4) -> list[TreeSample]:
-    """Rollouts of one group: a shared prompt, then 1-3 branches of model/env turns each."""
-    rng = np.random.default_rng(seed)
-    prompt = rng.integers(3, 8000, 12)
-    out = []
-    for k in range(n):
-        nodes = [TreeNode(parent=-1, token_ids=pack_ids(prompt))]
-        for _ in range(int(rng.integers(1, 4))):
-            parent = int(rng.integers(0, len(nodes)))
-            for is_model in (True, False):
-                m = int(rng.integers(3, 10))
-                nodes.append(
-                    TreeNode(
-                        parent=parent,
-                        token_ids=pack_ids(rng.integers(3, 8000, m)),
-                        logprobs=pack_f32(rng.uniform(-10, -8, m) if is_model else np.zeros(m)),
-                        loss_mask=pack_u8(np.full(m, int(is_model))),
-                        weight_version=0,
-                    )
-                )
-                parent = len(nodes) - 1
-        out.append(
-            TreeSample(rollout_id=f"g-{k}-1", group_id="g", k=k, reward=float(k % 2), nodes=nodes)
-        )
-    return out
-
-
-def rows_for(samples: list[TreeSample], budget: int = 64):
-    adv, _ = group_advantages([s.group_id for s in samples], [s.reward for s in samples])
-    return pack(samples, PackConfig(max_tokens=budget), advantages=adv).rows
 
 
 def params(engine: LearnerEngine) -> dict[str, torch.Tensor]:

@@ -247,7 +247,10 @@ async def test_incomplete_split_sample_is_dead_lettered_not_held(tmp_path: Path)
 # ------------------------------------------------------------------------------------------
 
 
-def start_learner(nats_url: str, run: str, run_dir: Path, *extra: str) -> subprocess.Popen:
+def start_learner(
+    nats_url: str, run: str, run_dir: Path, *extra: str, ranks: int = 1
+) -> subprocess.Popen:
+    """``harnessrl learner`` on the test's samples; with ``ranks`` > 1 under torchrun."""
     argv = [
         sys.executable, "-m", "learner.learner_cmd",
         "--nats", nats_url, "--run", run, "--model", "tiny-1m", "--algo", "grpo",
@@ -257,6 +260,9 @@ def start_learner(nats_url: str, run: str, run_dir: Path, *extra: str) -> subpro
         "--pack.max-tokens", "256", "--ds.lr", "1e-4", "--log-level", "warning", "--threads", "1",
         *extra,
     ]  # fmt: skip
+    if ranks > 1:
+        argv[1:2] = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                     str(ranks), "--max-restarts", "0", "-m", "--"]  # fmt: skip
     log = open(run_dir.parent / f"learner-{time.time():.0f}.log", "a")  # noqa: SIM115
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return popen_child(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -104,6 +104,12 @@ class RunConfig(HrlModel):
     """Start a ``harnessrl weights-sync`` per engine that applies the learner's broadcast
     versions (off for external engines updated another way). A teacher engine only takes the
     version number, so its samples are never counted as stale."""
+    learner_ranks: int = Field(1, ge=1, le=1024)
+    """Data-parallel ranks of the learner (``--learner-ranks``), started on this machine with
+    ``torchrun --standalone --nproc-per-node N`` (DeepSpeed ZeRO ``[learner.ds] zero_stage``;
+    on CPU each rank uses gloo). Rank 0 consumes samples, commits and broadcasts; the others
+    take part in each step. A rank's death stops the whole learner (the ``on_exit.learner``
+    policy applies to it, ``restart`` resuming from the last commit)."""
     actors: int = Field(2, ge=0, le=1024)
     """Actor processes (each runs ``[actor] concurrency`` rollouts at once)."""
     on_exit: OnExitPolicy = Field(default_factory=OnExitPolicy)

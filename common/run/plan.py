@@ -107,8 +107,16 @@ def command_prefix(py: str, cmd: str) -> list[str]:
     return [py, "-m", "common.cli", cmd]
 
 
+def ranks_prefix(py: str, ranks: int) -> list[str]:
+    """``torchrun`` starting ``ranks`` processes of the command after it on this machine (no
+    restarts of its own: a rank's death ends them all and the supervisor's policy decides)."""
+    return [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
+
+
 def display_command(argv: list[str]) -> str:
     """A command line as a user would type it (``harnessrl CMD ...``)."""
+    if len(argv) >= 3 and argv[1:3] == ["-m", "torch.distributed.run"]:
+        return shlex.join(["torchrun", *argv[3:]])
     if len(argv) >= 3 and argv[1:3] == ["-m", "common.cli"]:
         return shlex.join(["harnessrl", *argv[3:]])
     if len(argv) >= 3 and argv[1] == "-m":
@@ -320,6 +328,10 @@ class Plan:
         done = checkpoint_version(self.paths.checkpoints)
         remaining = max(1, self.cfg.steps - (done or 0))
         argv = [*command_prefix(self.py, "learner"), *self.service_flags("learner")]
+        if self.cfg.learner_ranks > 1:  # torchrun ... -m -- common.cli learner ...
+            argv = [*ranks_prefix(self.py, self.cfg.learner_ranks), "--max-restarts", "0"]
+            # ``--``: torchrun's own parser would take ``--run`` for a prefix of ``--run-path``
+            argv += ["-m", "--", "common.cli", "learner", *self.service_flags("learner")]
         argv += ["--run-dir", str(self.paths.learner)]
         argv += ["--checkpoint-dir", str(self.paths.checkpoints), "--max-steps", str(remaining)]
         argv += self.engine_key_flags("--broadcast.engine-api-key-file")
@@ -378,6 +390,8 @@ class Plan:
                 **common,
             )
         )
+        # torchrun forwards SIGTERM to the ranks and waits this long before SIGKILL
+        grace = str(max(1, int(c.stop_timeout_s) - 5))
         phases["core"].append(
             ChildSpec(
                 "learner",
@@ -386,7 +400,7 @@ class Plan:
                 pol.learner,
                 done_on_success=True,
                 ready=READY["learner"],
-                **common,
+                **{**common, "env": {**env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": grace}},
             )
         )
         for i in range(c.actors):
