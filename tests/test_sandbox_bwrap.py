@@ -503,3 +503,28 @@ async def test_sweep_kills_processes_left_under_a_dead_sandbox_uid(backend: Bwra
         stray.kill()
         stray.wait()
         os.close(s._uid_fd)
+
+
+async def test_sweep_survives_entries_that_vanish_while_it_looks(
+    backend: BwrapBackend, monkeypatch: pytest.MonkeyPatch
+):
+    """Another process's create renames or removes its ``.new-`` folder between the sweep's
+    listing and its look at the entry (two actors, or an eval beside a run, share the root):
+    the sweep skips the entry instead of failing the process that is starting."""
+    import actors.sandbox.bwrap as bwrap_mod
+
+    gone = [backend.root / f".new-{os.getpid()}-vanish", backend.root / "vanished-sandbox"]
+    real = os.scandir
+
+    def racing_scandir(path=".", *args):
+        if Path(path) != backend.root:  # os.scandir is the os module's: others pass through
+            return real(path, *args)
+        for d in gone:
+            d.mkdir(parents=True, exist_ok=True)
+        entries = list(real(path))
+        for d in gone:  # the owner finished its create (rename) or destroy meanwhile
+            os.rmdir(d)
+        return iter(entries)
+
+    monkeypatch.setattr(bwrap_mod.os, "scandir", racing_scandir)
+    assert await backend.sweep() == 0

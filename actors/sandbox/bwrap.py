@@ -6,8 +6,8 @@ Design (the simplest one that is correct):
   ``<root>/<owner>-<pid>-<id>/`` holding ``workspace/``, ``home/``, ``tmp/``, generated
   ``etc/`` files (passwd, group, hosts, hostname) and ``lock`` (flock held by the owner for the
   sandbox's life; JSON: owner pid, uid). Every `BwrapSandbox.run` is a fresh ``bwrap`` with the
-  same binds, so state persists between commands only through those dirs and no daemon needs
-  minding. Whatever the actor keeps beside ``workspace/`` (hidden reward files) stays unseen.
+  same binds: state persists only through those dirs, and no daemon needs minding; what the
+  actor keeps beside ``workspace/`` (hidden reward files) stays unseen.
 * **What is visible inside:** read-only ``/usr`` (+ the ``/bin``, ``/lib*`` links), a curated
   read-only ``/etc`` (an allowlist copied once per host into a cache: no shadow, sudoers, ssh
   keys…; passwd/group/hosts/hostname are per sandbox, under ``/run/hrl/etc``), a fresh
@@ -26,9 +26,8 @@ Design (the simplest one that is correct):
   with a uid of its own, the sandbox's process limit holds for the whole sandbox and its files
   are nobody else's. As non-root, bwrap uses a user namespace (uid 1000 inside, mapped to the
   actor's uid); RLIMIT_NPROC is then counted per user namespace, i.e. per `run`.
-* **Limits:** ``prlimit`` (util-linux) sets RLIMIT_NPROC / DATA / FSIZE / NOFILE / CORE=0 inside,
-  after the uid drop. The wall clock is enforced from here: ``killpg`` of bwrap's process group
-  (bwrap runs in a new session), and the pid namespace does the rest.
+* **Limits:** ``prlimit`` sets RLIMIT_NPROC / DATA / FSIZE / NOFILE / CORE=0 inside, after the
+  uid drop; the wall clock: ``killpg`` of bwrap's session from here, the pid namespace the rest.
 * **Task environment:** a spec's ``environment`` is built once per content into
   ``<env_cache_dir>/bwrap-<name>-<hash>/env`` (a venv over the host's ``python3``, made
   inside a bwrap with the folder bound where sandboxes see it; see ``envs.py``), bound
@@ -352,8 +351,7 @@ class BwrapBackend:
         return None
 
     async def close(self) -> None:
-        """Destroy every sandbox of this backend that is still alive, remove the pool's blank
-        ones, and wait for background removals to finish."""
+        """Destroy this backend's live sandboxes and the pool's blanks; wait for removals."""
         for sb in list(self._live):
             await sb.destroy()
         await self.pool.close()
@@ -597,33 +595,37 @@ class BwrapBackend:
         return await asyncio.to_thread(self._sweep_sync)
 
     def _sweep_sync(self) -> int:
-        if not self.root.is_dir():
-            return 0
         removed = 0
-        for entry in os.scandir(self.root):
-            path = Path(entry.path)
-            if entry.name.startswith(".new-"):
-                # a blank (its pool holds the lock while alive) or a create() that died half-way;
-                # a live one takes its lock right after the mkdir (``.new-<pid>-<id>``)
-                young = time.time() - entry.stat(follow_symlinks=False).st_mtime <= 5
-                if young and _pid_alive(entry.name.split("-")[1]):
-                    continue
-            elif entry.name.startswith(".") and not entry.name.startswith(".dead-"):
-                continue
-            if not entry.is_dir(follow_symlinks=False):
-                continue
-            lock = path / "lock"
-            fd = _try_lock(lock) if lock.exists() else -1
-            if fd is None:
-                continue  # owner alive (flock held)
-            try:
-                self._kill_leftovers(path / "lock")
-                _fs.rmtree(path)
-                removed += 1
-            finally:
-                if fd >= 0:
-                    os.close(fd)
+        for entry in os.scandir(self.root) if self.root.is_dir() else ():
+            with contextlib.suppress(FileNotFoundError):  # moved meanwhile by its own process
+                removed += self._sweep_entry(entry)
         return removed
+
+    def _sweep_entry(self, entry: os.DirEntry) -> int:
+        """Remove one entry of the root if its owner is gone (1), else leave it (0)."""
+        path = Path(entry.path)  # (a blank's pool holds its lock while alive)
+        if entry.name.startswith(".new-"):
+            # a blank, or a create() half-way: ``.new-<pid>-<id>``, locked right after the mkdir
+            young = time.time() - entry.stat(follow_symlinks=False).st_mtime <= 5
+            if young and _pid_alive(entry.name.split("-")[1]):
+                return 0
+        elif entry.name.startswith(".") and not entry.name.startswith(".dead-"):
+            return 0
+        if not entry.is_dir(follow_symlinks=False):
+            return 0
+        lock = path / "lock"
+        fd = _try_lock(lock) if lock.exists() else -1
+        if fd is None:
+            return 0  # owner alive (flock held)
+        try:
+            if not path.exists():  # its owner removed it meanwhile
+                return 0
+            self._kill_leftovers(path / "lock")
+            _fs.rmtree(path)
+            return 1
+        finally:
+            if fd >= 0:
+                os.close(fd)
 
     @staticmethod
     def _kill_leftovers(lock: Path) -> None:

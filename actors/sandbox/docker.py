@@ -521,9 +521,11 @@ class DockerBackend:
         for entry in os.scandir(self.root):
             path = Path(entry.path)
             if entry.name.startswith(".new-"):
-                # a create() that died half-way; a live one finishes within seconds
-                if time.time() - entry.stat(follow_symlinks=False).st_mtime > 300:
-                    _fs.rmtree(path)
+                # a create() that died half-way; a live one finishes within seconds (and may
+                # rename its folder while we look)
+                with contextlib.suppress(FileNotFoundError):
+                    if time.time() - entry.stat(follow_symlinks=False).st_mtime > 300:
+                        _fs.rmtree(path)
                 continue
             if entry.is_dir(follow_symlinks=False) and not entry.name.startswith("."):
                 lock = path / "lock"
