@@ -27,17 +27,17 @@ the RL phase's rollouts/s and the plot's path; ``<out>/demo.json`` keeps the num
 phase timings.
 
 What to expect on a 2-core CPU (measured; ``benchmarks/results/demo_learning.json``): the
-defaults take 10-13 min (RL 7.5-10.4, eval 2.3-2.7). The warm start succeeds on 0.295 of
-held-out rollouts at temperature 1; GRPO (2 groups of 8 per step, lr 2e-4 with cosine decay
-to 2e-5 over 80 steps, 2.5-3 rollouts/s) raises that by +0.155 to +0.235 over 3 seeds, PPO by
-+0.17 (seed 1). Eval pairs each rollout of the two policies on the same task and sampling
-seed (``demo.json``'s ``paired``: rollouts fixed and broken by RL). What RL corrects is what ``tiny-agent`` was shown wrong: half its
-teacher trajectories ran a family's plausible wrong one-liner (``harnessrl pretrain
---near-miss``), a family-level mistake that generalises to held-out tasks once unlearned.
-What it cannot fix in minutes is copying names from the instruction: a per-task skill that
-SFT on 19k conversations only half learned and a few thousand 1-bit rewards do not move (the
-README's demo section). From scratch, SFT inside the live run is slow: held-out
-reward 0.28 after 40 min (success 1.4 %).
+defaults take 9-14 min (RL up to the 12-min cap, eval 1.5-3). The warm start succeeds on 0.295
+of held-out rollouts at temperature 1; GRPO (2 groups of 8 per step, lr 2e-4 with cosine decay
+to 2e-5 over 120 steps, 3-4 rollouts/s) raises that by +0.235 / +0.250 / +0.255 over 3 seeds,
+PPO by +0.170 and +0.135 (seeds 1 and 0). Eval pairs each rollout of the two policies on the
+same task and sampling seed (``demo.json``'s ``paired``: rollouts fixed and broken by RL). What
+RL corrects is what ``tiny-agent`` was shown wrong: half its teacher trajectories ran a
+family's plausible wrong one-liner (``harnessrl pretrain --near-miss``), a family-level mistake
+that generalises to held-out tasks once unlearned. What it cannot fix in minutes is copying
+names from the instruction: a per-task skill that SFT on 19k conversations only half learned
+and a few thousand 1-bit rewards do not move (the README's demo section). From scratch, SFT
+inside the live run is slow: held-out reward 0.28 after 40 min (success 1.4 %).
 """
 
 from __future__ import annotations
