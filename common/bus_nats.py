@@ -581,7 +581,9 @@ class JetStreamBus(Bus):
         self.outage.closing = True
         try:
             await self.nc.close()
-        except RuntimeError as e:  # nats-py writes its unsent buffer to the dead socket
+        except (RuntimeError, OSError) as e:  # nats-py writes its unsent buffer to the dead
+            # socket (RuntimeError on uvloop) or re-raises its reconnect's reset (OSError on the
+            # default asyncio loop, which actors run on)
             log.debug("closing a connection whose server is away: %r", e)
 
 
