@@ -100,3 +100,19 @@ def docker_engine(tmp_path_factory: pytest.TempPathFactory):
         yield daemon.url
     finally:
         daemon.stop(remove=True)
+
+
+def procs_with(marker: str) -> list[int]:
+    """Host pids whose environment or command line contains ``marker``."""
+    found, needle = [], marker.encode()
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        for f in ("environ", "cmdline"):
+            try:
+                if needle in Path(f"/proc/{d}/{f}").read_bytes():
+                    found.append(int(d))
+                    break
+            except OSError:
+                pass
+    return found

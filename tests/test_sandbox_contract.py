@@ -9,7 +9,6 @@ start; the bwrap cases skip where bubblewrap cannot run.
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pytest
 
 from actors.sandbox import SandboxSpec
 from actors.sandbox.base import Limits, Sandbox, SandboxBackend
-from tests.conftest import bwrap_or_skip
+from tests.conftest import bwrap_or_skip, procs_with
 
 KINDS = ("bwrap", "bwrap_pool", "docker")
 
@@ -50,22 +49,6 @@ async def backend(kind: tuple[str, str | None], tmp_path: Path):
 async def sb(backend: SandboxBackend):
     async with await backend.create(SandboxSpec(owner="test")) as s:
         yield s
-
-
-def procs_with(marker: str) -> list[int]:
-    """Host pids whose environment or command line contains ``marker``."""
-    found, needle = [], marker.encode()
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid():
-            continue
-        for f in ("environ", "cmdline"):
-            try:
-                if needle in Path(f"/proc/{d}/{f}").read_bytes():
-                    found.append(int(d))
-                    break
-            except OSError:
-                pass
-    return found
 
 
 async def test_interface(backend: SandboxBackend, sb: Sandbox):

@@ -27,6 +27,7 @@ from aiohttp import web
 from actors.sandbox import SandboxError, SandboxSpec, make_backend
 from actors.sandbox.base import Limits, Sandbox, SandboxBackend
 from actors.sandbox.docker import LABEL, DockerBackend, DockerSandbox, _proc_status
+from tests.conftest import procs_with
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -52,22 +53,6 @@ async def sb(backend: DockerBackend):
 def py(code: str) -> list[str]:
     """argv running ``code`` with the sandbox's python3."""
     return ["python3", "-c", textwrap.dedent(code)]
-
-
-def procs_with(marker: str) -> list[int]:
-    """Host pids whose environment or command line contains ``marker``."""
-    found, needle = [], marker.encode()
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid():
-            continue
-        for f in ("environ", "cmdline"):
-            try:
-                if needle in Path(f"/proc/{d}/{f}").read_bytes():
-                    found.append(int(d))
-                    break
-            except OSError:
-                pass
-    return found
 
 
 async def no_survivors(marker: str, within: float = 3.0) -> bool:
