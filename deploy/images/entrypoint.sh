@@ -39,15 +39,19 @@ mkdir -p "$HRL_SCRAPE_DIR"
 printf '[{"targets": ["%s:%s"], "labels": {"run": "%s", "process": "%s"}}]\n' \
   "${HRL_SCRAPE_HOST:-127.0.0.1}" "$port" "${HRL_RUN:-default}" "$process" > "$target.tmp"
 mv "$target.tmp" "$target"
+# the trap first: a stop that comes while the command starts is passed on, not lost
+child=""
+sig=0
+trap 'sig=$((sig + 1)); [ -z "$child" ] || kill -TERM "$child" 2>/dev/null || true' TERM INT
 "$@" &
 child=$!
-trap 'kill -TERM "$child" 2>/dev/null || true' TERM INT
+[ "$sig" = 0 ] || kill -TERM "$child" 2>/dev/null || true
 set +e
-wait "$child"
-rc=$?
-while kill -0 "$child" 2>/dev/null; do  # a trapped signal interrupted wait: wait again
+while :; do  # a trapped signal interrupts wait (status 128+n): wait again for the command's
+  seen=$sig
   wait "$child"
   rc=$?
+  [ "$sig" != "$seen" ] && [ "$rc" -gt 128 ] || break
 done
 rm -f "$target"
 exit "$rc"
