@@ -53,6 +53,7 @@ from learner.losses import (
     sequence_log_weights,
     sft_loss,
     summarize,
+    whiten,
 )
 from learner.packing import PackedRow, collate
 from learner.policy import Policy, load_policy
@@ -298,12 +299,24 @@ class LearnerEngine:
 
     @torch.no_grad()
     def _op_logprobs(self, rows: list[PackedRow], n_real: int) -> list[np.ndarray]:
-        out = []
+        return self._no_grad_pass(rows)[0][:n_real]
+
+    @torch.no_grad()
+    def _no_grad_pass(
+        self, rows: list[PackedRow]
+    ) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+        """Per-row target log-probs and values (None without a value head) of the current
+        weights, over every row given (padding included)."""
+        logps: list[np.ndarray] = []
+        values: list[np.ndarray] | None = [] if self.policy.value_head is not None else None
         for idx in self._batches(rows):
             chunk = [rows[i] for i in idx]
-            lp = self.engine(**self._collate(chunk).model_inputs()).logprobs.float().cpu().numpy()
-            out.extend(np.split(lp, np.cumsum([len(r.target_ids) for r in chunk])[:-1]))
-        return out[:n_real]
+            out = self.engine(**self._collate(chunk).model_inputs())
+            splits = np.cumsum([len(r.target_ids) for r in chunk])[:-1]
+            logps.extend(np.split(out.logprobs.float().cpu().numpy(), splits))
+            if values is not None:
+                values.extend(np.split(out.values.float().cpu().numpy(), splits))
+        return logps, values
 
     def train_step(
         self, rows: Sequence[PackedRow], old_logp: Sequence[np.ndarray] | None = None
@@ -363,14 +376,30 @@ class LearnerEngine:
         index = np.concatenate([r.sample_index for r in rows])
         splits = np.cumsum([len(r.target_ids) for r in rows])[:-1]
         seq_is = cfg.algo != "sft" and cfg.is_level == "sequence" and cfg.is_mode != "none"
-        if seq_is and old_logp is None:
-            old_logp = self._op_logprobs(rows, len(rows))
+        micro = self._batches(rows)
+        reduce = self.fleet.all_reduce_sum if self.fleet is not None else None
+        # PPO's whitened advantages need the whole step's values before the first backward: one
+        # micro-batch on one rank takes them from its own forward, anything else from a
+        # no-grad pass first (the same weights, so the same values).
+        whiten_ppo = cfg.algo == "ppo" and cfg.adv_whiten
+        whiten_inline = whiten_ppo and len(micro) == 1 and self.fleet is None
+        adv_rows: list[Any] = [None] * len(rows)
+        if (seq_is and old_logp is None) or (whiten_ppo and not whiten_inline):
+            logps, values = self._no_grad_pass(rows)
+            if old_logp is None and seq_is:
+                old_logp = logps
+            if whiten_ppo and not whiten_inline:
+                if values is None:
+                    raise RuntimeError("PPO needs the policy's value head")
+                adv = np.concatenate([r.returns for r in rows]) - np.concatenate(values)
+                weight = np.concatenate(nw_rows) * mask
+                white = whiten(torch.from_numpy(adv), torch.from_numpy(weight), reduce=reduce)
+                adv_rows = np.split(white.numpy(), splits)
         is_rows: list[Any] = [None] * len(rows)
         if seq_is:
             log_w = torch.from_numpy(
                 np.concatenate(old_logp) - np.concatenate([r.rollout_logp for r in rows])
             )
-            reduce = self.fleet.all_reduce_sum if self.fleet is not None else None
             seq = sequence_log_weights(
                 log_w,
                 torch.from_numpy(mask),
@@ -384,7 +413,6 @@ class LearnerEngine:
         scale = float(self.world)
 
         stats: list[LossStats] = []
-        micro = self._batches(rows)
         for k, idx in enumerate(micro):
             chunk = [rows[i] for i in idx]
             batch = self._collate(chunk)
@@ -400,6 +428,11 @@ class LearnerEngine:
             if cfg.algo == "sft":
                 loss, st = sft_loss(out.logprobs, batch.loss_mask, nw)
             else:
+                advantage = None if cfg.algo == "ppo" else batch.advantage
+                if whiten_inline:
+                    advantage = whiten(batch.returns - out.values.detach(), nw * batch.loss_mask)
+                elif whiten_ppo:
+                    advantage = cat(adv_rows)
                 ref = None
                 if self.reference is not None:
                     with torch.no_grad():
@@ -411,7 +444,7 @@ class LearnerEngine:
                     rollout_logp=batch.rollout_logp,
                     loss_mask=batch.loss_mask,
                     norm_weight=nw,
-                    advantage=None if cfg.algo == "ppo" else batch.advantage,
+                    advantage=advantage,
                     entropy=out.entropy,
                     values=out.values,
                     returns=batch.returns,

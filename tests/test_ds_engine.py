@@ -83,6 +83,33 @@ def test_zero0_ppo_with_reference_and_sequence_is(engine0: LearnerEngine) -> Non
     assert "is/mis_masked_frac" in m2
 
 
+def test_zero0_ppo_whitens_the_whole_step_however_it_is_split(engine0: LearnerEngine) -> None:
+    """PPO's advantages are whitened over the step: with the rollouts' log-probs equal to the
+    learner's (IS weight 1, ratio 1) the policy-gradient term is minus the weighted mean of the
+    advantages, so 0; without whitening it is ``-mean(R - V)``. One micro-batch (whitened from
+    its own forward) and several (whitened after a no-grad pass) give the same step."""
+    rows = rows_for(make_samples(4), budget=40)
+    for r, lp in zip(rows, engine0.logprobs(rows), strict=True):
+        r.rollout_logp = lp.copy()
+    lr, micro = engine0.cfg.lr, engine0.cfg.micro_batch_rows
+    engine0.cfg.lr = 0.0  # same weights for every step below: compare gradients, not updates
+    try:
+        engine0.loss_cfg = LossConfig(algo="ppo", adv_whiten=False)
+        plain = engine0.train_step(rows)
+        assert abs(plain["loss/pg"]) > 1e-3
+        engine0.loss_cfg = LossConfig(algo="ppo")
+        split = engine0.train_step(rows)
+        engine0.cfg.micro_batch_rows = len(rows)
+        whole = engine0.train_step(rows)
+    finally:
+        engine0.cfg.lr, engine0.cfg.micro_batch_rows = lr, micro
+    assert split["micro_batches"] >= 2 and whole["micro_batches"] == 1
+    assert split["loss/pg"] == pytest.approx(0.0, abs=1e-5)
+    assert whole["loss/pg"] == pytest.approx(0.0, abs=1e-5)
+    assert whole["grad_norm"] == pytest.approx(split["grad_norm"], rel=1e-4)
+    assert whole["loss/value"] == pytest.approx(split["loss/value"], rel=1e-5)
+
+
 def test_zero0_micro_batches_accumulate_to_the_full_gradient(engine0: LearnerEngine) -> None:
     """Grad norm over 2-row micro-batches equals a plain single-batch backward of the same loss."""
     engine0.loss_cfg = LossConfig(algo="sft")

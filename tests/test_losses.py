@@ -21,6 +21,7 @@ from learner.losses import (
     sequence_log_weights,
     sft_loss,
     summarize,
+    whiten,
 )
 from learner.packing import PackConfig, collate, pack
 from learner.policy import load_policy
@@ -259,3 +260,37 @@ def test_grpo_step_moves_toward_rewarded_tokens() -> None:
     assert (last - first)[batch.sample_index == 0].mean() > (last - first)[
         batch.sample_index == 1
     ].mean()
+
+
+def test_whiten_uses_the_weighted_moments_of_the_scored_tokens() -> None:
+    """Weighted mean 0 and std 1 over weight > 0; zero-weight entries neither count nor break."""
+    adv = torch.tensor([0.9, 0.2, -0.4, 5.0, 0.7])
+    w = torch.tensor([0.1, 0.2, 0.3, 0.0, 0.4])
+    out = whiten(adv, w)
+    mean = float((w * out).sum() / w.sum())
+    var = float((w * (out - mean) ** 2).sum() / w.sum())
+    assert mean == pytest.approx(0.0, abs=1e-6) and var == pytest.approx(1.0, rel=1e-5)
+    m = float((w * adv).sum())
+    s = float((w * (adv - m) ** 2).sum()) ** 0.5
+    torch.testing.assert_close(out, (adv - m) / s)
+    assert torch.equal(whiten(adv, torch.zeros(5)), adv)  # nothing scored: unchanged
+
+
+def test_whiten_with_reduce_matches_the_whole_step() -> None:
+    """Two ranks each holding half the tokens, their statistics summed by ``reduce``, whiten
+    exactly as one rank holding all of them."""
+    rng = np.random.default_rng(3)
+    adv = torch.from_numpy(rng.normal(0.3, 0.4, 20).astype(np.float32))
+    w = torch.from_numpy(rng.uniform(0, 1, 20).astype(np.float32))
+    whole = whiten(adv, w)
+
+    def other_half(lo: int, hi: int):
+        def reduce(sums: torch.Tensor) -> None:
+            a, ww = adv[lo:hi].double(), w[lo:hi].double()
+            sums += torch.stack([ww.sum(), (ww * a).sum(), (ww * a * a).sum()])
+
+        return reduce
+
+    left = whiten(adv[:10], w[:10], reduce=other_half(10, 20))
+    right = whiten(adv[10:], w[10:], reduce=other_half(0, 10))
+    torch.testing.assert_close(torch.cat([left, right]), whole)
