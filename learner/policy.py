@@ -87,7 +87,9 @@ class Policy(nn.Module):
             use_cache=False,
         )
         hidden = out.last_hidden_state.flatten(0, 1)[target_src]
-        logits = self.lm.get_output_embeddings()(hidden).float() / self.temperature
+        logits = self.lm.get_output_embeddings()(hidden).float()
+        if self.temperature != 1.0:  # x / 1.0 == x: skip a [N, vocab] pass and its backward
+            logits = logits / self.temperature
         logp_all = torch.log_softmax(logits, dim=-1)
         logp = logp_all.gather(-1, target_ids[:, None])[:, 0]
         with torch.set_grad_enabled(self.entropy_grad and torch.is_grad_enabled()):
