@@ -38,8 +38,8 @@ Definitions chosen here:
   through it**, ``mean_b R_b - V(t)``. Every branch of a rollout carries the rollout's reward
   (TreeSample has one reward), so this is ``R - V(t)``, identical on every branch: packed and
   expanded agree exactly and no credit flows across a branch point into a sibling. The value
-  target is ``G_t = R``. With ``adv_whiten`` (the default) the step's ``R - V(t)`` are then
-  whitened (``whiten``: weighted by ``norm_weight``, over every micro-batch and rank of the step).
+  target is ``G_t = R``. ``adv_norm`` then whitens (the default) or scales the step's
+  ``R - V(t)`` (``whiten``: weighted by ``norm_weight``, over every micro-batch and rank).
 """
 
 from __future__ import annotations
@@ -85,12 +85,12 @@ class LossConfig(HrlModel):
     """PPO: weight of the value loss ``0.5 (V - R)^2``."""
     critic_warmup_steps: int = Field(0, ge=0)
     """PPO: first optimiser steps train only the value head (policy loss weight 0)."""
-    adv_whiten: bool = True
-    """PPO: whiten the step's advantages ``R - V(t)`` to mean 0 and std 1 over its scored
-    tokens, each weighted as in the loss (``norm_weight``), as TRL, OpenRLHF and veRL do. A
-    binary reward's ``R - V`` is about +-0.5 where GRPO's group-normalised advantage is about
-    +-1, so without it PPO takes half GRPO's step at the same lr; and while the fresh value head
-    is still near 0 every ``R - V`` is positive, pushing up failures with successes. The
+    adv_norm: Literal["whiten", "std", "none"] = "whiten"
+    """PPO: normalise the step's advantages ``R - V(t)`` over its scored tokens, each weighted
+    as in the loss (``norm_weight``): ``whiten`` to mean 0 and std 1 (as TRL, OpenRLHF and
+    veRL do), ``std`` only divides by the std (the baseline is left to the critic), ``none``
+    keeps them. A binary reward's ``R - V`` is about +-0.5 where GRPO's group-normalised
+    advantage is about +-1, so unnormalised PPO takes half GRPO's step at the same lr. The
     value target stays ``R``."""
     adv_eps: float = Field(1e-6, gt=0.0)
     """GRPO: epsilon in ``(R - mean) / (std + eps)``."""
@@ -167,12 +167,13 @@ def whiten(
     weight: torch.Tensor,
     *,
     eps: float = 1e-8,
+    shift_mean: bool = True,
     reduce: Callable[..., None] | None = None,
 ) -> torch.Tensor:
-    """``(A - mean) / (std + eps)`` with the weighted mean and (population) std of ``A`` under
-    ``weight`` (0 outside the scored tokens). ``reduce`` sums the statistics in place over the
-    ranks of a fleet, so every rank whitens with the whole step's. Detached. No weight: ``A``
-    unchanged."""
+    """``(A - mean) / (std + eps)`` (``shift_mean=False``: ``A / (std + eps)``) with the
+    weighted mean and (population) std of ``A`` under ``weight`` (0 outside the scored
+    tokens). ``reduce`` sums the statistics in place over the ranks of a fleet, so every rank
+    normalises with the whole step's. Detached. No weight: ``A`` unchanged."""
     a = advantage.detach().to(torch.float64)
     w = weight.detach().to(torch.float64)
     sums = torch.stack([w.sum(), (w * a).sum(), (w * a * a).sum()])
@@ -183,7 +184,7 @@ def whiten(
         return advantage.detach()
     mean = first / total
     std = max(second / total - mean * mean, 0.0) ** 0.5
-    return ((a - mean) / (std + eps)).to(advantage.dtype)
+    return (((a - mean) if shift_mean else a) / (std + eps)).to(advantage.dtype)
 
 
 def ppo_advantages(returns: torch.Tensor, values: torch.Tensor) -> torch.Tensor:

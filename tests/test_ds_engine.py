@@ -79,6 +79,13 @@ def test_zero0_ppo_with_reference_and_sequence_is(engine0: LearnerEngine) -> Non
     m1 = engine0.train_step(rows)
     m2 = engine0.train_step(rows)
     assert m2["loss/value"] < m1["loss/value"]  # the critic fits R
+    # the value head trains at value_lr_scale times the schedule's lr, in its own group
+    head = {id(p) for p in engine0.policy.value_head.parameters()}
+    lrs = {
+        any(id(p) in head for p in g["params"]): g["lr"]
+        for g in engine0.engine.optimizer.param_groups
+    }
+    assert lrs[True] == pytest.approx(engine0.cfg.value_lr_scale * lrs[False]) and lrs[False] > 0
     assert m1["loss/kl_ref"] > 0  # earlier tests moved the policy away from the reference
     assert "is/mis_masked_frac" in m2
 
@@ -94,7 +101,7 @@ def test_zero0_ppo_whitens_the_whole_step_however_it_is_split(engine0: LearnerEn
     lr, micro = engine0.cfg.lr, engine0.cfg.micro_batch_rows
     engine0.cfg.lr = 0.0  # same weights for every step below: compare gradients, not updates
     try:
-        engine0.loss_cfg = LossConfig(algo="ppo", adv_whiten=False)
+        engine0.loss_cfg = LossConfig(algo="ppo", adv_norm="none")
         plain = engine0.train_step(rows)
         assert abs(plain["loss/pg"]) > 1e-3
         engine0.loss_cfg = LossConfig(algo="ppo")
