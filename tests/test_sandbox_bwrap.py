@@ -7,6 +7,7 @@ host by a marker in their environment. Skips only when bubblewrap cannot run her
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -22,7 +23,7 @@ from aiohttp import web
 from actors.sandbox import SandboxError, SandboxSpec, make_backend
 from actors.sandbox.base import Limits, Sandbox, SandboxBackend
 from actors.sandbox.bwrap import BwrapBackend, BwrapSandbox
-from tests.conftest import procs_with
+from tests.conftest import bwrap_or_skip, procs_with
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -479,7 +480,9 @@ async def test_sweep_kills_processes_left_under_a_dead_sandbox_uid(backend: Bwra
             if _uid_of(Path(f"/proc/{stray.pid}/status")) == uid:
                 break
             await asyncio.sleep(0.02)
-        os.close(s._lock_fd)  # the owner "dies": its flock goes away, nothing is cleaned up
+        # the owner "dies": its flocks go away, nothing is cleaned up
+        os.close(s._lock_fd)
+        os.close(s._uid_fd)
         backend._live.discard(s)
         assert await backend.sweep() == 1
         assert not state.exists()
@@ -487,7 +490,42 @@ async def test_sweep_kills_processes_left_under_a_dead_sandbox_uid(backend: Bwra
     finally:
         stray.kill()
         stray.wait()
+
+
+async def test_sweep_spares_a_live_sandbox_given_a_dead_ones_uid(tmp_path: Path):
+    """A dead owner's uid lock is free at once: another actor's new sandbox may get that uid
+    before the dead state is swept. Sweep then removes the state but kills nothing: the
+    processes under that uid are the live sandbox's."""
+    # two actors sharing a uid range and its lock dir (private to this test)
+    shared = {"uid_lock_dir": tmp_path / "uids", "uid_base": 2_100_000_000 + os.getpid() % 1000}
+    dying = await bwrap_or_skip(tmp_path / "dying", **shared)
+    if dying.mode != "root":
+        pytest.skip("per-sandbox uids exist in root mode only")
+    other = await bwrap_or_skip(tmp_path / "other", **shared)
+    async with dying, other:
+        s = await dying.create(SandboxSpec(owner="doomed"))
+        uid, state = s.uid, s.state_dir
+        os.close(s._lock_fd)  # the owner dies: both its flocks go away
         os.close(s._uid_fd)
+        dying._live.discard(s)
+        live = await other.create(SandboxSpec(owner="alive"))
+        assert live.uid == uid  # the lowest free uid: the one the dead sandbox had
+        running = asyncio.create_task(live.run(["sleep", "30"], timeout=60))
+        try:
+            for _ in range(250):  # until the command runs as the uid
+                if any(_uid_of(p / "status") == uid for p in Path("/proc").glob("[0-9]*")):
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                pytest.fail("the live sandbox's command never ran")
+            assert await dying.sweep() == 1
+            assert not state.exists()
+            await asyncio.sleep(0.3)
+            assert not running.done()  # not killed from outside
+        finally:
+            await live.destroy()
+            with contextlib.suppress(BaseException):
+                await running
 
 
 async def test_sweep_survives_entries_that_vanish_while_it_looks(

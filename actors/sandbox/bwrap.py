@@ -55,6 +55,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import posixpath
 import re
@@ -100,6 +101,8 @@ from actors.sandbox.envs import (
 from actors.sandbox.envs import env_cache_dir as default_env_cache
 from common.procs import kill_tree
 from common.tasks.model import TaskEnv
+
+log = logging.getLogger("harnessrl.sandbox")
 
 DEFAULT_ROOT = Path(tempfile.gettempdir()) / "harnessrl-sandboxes"
 DEFAULT_UID_LOCKS = Path(tempfile.gettempdir()) / "harnessrl-sandbox-uids"
@@ -627,19 +630,31 @@ class BwrapBackend:
             if fd >= 0:
                 os.close(fd)
 
-    @staticmethod
-    def _kill_leftovers(lock: Path) -> None:
+    def _kill_leftovers(self, lock: Path) -> None:
         """Kill whatever still runs as a dead root-mode sandbox's own uid.
 
         Normally nothing: bwrap dies with its owner (``--die-with-parent``) and the pid
-        namespace with bwrap. The uid is the sandbox's alone, so this can hit nothing else.
+        namespace with bwrap. The uid's lock died with the owner too, so by now another
+        sandbox (of any actor sharing the lock dir) may hold that uid: the kill runs only while
+        this sweep holds the uid's lock itself, so it can hit nothing but the dead sandbox's
+        leftovers. (Without it, an actor restarted after a SIGKILL killed a live sandbox of
+        another actor that had been given the freed uid: ``sandbox_killed``.)
         """
         with contextlib.suppress(OSError, ValueError):
             info = json.loads(lock.read_text() or "{}")
-            if info.get("mode") == "root" and isinstance(info.get("uid"), int):
+            uid = info.get("uid")
+            if info.get("mode") != "root" or not isinstance(uid, int):
+                return
+            held = _try_lock(self.uid_lock_dir / str(uid))
+            if held is None:
+                log.info("sweep: uid %d of %s belongs to a live sandbox now", uid, lock.parent)
+                return
+            try:
                 for _ in range(50):  # a fork bomb may still be forking: repeat until empty
-                    if not _kill_uid(info["uid"]):
+                    if not _kill_uid(uid):
                         break
+            finally:
+                os.close(held)
 
     # ------------------------------------------------------------------ argv
 
