@@ -57,6 +57,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         metavar="DIR",
         help="report these finished demo folders instead of running demos; repeat",
     )
+    p.add_argument(
+        "--previous",
+        type=Path,
+        metavar="FILE",
+        help="keep the runs of this earlier result file under earlier_runs (recorded only: "
+        "the targets count this call's runs)",
+    )
     return p.parse_args(argv)
 
 
@@ -275,11 +282,18 @@ def main(argv: list[str] | None = None) -> int:
         targets[f"{algo}_within_budget"] = target(
             max((r["wall_s"] for r in mine), default=0.0), BUDGET_S, at_least=False
         )
+    earlier: dict[str, Any] = {}
+    if args.previous:
+        prev = json.loads(args.previous.read_text())["metrics"]
+        earlier = dict(prev.get("earlier_runs", {}))
+        for key, run in prev.get("runs", {}).items():
+            earlier[key if key not in earlier else f"{key}-{len(earlier)}"] = run
     path = write_result(
         NAME,
         metrics={
             "warm_start": warm_start_record(),
             "runs": {f"{r['algo']}-s{r['seed']}-{i}": r for i, r in enumerate(results)},
+            "earlier_runs": earlier,
         },
         baseline={
             "warm_start_same_run": {f"{r['algo']}-s{r['seed']}": r.get("before") for r in ok}
