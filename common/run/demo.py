@@ -29,8 +29,8 @@ phase timings.
 What to expect on a 2-core CPU (measured; ``benchmarks/results/demo_learning.json``): the
 defaults take 9-14 min (RL up to the 12-min cap, eval 1.5-3). The warm start succeeds on 0.295
 of held-out rollouts at temperature 1; GRPO (2 groups of 8 per step, lr 2e-4 with cosine decay
-to 2e-5 over 120 steps, 3-4 rollouts/s) raises that by +0.235 / +0.250 / +0.255 over 3 seeds,
-PPO by +0.170 and +0.135 (seeds 1 and 0). Eval pairs each rollout of the two policies on the
+to 2e-5 over 120 steps, 3-4 rollouts/s) raises that by +0.235 / +0.245 / +0.255 over seeds
+0 / 1 / 2, PPO by +0.125 to +0.195. Eval pairs each rollout of the two policies on the
 same task and sampling seed (``demo.json``'s ``paired``: rollouts fixed and broken by RL). What
 RL corrects is what ``tiny-agent`` was shown wrong: half its teacher trajectories ran a
 family's plausible wrong one-liner (``harnessrl pretrain --near-miss``), a family-level mistake
