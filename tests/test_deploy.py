@@ -453,6 +453,64 @@ def test_gpu_dockerfile_and_cpu_dockerfile_define_the_documented_images() -> Non
     assert "sglang" in tomllib_project()["optional-dependencies"]
 
 
+def _load_build_module():
+    """``deploy/images/build.py`` as a module (deploy/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("hrl_build", DEPLOY / "images" / "build.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_cpu_image_installs_on_the_shared_core_stage_without_copying_a_venv() -> None:
+    """actor and cpu are each one stage on ``core`` (the venv with harnessrl's dependencies):
+    no venv is copied between stages, actor comes before cpu (the legacy builder builds every
+    stage before the target), torch's wheels are copied only into cpu, and harnessrl's own
+    wheel is each image's last install (a code change reinstalls only it)."""
+    text = (DEPLOY / "images" / "Dockerfile").read_text()
+    stages: dict[str, list[str]] = {}
+    parents = {}
+    for line in text.splitlines():
+        if line.startswith("FROM "):
+            parts = line.split()
+            name = parts[-1]
+            parents[name], stages[name] = parts[1], []
+        elif stages and line and not line.startswith("#"):
+            stages[list(stages)[-1]].append(line)
+    assert list(stages) == ["core", "actor", "cpu"]
+    assert parents["actor"] == parents["cpu"] == "core"
+    assert "--from" not in text
+    copies = {
+        n: [ln.split()[1] for ln in body if ln.startswith("COPY ")] for n, body in stages.items()
+    }
+    assert "wheels/train/" in copies["cpu"]
+    assert not any("train" in c for c in copies["core"] + copies["actor"])
+    for name in ("actor", "cpu"):
+        assert copies[name][-1] == "wheels/hrl/", (name, copies[name])
+
+
+def test_each_image_is_sent_only_its_part_of_the_build_context(tmp_path: Path) -> None:
+    """The actor's context has no torch (``wheels/train``), cpu's has everything the legacy
+    builder needs for the actor stage it passes through, Prometheus' only its binary."""
+    import tarfile
+
+    build = _load_build_module()
+    ctx = tmp_path / "ctx"
+    files = ["Dockerfile", "Dockerfile.prometheus", "prometheus", "deploy/images/entrypoint.sh"]
+    files += ["wheels/core/numpy-1-py3-none-any.whl", "wheels/train/torch-1-py3-none-any.whl"]
+    files += ["wheels/hrl/harnessrl-0-py3-none-any.whl", "harnesses/h/x", "envs/wheels-k/y"]
+    for rel in files:
+        (ctx / rel).parent.mkdir(parents=True, exist_ok=True)
+        (ctx / rel).write_text(rel)
+    sent = {}
+    for image in ("actor", "cpu", "prometheus"):
+        build.write_context_tar(ctx, tmp_path / f"{image}.tar", image)
+        with tarfile.open(tmp_path / f"{image}.tar") as tf:
+            sent[image] = {os.path.normpath(m.name) for m in tf.getmembers() if m.isfile()}
+    assert sent["prometheus"] == {"Dockerfile.prometheus", "prometheus"}
+    assert sent["cpu"] == set(files) - {"prometheus"}
+    assert sent["actor"] == set(files) - {"prometheus", "wheels/train/torch-1-py3-none-any.whl"}
+
+
 def tomllib_project() -> dict:
     import tomllib
 

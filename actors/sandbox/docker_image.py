@@ -4,13 +4,14 @@ private ``dockerd`` for tests and benchmarks.
     python -m actors.sandbox.docker_image [--docker-host URL] [--image NAME] [--method M]
 
 **Image.** No registry is reachable, so the image is imported (``docker import``) from a root
-filesystem tarball built here and cached in ``<cache>/docker/rootfs-<key>.tar.gz`` (cache =
+filesystem tarball built here and cached in ``<cache>/docker/rootfs-<key>.tar`` (cache =
 ``$HARNESSRL_CACHE`` or ``~/.cache/harnessrl``; key = method, suite, packages, layout), built
 once per machine, atomically (temp file + rename). Two ways to build it:
 
 * ``debootstrap`` (default): ``debootstrap --variant=minbase --include=<PACKAGES> bookworm``
   from a Debian mirror (the only network it needs), then docs, man pages, locales and apt lists
-  are dropped. A clean Debian userland independent of the host: ~3 min, ~75 MB gzipped. The
+  are dropped. A clean Debian userland independent of the host: ~3 min, ~215 MB (kept
+  uncompressed: gzip cost minutes of CPU on a loaded machine and saved only disk). The
   deploy images (``deploy/images/build.py``) are built on the same rootfs, so a machine (CI)
   bootstraps Debian once for both.
 * ``host``: the files of the host's own installed Debian packages (``dpkg-query -L``) of the
@@ -103,7 +104,7 @@ def rootfs_tarball(
     mirror: str | None = None,
     packages: tuple[str, ...] = PACKAGES,
 ) -> Path:
-    """The cached rootfs tarball (gzip), built first when missing. Blocking."""
+    """The cached rootfs tarball (uncompressed), built first when missing. Blocking."""
     methods = ("debootstrap", "host") if method == "auto" else (method,)
     if any(m not in ("debootstrap", "host") for m in methods):
         raise ValueError(f"unknown rootfs method {method!r}")
@@ -123,7 +124,7 @@ def rootfs_tarball(
 
 def _tarball_name(method: str, suite: str, packages: tuple[str, ...]) -> str:
     key = hashlib.blake2b(f"{LAYOUT} {method} {suite} {packages}".encode(), digest_size=6)
-    return f"rootfs-{method}-{suite}-{key.hexdigest()}.tar.gz"
+    return f"rootfs-{method}-{suite}-{key.hexdigest()}.tar"
 
 
 def _build_rootfs(
@@ -140,8 +141,8 @@ def _build_rootfs(
         for d in _ROOT_DIRS:
             (rootfs / d).mkdir(parents=True, exist_ok=True)
         os.chmod(rootfs / "tmp", 0o1777)
-        part = Path(tmp) / "rootfs.tar.gz"
-        _run(["tar", "--numeric-owner", "-C", str(rootfs), "-czf", str(part), "."], "tar")
+        part = Path(tmp) / "rootfs.tar"
+        _run(["tar", "--numeric-owner", "-C", str(rootfs), "-cf", str(part), "."], "tar")
         os.rename(part, final)
     return final
 

@@ -8,21 +8,26 @@
    userland with python3, bubblewrap, nodejs, ca-certificates, openssl and procps, from the
    rootfs tarball it bootstraps once per machine with debootstrap, or from the host's own
    packages), imported as ``harnessrl-base:<key>``.
-2. **Build context** (a temp folder): ``wheels/`` holds harnessrl's wheel (built from this
-   checkout) and every dependency of ``harnessrl[train]`` at the version installed in *this*
-   Python (``pip download`` for the image's interpreter, probed from the base; DeepSpeed has no
-   wheel on PyPI and is built here with ``DS_BUILD_OPS=0``); ``harnesses/`` the harnesses named
-   with ``--harness`` (installed on this host first, ``harnessrl harness install``);
-   ``envs/`` the wheelhouses of the built-in task environments (``actors/sandbox/envs.py``), so
-   actors build a task's environment without an index; ``prometheus`` the host's binary.
-   Downloads are cached in ``<cache>/images``.
-3. **docker build** of ``deploy/images/Dockerfile`` (``Dockerfile.prometheus``) per target with ``BASE`` set and network
-   ``none``: images ``harnessrl-actor:TAG``, ``harnessrl-cpu:TAG``,
-   ``harnessrl-prometheus:TAG``. The GPU image (``Dockerfile.gpu``) needs a registry (CUDA
-   base) and is built with plain ``docker build`` on a machine that has one.
+2. **Build context** (a temp folder): ``wheels/core`` holds every dependency of ``harnessrl``
+   and ``wheels/train`` what the ``train`` extra adds (torch, DeepSpeed, matplotlib and
+   theirs), each at the version installed in *this* Python (``pip download`` for the image's
+   interpreter, probed from the base; pip finds what this machine already has: its find-links,
+   its index, its HTTP cache; DeepSpeed has no wheel on PyPI and is built here once with
+   ``DS_BUILD_OPS=0``); ``wheels/hrl`` harnessrl's wheel, built from this checkout;
+   ``harnesses/`` the harnesses named with ``--harness`` (installed on this host first,
+   ``harnessrl harness install``); ``envs/`` the wheelhouses of the built-in task environments
+   (``actors/sandbox/envs.py``), so actors build a task's environment without an index;
+   ``prometheus`` the host's binary. Downloads are cached in ``<cache>/images``.
+3. **docker build** of ``deploy/images/Dockerfile`` (``Dockerfile.prometheus``) per target with
+   ``BASE`` set and network ``none``, each sent only its part of the context (no torch for the
+   actor): images ``harnessrl-actor:TAG``, ``harnessrl-cpu:TAG``, ``harnessrl-prometheus:TAG``.
+   The GPU image (``Dockerfile.gpu``) needs a registry (CUDA base) and is built with plain
+   ``docker build`` on a machine that has one.
 
-Prints one JSON line per image (tag, id, size, seconds). Needs a docker engine (``DOCKER_HOST``,
-or ``--docker-host``; ``python -m actors.sandbox.docker_image`` explains the private one).
+Prints one JSON line per image (tag, id, size, seconds, context bytes) and per phase (``base``:
+rootfs and import; ``context``: wheels, harnesses, environments). Needs a docker engine
+(``DOCKER_HOST``, or ``--docker-host``; ``python -m actors.sandbox.docker_image`` explains the
+private one).
 """
 
 from __future__ import annotations
@@ -71,10 +76,10 @@ def _run(argv: list[str], what: str, **kw) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def project_requirements() -> list[str]:
-    """``harnessrl``'s core and ``train`` requirements, from pyproject.toml."""
+def project_requirements(extra: str | None = None) -> list[str]:
+    """``harnessrl``'s core requirements, or those its ``extra`` adds, from pyproject.toml."""
     meta = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    return [*meta["dependencies"], *meta["optional-dependencies"]["train"]]
+    return list(meta["optional-dependencies"][extra] if extra else meta["dependencies"])
 
 
 def installed_pins() -> list[str]:
@@ -88,11 +93,9 @@ def installed_pins() -> list[str]:
     return sorted(pins.values())
 
 
-def build_local_wheels(out: Path, cache: Path, train: bool) -> None:
-    """harnessrl's wheel from this checkout; DeepSpeed's (pure Python with ``DS_BUILD_OPS=0``,
-    cached) when ``train``."""
-    py = sys.executable
-    pip = [py, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w"]
+def build_harnessrl_wheel(out: Path, cache: Path) -> None:
+    """harnessrl's wheel, built from this checkout."""
+    pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w"]
     with tempfile.TemporaryDirectory(prefix=".src-", dir=cache) as src:
         # a copy: setuptools leaves build/ and *.egg-info in the tree it builds
         for name in ("pyproject.toml", "README.md"):
@@ -101,29 +104,32 @@ def build_local_wheels(out: Path, cache: Path, train: bool) -> None:
         for pkg in ("common", "proxy", "actors", "learner", "benchmarks"):
             shutil.copytree(REPO / pkg, Path(src) / pkg, ignore=skip)
         _run([*pip, str(out), src], "building the harnessrl wheel")
-    if not train:
-        return
+
+
+def deepspeed_wheel(cache: Path) -> Path:
+    """The folder of DeepSpeed's wheel at this Python's version: pure Python with
+    ``DS_BUILD_OPS=0``; PyPI has only its sdist, so it is built once per machine (pip's wheel
+    cache serves it when ``deploy/setup.sh`` built it already)."""
     version = md.version("deepspeed")
     done = cache / f"deepspeed-{version}"
     if not list(done.glob("deepspeed-*.whl")):
         tmp = Path(tempfile.mkdtemp(prefix=".ds-", dir=cache))
         env = {**os.environ, "DS_BUILD_OPS": "0"}
-        _run([*pip, str(tmp), f"deepspeed=={version}"], "building the DeepSpeed wheel", env=env)
+        argv = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
+        _run([*argv, "-w", str(tmp), f"deepspeed=={version}"], "building the DeepSpeed wheel",
+             env=env)  # fmt: skip
         shutil.rmtree(done, ignore_errors=True)
         os.rename(tmp, done)
-    for whl in done.glob("deepspeed-*.whl"):
-        shutil.copy2(whl, out / whl.name)
+    return done
 
 
-def download_wheels(out: Path, local: Path, target, cache: Path) -> None:
-    """Every dependency of ``harnessrl[train]`` (pinned to this Python's versions) as wheels
-    for ``target`` (``actors.sandbox.envs.Target``), plus the pip that installs them."""
-    from actors.sandbox.envs import PIP_REQUIREMENT
-
+def download_wheels(requirements: list[str], target, cache: Path, links: list[Path]) -> Path:
+    """A cached folder with ``requirements`` and every dependency (pinned to this Python's
+    versions) as wheels for ``target`` (``actors.sandbox.envs.Target``); ``links``: local
+    wheels besides the configured find-links (DeepSpeed's)."""
     pins = installed_pins()
     key = hashlib.blake2b(
-        json.dumps([LAYOUT, pins, project_requirements(), target.__dict__]).encode(),
-        digest_size=6,
+        json.dumps([LAYOUT, pins, requirements, target.__dict__]).encode(), digest_size=6
     ).hexdigest()
     done = cache / f"wheels-{key}"
     if not (done / "complete").exists():
@@ -131,17 +137,33 @@ def download_wheels(out: Path, local: Path, target, cache: Path) -> None:
         (tmp / "constraints.txt").write_text("\n".join(pins) + "\n")
         argv = [sys.executable, "-m", "pip", "download", "--dest", str(tmp), "--progress-bar"]
         argv += ["off", "--disable-pip-version-check", "--no-input", *target.pip_flags()]
-        argv += ["-c", str(tmp / "constraints.txt"), "harnessrl[train]", PIP_REQUIREMENT]
-        # the local wheels (harnessrl, DeepSpeed) next to the configured find-links
-        links = " ".join(filter(None, [os.environ.get("PIP_FIND_LINKS", ""), str(local)]))
-        _run(argv, "pip download", env={**os.environ, "PIP_FIND_LINKS": links})
-        for whl in tmp.glob("harnessrl-*.whl"):
-            whl.unlink()  # changes with the checkout: never cached
+        argv += ["-c", str(tmp / "constraints.txt"), *requirements]
+        found = " ".join(filter(None, [os.environ.get("PIP_FIND_LINKS", ""), *map(str, links)]))
+        _run(argv, "pip download", env={**os.environ, "PIP_FIND_LINKS": found})
         (tmp / "complete").write_text(f"{time.time()}\n")
         shutil.rmtree(done, ignore_errors=True)
         os.rename(tmp, done)
-    for whl in done.glob("*.whl"):
-        shutil.copy2(whl, out / whl.name)
+    return done
+
+
+def prepare_wheels(out: Path, target, cache: Path, train: bool) -> None:
+    """``out/core`` (harnessrl's dependencies and pip), ``out/train`` (what the ``train``
+    extra adds, none of core's wheels) and ``out/hrl`` (harnessrl's wheel)."""
+    from actors.sandbox.envs import PIP_REQUIREMENT
+
+    for d in ("core", "train", "hrl"):
+        (out / d).mkdir(parents=True)
+    build_harnessrl_wheel(out / "hrl", cache)
+    core = download_wheels([*project_requirements(), PIP_REQUIREMENT], target, cache, [])
+    for whl in core.glob("*.whl"):
+        shutil.copy2(whl, out / "core" / whl.name)
+    if not train:
+        return
+    ds = deepspeed_wheel(cache)
+    extra = download_wheels(project_requirements("train"), target, cache, [ds])
+    for whl in extra.glob("*.whl"):
+        if not (out / "core" / whl.name).exists():
+            shutil.copy2(whl, out / "train" / whl.name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -163,18 +185,17 @@ async def probe_target(docker, base: str):
 def prepare_context(
     ctx: Path, targets: list[str], target, cache: Path, harnesses: list[str], envs: bool
 ) -> None:
-    """Lay out the build context of ``targets`` in ``ctx``."""
+    """Lay out the build context of ``targets`` in ``ctx`` (`context_members` picks each
+    image's part)."""
     rel = "deploy/images/entrypoint.sh"
     (ctx / rel).parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(REPO / rel, ctx / rel)
     for f in ("Dockerfile", "Dockerfile.prometheus"):
         shutil.copy2(DOCKERFILE.with_name(f), ctx / f)
-    for d in ("wheels", "harnesses", "envs"):
+    for d in ("harnesses", "envs"):
         (ctx / d).mkdir()
     if {"actor", "cpu"} & set(targets):
-        local = ctx / "wheels"
-        build_local_wheels(local, cache, train=True)
-        download_wheels(ctx / "wheels", local, target, cache)
+        prepare_wheels(ctx / "wheels", target, cache, train="cpu" in targets)
     if "actor" in targets:
         copy_harnesses(ctx / "harnesses", harnesses)
         if envs:
@@ -186,6 +207,28 @@ def prepare_context(
                 "the prometheus image needs Prometheus here: apt-get install prometheus"
             )
         shutil.copy2(exe, ctx / "prometheus")
+
+
+def context_members(image: str, rel: str) -> bool:
+    """Whether ``rel`` (a path of the prepared context) is sent with ``image``'s build: the
+    actor's context has no torch (``wheels/train``); cpu's has the actor's files too (the legacy
+    builder builds the actor stage on the way, from the layer cache); Prometheus' only its
+    binary."""
+    top = rel.split("/", 1)[0]
+    if image == "prometheus":
+        return rel in (".", "Dockerfile.prometheus", "prometheus")
+    return top != "prometheus" and not (image == "actor" and rel.startswith("wheels/train"))
+
+
+def write_context_tar(ctx: Path, dest: Path, image: str) -> None:
+    """``image``'s build context (`context_members`) as an uncompressed tar."""
+
+    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        rel = os.path.normpath(info.name)
+        return info if context_members(image, rel) else None
+
+    with tarfile.open(dest, "w") as tf:
+        tf.add(ctx, arcname=".", filter=keep)
 
 
 def copy_harnesses(out: Path, names: list[str]) -> None:
@@ -255,7 +298,8 @@ async def docker_build(docker, ctx_tar: Path, target: str, tag: str, base: str) 
                         print(f"  {tag}: {text.strip()[:150]}", file=sys.stderr, flush=True)
     info = await docker.images.inspect(tag)
     return {"image": tag, "id": info["Id"], "size_bytes": info.get("Size"),
-            "built_s": round(time.monotonic() - t0, 1)}  # fmt: skip
+            "built_s": round(time.monotonic() - t0, 1),
+            "context_bytes": ctx_tar.stat().st_size}  # fmt: skip
 
 
 async def build(
@@ -278,18 +322,25 @@ async def build(
     # so that an engine's older base is never taken for it
     pkg_key = hashlib.blake2b(" ".join(PACKAGES).encode(), digest_size=4).hexdigest()
     base = f"harnessrl-base:{pkg_key}"
+    t0 = time.monotonic()
     out = [await ensure_image(docker_url, base, cache_dir=cache_dir, method=method)]
+    out.append({"phase": "base", "seconds": round(time.monotonic() - t0, 1)})
     async with aiodocker.Docker(url=docker_url) as docker:
         target = await probe_target(docker, base)
         with tempfile.TemporaryDirectory(prefix=".ctx-", dir=cache) as tmp:
             ctx = Path(tmp) / "ctx"
             ctx.mkdir()
+            t0 = time.monotonic()
             await asyncio.to_thread(prepare_context, ctx, targets, target, cache, harnesses, envs)
-            ctx_tar = Path(tmp) / "ctx.tar"
-            with tarfile.open(ctx_tar, "w") as tf:
-                tf.add(ctx, arcname=".")
+            out.append({"phase": "context", "seconds": round(time.monotonic() - t0, 1)})
             for t in targets:
-                out.append(await docker_build(docker, ctx_tar, t, f"{IMAGE[t]}:{tag}", base))
+                t0 = time.monotonic()
+                ctx_tar = Path(tmp) / f"{t}.tar"
+                await asyncio.to_thread(write_context_tar, ctx, ctx_tar, t)
+                res = await docker_build(docker, ctx_tar, t, f"{IMAGE[t]}:{tag}", base)
+                ctx_tar.unlink()
+                out.append({**res, "context_bytes": res.pop("context_bytes"),
+                            "total_s": round(time.monotonic() - t0, 1)})  # fmt: skip
     return out
 
 
