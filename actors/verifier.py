@@ -301,6 +301,7 @@ async def _drive(
         ["sh", "-c", script, "hrl-verify", stage_dir, sandbox.workdir, nonce],
         stdin=files,
         timeout=timeout + STAGE_SLACK_S,
+        proxy=False,  # the verifier needs no model API
     )
     stderr = res.stderr.decode(errors="replace")
     if res.timed_out:

@@ -4,14 +4,18 @@
 
 Floor (same run): a bare ``bwrap`` with the same namespaces and only ``/usr`` bound, running
 ``true`` — what no bwrap design can beat (namespace creation, the network namespace above all).
-Also measured: a plain ``create_subprocess_exec("true")`` (the old baseline), one ``run`` in an
-existing sandbox (fast path, no forwarder) and through the proxy forwarder, and whole
-lifecycles without a pool and with the warm pool (`actors.sandbox.base.SandboxPool`: blanks made
-ahead, removal in the background; the refill runs during the measurement).
+Also measured, in one pass after the rounds (its own floor beside them:
+``info_pass_vs_its_floor``): a plain ``create_subprocess_exec("true")`` (the old baseline), one
+``run`` in an existing sandbox without a proxy, with ``proxy=False`` in a sandbox that has one,
+through the compiled forwarder and through the Python one (``_forwarder.py``, the fallback and
+what every run paid before), and whole lifecycles without a pool, and pooled with the Python
+forwarder (the state before the compiled one).
 
 Target ``lifecycle_vs_bwrap_floor``: a rollout's sandbox with its proxy forwarder, from the warm
-pool — create + ``run(["true"])`` through the forwarder + destroy, p50 — over the floor's p50;
-the value is the median of the ratios of 3 rounds (each round all cases in blocks). Reported
+pool (`actors.sandbox.base.SandboxPool`: blanks made ahead, removal in the background; the
+refill runs during the measurement) — create + ``run(["true"])`` through the forwarder +
+destroy, p50 — over the floor's p50; the value is the median of the ratios of 3 rounds (each
+round the floor and the pooled lifecycle in alternating blocks). Reported
 beside it: ``ready`` (p50 of the pooled ``create``: until the rollout can start its command)
 and CPU per sandbox (this process and its children, refill and background removal included:
 the pool is drained and refilled inside the measured span), against the floor's CPU per call.
@@ -19,7 +23,8 @@ the pool is drained and refilled inside the measured span), against the floor's 
 Docker (reported, no target): the same cases on the engine at ``$DOCKER_HOST`` when one
 answers, else on a private dockerd started for the run (root + ``docker.io`` installed); the
 image is imported from the cached rootfs (`actors.sandbox.docker_image`). When neither works the
-docker cases are skipped and the reason is printed and recorded (``docker_skipped``).
+docker cases are skipped and the reason is printed and recorded (``docker_skipped``), as when
+``$HRL_BENCH_SKIP_DOCKER`` is set (its value is the reason).
 """
 
 from __future__ import annotations
@@ -87,6 +92,8 @@ async def docker_engine(tmp: Path) -> AsyncIterator[str]:
     """URL of an engine with the sandbox image: ``$DOCKER_HOST``'s, else a private dockerd."""
     from actors.sandbox.docker_image import PrivateDockerd, ensure_image
 
+    if reason := os.environ.get("HRL_BENCH_SKIP_DOCKER"):
+        raise DockerSkipped(f"HRL_BENCH_SKIP_DOCKER: {reason}")
     url = os.environ.get("DOCKER_HOST")
     if url:
         try:
@@ -167,7 +174,7 @@ async def cpu_per_call(fn: Callable[[], Awaitable[object]], n: int, settle=None)
 
 
 async def main_async(quick: bool) -> dict:
-    n = 30 if quick else 100
+    n = 8 if quick else 30
     rounds = ROUNDS
 
     async def plain() -> None:
@@ -189,7 +196,9 @@ async def main_async(quick: bool) -> dict:
         async with (
             BwrapBackend(Path(tmp) / "sandboxes") as be,
             BwrapBackend(Path(tmp) / "pooled", pool_size=POOL_SIZE) as pooled,
+            BwrapBackend(Path(tmp) / "pooled-py", pool_size=POOL_SIZE, forwarder="python") as py,
         ):
+            forwarder_kind = pooled.forwarder_kind
 
             async def lifecycle() -> None:
                 sb = await be.create(SandboxSpec(owner="bench"))
@@ -211,6 +220,12 @@ async def main_async(quick: bool) -> dict:
                 await sb.destroy()
                 assert r.ok, r
 
+            async def pooled_lifecycle_python_forwarder() -> None:
+                sb = await py.create(SandboxSpec(owner="bench", proxy_socket=sock))
+                r = await sb.run(["true"], timeout=30)
+                await sb.destroy()
+                assert r.ok, r
+
             floor_argv = [be._bwrap, *be._ns_args(), *be._system_binds(), "--", "/usr/bin/true"]
 
             async def bwrap_floor() -> None:
@@ -224,6 +239,7 @@ async def main_async(quick: bool) -> dict:
             async with (
                 await be.create(SandboxSpec(owner="bench")) as sb,
                 await be.create(SandboxSpec(owner="bench", proxy_socket=sock)) as sbf,
+                await py.create(SandboxSpec(owner="bench", proxy_socket=sock)) as sbp,
             ):
 
                 async def run_only() -> None:
@@ -232,18 +248,20 @@ async def main_async(quick: bool) -> dict:
                 async def run_forwarder() -> None:
                     assert (await sbf.run(["true"], timeout=30)).ok
 
+                async def run_no_proxy() -> None:
+                    assert (await sbf.run(["true"], timeout=30, proxy=False)).ok
+
+                async def run_python_forwarder() -> None:
+                    assert (await sbp.run(["true"], timeout=30)).ok
+
+                # the target's two cases, in every round
                 cases = {
-                    "baseline_subprocess": plain,
                     "bwrap_floor": bwrap_floor,
-                    "lifecycle": lifecycle,
-                    "run_only": run_only,
-                    "run_with_forwarder": run_forwarder,
-                    "lifecycle_with_forwarder": lifecycle_with_forwarder,
                     "pooled_lifecycle_with_forwarder": pooled_lifecycle_with_forwarder,
                 }
                 for _ in range(rounds):
                     ready.clear()
-                    got = await timed(cases, n)
+                    got = await timed(cases, n, warmup=1)
                     floor = statistics.median(got["bwrap_floor"])
                     lc = statistics.median(got["pooled_lifecycle_with_forwarder"])
                     round_ratios.append(lc / floor)
@@ -251,7 +269,26 @@ async def main_async(quick: bool) -> dict:
                     results.setdefault("pooled_ready", []).extend(ready)
                     for k, v in got.items():
                         results.setdefault(k, []).extend(v)
-                m = max(10, n // 4)
+                # where the time goes (one pass, the floor again for its ratios)
+                info = {
+                    "bwrap_floor": bwrap_floor,
+                    "baseline_subprocess": plain,
+                    "run_only": run_only,
+                    "run_no_proxy": run_no_proxy,
+                    "run_with_forwarder": run_forwarder,
+                    "run_with_python_forwarder": run_python_forwarder,
+                    "lifecycle": lifecycle,
+                    "lifecycle_with_forwarder": lifecycle_with_forwarder,
+                    "pooled_lifecycle_python_forwarder": pooled_lifecycle_python_forwarder,
+                }
+                got = await timed(info, max(4, n // 3), blocks=2, warmup=1)
+                info_floor = statistics.median(got.pop("bwrap_floor"))
+                info_ratios = {
+                    k: round(statistics.median(v) / info_floor, 2) for k, v in got.items()
+                }
+                for k, v in got.items():
+                    results.setdefault(k, []).extend(v)
+                m = max(6, n // 6)
                 cpu["bwrap_floor"] = await cpu_per_call(bwrap_floor, m)
                 cpu["run_only"] = await cpu_per_call(run_only, m)
                 cpu["run_with_forwarder"] = await cpu_per_call(run_forwarder, m)
@@ -263,13 +300,15 @@ async def main_async(quick: bool) -> dict:
         server.close()
         skipped = None
         try:
-            docker = await docker_cases(Path(tmp), 10 if quick else 60)
+            docker = await docker_cases(Path(tmp), 6 if quick else 20)
             results |= {f"docker_{k}": v for k, v in docker.items()}
         except DockerSkipped as e:
             skipped = str(e)
     return {
         "metrics": {k: summary(v) for k, v in results.items()},
         "round_ratios": round_ratios,
+        "info_ratios": info_ratios,
+        "forwarder": forwarder_kind,
         "round_ready": round_ready,
         "cpu_ms": cpu,
         "docker_skipped": skipped,
@@ -304,6 +343,8 @@ def main(argv: list[str] | None = None) -> None:
     targets["lifecycle_vs_bwrap_floor"]["rounds"] = [round(x, 3) for x in out["round_ratios"]]
     metrics = {
         **res,
+        "forwarder": out["forwarder"],
+        "info_pass_vs_its_floor": out["info_ratios"],
         "ready_vs_bwrap_floor_rounds": [round(x, 3) for x in out["round_ready"]],
         "cpu_ms_per_sandbox": cpu,
         "cpu_vs_bwrap_floor": {k: round(v / cpu["bwrap_floor"], 2) for k, v in cpu.items()},

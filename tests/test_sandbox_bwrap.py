@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -150,7 +151,45 @@ async def unix_http(tmp_path: Path):
     await runner.cleanup()
 
 
-async def test_forwarder_reaches_host_unix_socket(backend: BwrapBackend, unix_http: Path):
+@pytest.fixture(params=["c", "python"])
+async def fwd_backend(request: pytest.FixtureRequest, tmp_path: Path):
+    """The backend with each forwarder: the compiled one and the Python fallback."""
+    from tests.conftest import bwrap_or_skip
+
+    be = await bwrap_or_skip(tmp_path / "sandboxes", forwarder=request.param)
+    async with be:
+        assert be.forwarder_kind == request.param
+        yield be
+
+
+def test_forwarder_choice_and_build_errors(tmp_path: Path):
+    """A bad ``forwarder`` is refused; a compiler that fails is a `SandboxError` (``auto``
+    then falls back to the Python forwarder, ``c`` raises); a good build is cached."""
+    from actors.sandbox.bwrap import build_forwarder
+
+    with pytest.raises(ValueError, match="forwarder"):
+        BwrapBackend(tmp_path, forwarder="rust")
+    with pytest.raises(SandboxError, match="cannot build"):
+        build_forwarder(tmp_path / "fwd", cc="/bin/false")
+    if shutil.which("cc"):
+        first = build_forwarder(tmp_path / "fwd")
+        assert os.access(first, os.X_OK) and build_forwarder(tmp_path / "fwd") == first
+
+
+async def test_forwarder_auto_falls_back_to_python(tmp_path: Path, monkeypatch):
+    """Where no C compiler works, ``auto`` runs the Python forwarder; ``c`` refuses to start."""
+    from tests.conftest import bwrap_or_skip
+
+    monkeypatch.setenv("CC", "/bin/false")
+    auto = await bwrap_or_skip(tmp_path / "a", forwarder_cache_dir=tmp_path / "fa")
+    async with auto:
+        assert auto.forwarder_kind == "python"
+    strict = BwrapBackend(tmp_path / "c", forwarder="c", forwarder_cache_dir=tmp_path / "fc")
+    with pytest.raises(SandboxError, match="cannot build"):
+        await strict.start()
+
+
+async def test_forwarder_reaches_host_unix_socket(fwd_backend: BwrapBackend, unix_http: Path):
     """HTTP to 127.0.0.1:<port> inside reaches the host's unix-socket server, concurrently."""
     spec = SandboxSpec(proxy_socket=unix_http, proxy_port=18080)
     code = """
@@ -166,17 +205,28 @@ async def test_forwarder_reaches_host_unix_socket(backend: BwrapBackend, unix_ht
                    for i, r in enumerate(res)), res
         print(base, "ok", len(res))
     """
-    async with await backend.create(spec) as s:
+    async with await fwd_backend.create(spec) as s:
         r = await s.run(py(code), timeout=30)
         assert r.ok, r.stderr
         assert r.stdout.decode().split() == ["http://127.0.0.1:18080", "ok", "32"]
         # exit statuses pass through the launcher unchanged
         assert (await s.run(["sh", "-c", "exit 7"], timeout=10)).returncode == 7
         assert (await s.run(["no-such-command"], timeout=10)).returncode == 127
-        assert (await s.run(["sh", "-c", "kill -9 $$"], timeout=10)).returncode == 137
+        killed = await s.run(["sh", "-c", "kill -9 $$"], timeout=10)
+        assert killed.returncode == 137 and "SIGKILL" in killed.killed, killed
+        own = await s.run(["sh", "-c", "exit 137"], timeout=10)
+        assert own.returncode == 137 and own.killed == "", own
+        # the limits hold under either forwarder (the compiled one sets them itself)
+        code = """
+            import resource as r
+            for x in ("NPROC", "FSIZE", "CORE"):
+                print(r.getrlimit(getattr(r, "RLIMIT_" + x))[0])
+        """
+        lim = await s.run(py(code), timeout=10)
+        assert lim.stdout.split() == [b"1024", str(4 * 2**30).encode(), b"0"], lim
 
 
-async def test_forwarder_without_proxy_fails_fast(backend: BwrapBackend, tmp_path: Path):
+async def test_forwarder_without_proxy_fails_fast(fwd_backend: BwrapBackend, tmp_path: Path):
     """With the proxy socket gone, connections are closed at once (the harness retries)."""
     code = """
         import os, urllib.request
@@ -186,12 +236,12 @@ async def test_forwarder_without_proxy_fails_fast(backend: BwrapBackend, tmp_pat
             print("failed", type(e).__name__)
     """
     spec = SandboxSpec(proxy_socket=tmp_path / "gone.sock")
-    async with await backend.create(spec) as s:
+    async with await fwd_backend.create(spec) as s:
         r = await s.run(py(code), timeout=20)
     assert r.stdout.startswith(b"failed") and r.duration_s < 5, r
 
 
-async def test_forwarder_half_close_and_bulk(backend: BwrapBackend, tmp_path: Path):
+async def test_forwarder_half_close_and_bulk(fwd_backend: BwrapBackend, tmp_path: Path):
     """A client that shuts down its write side still gets the whole reply (8 MiB each way)."""
 
     async def echo_after_eof(reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
@@ -215,7 +265,7 @@ async def test_forwarder_half_close_and_bulk(backend: BwrapBackend, tmp_path: Pa
         print("echoed", len(got))
     """
     try:
-        async with await backend.create(SandboxSpec(proxy_socket=sock)) as s:
+        async with await fwd_backend.create(SandboxSpec(proxy_socket=sock)) as s:
             r = await s.run(py(code), timeout=30)
     finally:
         server.close()

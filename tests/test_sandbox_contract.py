@@ -124,6 +124,70 @@ async def test_file_size_limit(backend: SandboxBackend):
         assert s.workspace_host.joinpath("big").stat().st_size <= 2**20
 
 
+PROXY_PROBE = """
+import os, socket, sys
+out = [os.environ.get("HRL_PROXY_URL", "-")]
+for family, addr in ((socket.AF_INET, ("127.0.0.1", 18080)), (socket.AF_UNIX, "/run/hrl/proxy.sock")):
+    try:
+        s = socket.socket(family, socket.SOCK_STREAM)
+        s.settimeout(5)
+        s.connect(addr)
+        s.sendall(sys.argv[1].encode())
+        s.shutdown(socket.SHUT_WR)
+        out.append("reached:" + (s.recv(64).decode() or "nothing"))
+    except OSError as e:
+        out.append(type(e).__name__)
+print(" ".join(out))
+"""
+
+
+@pytest.fixture
+async def proxies(tmp_path: Path):
+    """``proxies(name)``: a unix-socket server standing in for one rollout's proxy; it answers
+    its name and records what each connection sent (``.got``)."""
+    servers = []
+
+    async def make(name: str) -> Path:
+        sock = tmp_path / f"{name}.sock"
+        got: list[bytes] = []
+
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            got.append(await reader.read())
+            writer.write(name.encode())
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_unix_server(answer, path=str(sock))
+        server.got = got  # type: ignore[attr-defined]
+        servers.append(server)
+        return sock
+
+    make.servers = servers  # type: ignore[attr-defined]
+    yield make
+    for server in servers:
+        server.close()
+
+
+async def test_only_proxy_runs_reach_the_proxy(backend: SandboxBackend, proxies):
+    """The harness's run (``proxy`` left on) reaches the rollout's proxy through the forwarder;
+    a run with ``proxy=False`` (the verifier, file operations) has no ``$HRL_PROXY_URL``,
+    nothing listening on the proxy port and no usable proxy socket; the proxy run after it
+    reaches the proxy again."""
+    sock = await proxies("proxy")
+    (server,) = proxies.servers
+    outs = []
+    async with await backend.create(SandboxSpec(proxy_socket=sock)) as s:
+        for i, proxy in enumerate((True, False, True)):
+            r = await s.run(["python3", "-c", PROXY_PROBE, f"run{i}"], timeout=60, proxy=proxy)
+            assert r.ok, r
+            outs.append(r.stdout.decode().split())
+    url = "http://127.0.0.1:18080"
+    assert outs[0][:2] == outs[2][:2] == [url, "reached:proxy"], outs
+    assert outs[1][:2] == ["-", "ConnectionRefusedError"], outs
+    assert not outs[1][2].startswith("reached"), outs  # bwrap: no socket; docker: not its own
+    assert b"run1" not in server.got and {b"run0", b"run2"} <= set(server.got)
+
+
 LEAVE_TRACES = """
 echo ws > ws.txt; echo home > ~/home.txt; echo tmp > /tmp/tmp.txt; echo shm > /dev/shm/shm.txt
 (setsid sh -c 'sleep 977' </dev/null >/dev/null 2>&1 &)
@@ -135,10 +199,13 @@ ls -A . ~ /tmp /dev/shm; echo "env=$HRL_FIRST_ROLLOUT"; ps -eo args 2>/dev/null 
 """
 
 
-async def test_next_rollout_sees_nothing_of_the_previous(backend: SandboxBackend, tmp_path: Path):
+async def test_next_rollout_sees_nothing_of_the_previous(
+    backend: SandboxBackend, tmp_path: Path, proxies
+):
     """Sandboxes one after another (from the warm pool where the backend has one): nothing the
     first rollout left — workspace, home, /tmp and /dev/shm files, a detached process, its
-    environment — is visible to the second, and the first's state is gone from the host."""
+    environment, its proxy — is visible to the second (whose forwarder reaches the second's
+    proxy only), and the first's state is gone from the host."""
     marker = f"hrl-first-{uuid.uuid4().hex}"
     seed = tmp_path / "seed"
     seed.mkdir()
@@ -152,11 +219,16 @@ async def test_next_rollout_sees_nothing_of_the_previous(backend: SandboxBackend
     if pooled:
         await pool.wait_full()
         ready = {b.sid for b in pool._ready}
-    first = await backend.create(SandboxSpec(owner="first", env={"HRL_FIRST_ROLLOUT": marker}))
+    spec = SandboxSpec(
+        owner="first", env={"HRL_FIRST_ROLLOUT": marker}, proxy_socket=await proxies("first")
+    )
+    first = await backend.create(spec)
     if pooled:
         assert from_pool(first, ready)
     r = await first.run(["sh", "-c", LEAVE_TRACES], timeout=10)
     assert r.ok and r.stdout == b"started\n", r
+    r = await first.run(["python3", "-c", PROXY_PROBE, marker], timeout=30)
+    assert r.stdout.split()[1] == b"reached:first", r
     first_state = first.state_dir
     await first.destroy()
     if pooled:
@@ -164,10 +236,13 @@ async def test_next_rollout_sees_nothing_of_the_previous(backend: SandboxBackend
         await pool.wait_full()
         assert len(pool) == pool.size and pool.made == pool.size + 1  # refilled after the take
         ready = {b.sid for b in pool._ready}
-    async with await backend.create(SandboxSpec(owner="second", workspace_src=seed)) as second:
+    spec = SandboxSpec(owner="second", workspace_src=seed, proxy_socket=await proxies("second"))
+    async with await backend.create(spec) as second:
         if pooled:
             assert from_pool(second, ready)
         assert second.state_dir != first_state
+        r = await second.run(["python3", "-c", PROXY_PROBE, "second"], timeout=30)
+        assert r.stdout.split()[1] == b"reached:second", r  # its own proxy, not the first's
         r = await second.run(["sh", "-c", LOOK_FOR_TRACES], timeout=10)
         assert r.ok, r
         seen = r.stdout.decode()
@@ -176,6 +251,10 @@ async def test_next_rollout_sees_nothing_of_the_previous(backend: SandboxBackend
             assert trace not in seen, (trace, seen)
         with pytest.raises(FileNotFoundError):
             await second.read_file("ws.txt")
+    first_server, second_server = proxies.servers
+    # (each probe may reach its proxy twice: through the forwarder and by the socket itself)
+    assert set(first_server.got) == {marker.encode()}, first_server.got
+    assert set(second_server.got) == {b"second"}, second_server.got
     assert not first_state.exists()
     deadline = asyncio.get_running_loop().time() + 3
     while procs_with(marker) and asyncio.get_running_loop().time() < deadline:

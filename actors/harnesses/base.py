@@ -370,6 +370,7 @@ async def write_launch_files(sandbox: Any, spec: LaunchSpec) -> None:
             cwd="/",
             timeout=30,
             stdin=content.encode(),
+            proxy=False,
         )
         if not res.ok:
             raise RuntimeError(f"could not write {path} in the sandbox: {res.stderr[-500:]!r}")

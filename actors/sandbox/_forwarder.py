@@ -10,6 +10,10 @@ relays every accepted TCP connection to a fresh connection on the unix socket (b
 from the host) until the command exits; then it exits with the command's status (128+N for a
 signal), which tears the whole sandbox down.
 
+``SIGUSR1`` closes the listening sockets and every connection, ``SIGUSR2`` listens again:
+docker's forwarder serves every command of its container, and a run with ``proxy=False``
+must find nothing listening (the host waits for it on ``/proc/PID/net/tcp``).
+
 ``--status-fd FD`` (an inherited pipe from the host, not passed on to the command): before
 exiting, write how the command ended, ``exit N`` or ``signal N``. An exit status of 137 is
 ambiguous (``exit 137`` or death by SIGKILL); this line is not, and its absence tells the host
@@ -34,6 +38,10 @@ import select
 import sys
 
 BUF = 256 * 1024
+CLOSE = _signal.SIGUSR1
+"""Stop listening and drop every connection (a docker sandbox's run with ``proxy=False``)."""
+OPEN = _signal.SIGUSR2
+"""Listen again."""
 READ = select.EPOLLIN
 WRITE = select.EPOLLOUT
 
@@ -152,9 +160,10 @@ class Relay:
 
 
 def listen(port):
-    """Listening sockets on 127.0.0.1 (required) and ::1 (when the namespace has IPv6)."""
+    """Listening sockets on ::1 (when the namespace has IPv6) and 127.0.0.1 (required), in
+    that order: a host that waits for 127.0.0.1 to listen finds both listening."""
     out = []
-    for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+    for family, host in ((socket.AF_INET6, "::1"), (socket.AF_INET, "127.0.0.1")):
         try:
             s = socket.socket(family, socket.SOCK_STREAM, 0)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -201,7 +210,7 @@ def spawn(cmd):
     if pid:
         return pid
     try:  # Python ignores these; a harness must get the default actions back
-        for sig in (_signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGINT):
+        for sig in (_signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGINT, CLOSE, OPEN):
             _signal.signal(sig, _signal.SIG_DFL)
         os.execvp(cmd[0], cmd)
     except OSError as e:
@@ -209,6 +218,42 @@ def spawn(cmd):
         sys.stderr.flush()
         os._exit(127 if e.errno == errno.ENOENT else 126)
     os._exit(126)
+
+
+def control_signals(sel):
+    """``CLOSE`` / ``OPEN`` arrive as bytes on a pipe registered in ``sel`` (``"signal"``)."""
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    for sig in (CLOSE, OPEN):
+        _signal.signal(sig, lambda *_: None)
+    _signal.set_wakeup_fd(w)
+    sel.register(r, READ, "signal")
+    return r
+
+
+def on_control(sel, fd, port, listeners):
+    """Stop listening and drop every relay (``CLOSE``), or listen again (``OPEN``)."""
+    try:
+        sigs = os.read(fd, 64)
+    except (BlockingIOError, InterruptedError):
+        return
+    for sig in sigs:
+        if sig == CLOSE and listeners:
+            for s in listeners:
+                sel.unregister(s)
+                s.close()
+            listeners.clear()
+            for _, _, data in list(sel.keys.values()):
+                if isinstance(data, tuple):
+                    data[0].close()
+        elif sig == OPEN and not listeners:
+            try:
+                listeners.extend(listen(port))
+            except OSError as e:
+                sys.stderr.write(f"hrl-forwarder: cannot listen again on {port}: {e}\n")
+            for s in listeners:
+                sel.register(s, READ, None)
 
 
 def report(fd, status):
@@ -238,12 +283,14 @@ def main(argv):
     port, unix_path, cmd = int(argv[0]), argv[1], argv[3:]
     sel = Selector()
     try:
-        for s in listen(port):
+        listeners = listen(port)
+        for s in listeners:
             sel.register(s, READ, None)
     except OSError as e:
         sys.stderr.write(f"hrl-forwarder: cannot listen on 127.0.0.1:{port}: {e}\n")
         return 125
     pid = spawn(cmd)
+    control = control_signals(sel)
     try:
         pidfd = os.pidfd_open(pid)
         sel.register(pidfd, READ, "child")
@@ -256,6 +303,8 @@ def main(argv):
                 accept(sel, obj, unix_path, warned)
             elif data == "child":
                 pass
+            elif data == "signal":
+                on_control(sel, control, port, listeners)
             else:
                 relay, i = data
                 relay.on_event(i, events)

@@ -237,11 +237,15 @@ class Sandbox(Protocol):
         cwd: str | None = None,
         timeout: float | None = None,
         stdin: bytes | None = None,
+        proxy: bool = True,
     ) -> ExecResult:
         """Run ``argv`` inside (cwd defaults to `workdir`, timeout to ``limits.wall_clock_s``).
 
         Every process the command starts dies when it exits or times out. stdin is /dev/null
-        unless given. A failure of the sandbox itself raises `SandboxError`.
+        unless given. A failure of the sandbox itself raises `SandboxError`. ``proxy=False``:
+        the command cannot reach the proxy (no ``$HRL_PROXY_URL``, nothing listening on the
+        proxy port) and starts no forwarder — for everything but the harness (the verifier,
+        file operations), which needs no model API.
         """
         ...
 
@@ -312,9 +316,10 @@ class SandboxBase:
     _owner: tuple[int, int] | None
     _destroyed: bool
 
-    def base_env(self) -> dict[str, str]:
+    def base_env(self, *, proxy: bool = True) -> dict[str, str]:
         """The environment every command starts from (``spec.env`` over a minimal base; the
-        host's is never inherited); ``$HRL_PROXY_URL`` when the sandbox has a proxy."""
+        host's is never inherited); ``$HRL_PROXY_URL`` when the sandbox has a proxy and the
+        command may use it (``proxy``)."""
         spec = self.spec
         env = {
             "PATH": PATH_INSIDE,
@@ -327,7 +332,7 @@ class SandboxBase:
             "TERM": "dumb",
             "HOSTNAME": spec.hostname,
         }
-        if spec.proxy_socket is not None:
+        if spec.proxy_socket is not None and proxy:
             env["HRL_PROXY_URL"] = f"http://127.0.0.1:{spec.proxy_port}"
         return env | spec.env
 

@@ -27,16 +27,21 @@ Design (the simplest one that is correct):
   are nobody else's. As non-root, bwrap uses a user namespace (uid 1000 inside, mapped to the
   actor's uid); RLIMIT_NPROC is then counted per user namespace, i.e. per `run`.
 * **Limits:** ``prlimit`` sets RLIMIT_NPROC / DATA / FSIZE / NOFILE / CORE=0 inside, after the
-  uid drop; the wall clock: ``killpg`` of bwrap's session from here, the pid namespace the rest.
+  uid drop (the compiled forwarder sets them itself where it runs: one exec less); the wall clock: ``killpg`` of bwrap's session from here, the pid namespace the rest.
 * **Task environment:** a spec's ``environment`` is built once per content into
   ``<env_cache_dir>/bwrap-<name>-<hash>/env`` (a venv over the host's ``python3``, made
   inside a bwrap with the folder bound where sandboxes see it; see ``envs.py``), bound
   read-only at ``/opt/hrl/env`` and put first on each command's ``PATH``.
 * **Proxy forwarder:** when ``spec.proxy_socket`` is set, the host socket is bound at
-  ``/run/hrl/proxy.sock`` and the command is wrapped in ``_forwarder.py`` (host python, stdlib
-  only), which listens on ``127.0.0.1:<proxy_port>`` in the command's own network namespace
-  before starting it and relays each connection to the unix socket. Without a proxy socket,
-  commands run without Python in between (the fast path).
+  ``/run/hrl/proxy.sock`` and the command is wrapped in the forwarder, which listens on
+  ``127.0.0.1:<proxy_port>`` in the command's own network namespace before starting it and
+  relays each connection to the unix socket. The forwarder is ``_forwarder.c``, compiled once
+  per host and source (``cc -O2``, cached under ``forwarder_cache_dir``): it starts in about a
+  millisecond, where ``_forwarder.py`` (host python, stdlib only; the fallback where no C
+  compiler works, or ``forwarder="python"``) costs a Python start-up on every run. A run with
+  ``proxy=False`` (the verifier, file operations) and every run of a sandbox without a proxy
+  socket start no forwarder and see no socket: their own network namespace has nothing
+  listening, so the model's API is out of their reach.
 * **Warm pool** (``pool_size`` > 0, `base.SandboxPool`): blank state dirs (lock, uid, empty
   folders) are made ahead in the background as ``.new-<pid>-<id>``; `create` takes one, adds the
   spec's parts (etc files, mount points, the workspace copy) and renames it. A blank serves one
@@ -46,7 +51,8 @@ Design (the simplest one that is correct):
   status cannot tell ``exit 137`` from SIGKILL, so the forwarder reports how the command ended
   (``exit N`` / ``signal N``) on a pipe passed to each run.
 
-Needs: ``bubblewrap`` and ``util-linux`` (setpriv, prlimit); python3 for the forwarder.
+Needs: ``bubblewrap`` and ``util-linux`` (setpriv, prlimit); a C compiler (``cc``) or python3 for
+the forwarder.
 """
 
 from __future__ import annotations
@@ -102,16 +108,19 @@ from actors.sandbox.envs import env_cache_dir as default_env_cache
 from common.procs import kill_tree
 from common.tasks.model import TaskEnv
 
-log = logging.getLogger("harnessrl.sandbox")
-
 DEFAULT_ROOT = Path(tempfile.gettempdir()) / "harnessrl-sandboxes"
 DEFAULT_UID_LOCKS = Path(tempfile.gettempdir()) / "harnessrl-sandbox-uids"
 USERNS_UID = 1000
 RUN_DIR = "/run/hrl"
 PROXY_SOCK_INSIDE = f"{RUN_DIR}/proxy.sock"
 FORWARDER_INSIDE = f"{RUN_DIR}/forwarder.py"
+FORWARDER_BIN_INSIDE = f"{RUN_DIR}/forwarder"
 ETC_INSIDE = f"{RUN_DIR}/etc"
 FORWARDER_SRC = Path(__file__).with_name("_forwarder.py")
+FORWARDER_C_SRC = Path(__file__).with_name("_forwarder.c")
+FORWARDERS = ("auto", "c", "python")
+"""``BwrapBackend(forwarder=...)``: the compiled one when it builds (auto), it or an error (c),
+or always the Python one (python)."""
 
 #: /etc entries bound read-only when present. Everything else of /etc stays invisible
 #: (shadow, sudoers, ssh host keys, app secrets); passwd, group, hosts, hostname, nsswitch.conf
@@ -152,7 +161,41 @@ ETC_ALLOW = (
     "terminfo",
     "timezone",
 )
+log = logging.getLogger("harnessrl.sandbox.bwrap")
 _ROOT_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+
+
+def build_forwarder(cache_dir: Path, cc: str | None = None) -> Path:
+    """The compiled forwarder (``_forwarder.c``) for this host: built once per source and
+    compiler into ``cache_dir/<hash>/hrl-forwarder`` (atomically; concurrent builders race
+    harmlessly), then reused. Raises `SandboxError` when no C compiler builds it."""
+    cc = cc or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise SandboxError("no C compiler (cc) for the forwarder")
+    src = FORWARDER_C_SRC.read_bytes()
+    h = hashlib.sha256(src + os.path.realpath(cc).encode() + os.uname().machine.encode())
+    final = cache_dir / h.hexdigest()[:16] / "hrl-forwarder"
+    if final.is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    tmp = final.with_name(f".new-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        p = subprocess.run(
+            [cc, "-O2", "-o", str(tmp), str(FORWARDER_C_SRC)],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if p.returncode != 0:
+            raise SandboxError(f"cannot build the forwarder: {p.stderr.strip()[-800:]}")
+        os.chmod(tmp, 0o755)
+        os.rename(tmp, final)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SandboxError(f"cannot build the forwarder: {e}") from e
+    finally:
+        tmp.unlink(missing_ok=True)
+    return final
 
 
 def _kill_uid(uid: int) -> int:
@@ -249,7 +292,10 @@ class BwrapBackend:
     (default ``/usr/bin/python3`` when present, else this interpreter with its prefix bound).
     ``env_cache_dir``: where task environments are built (default ``$HARNESSRL_CACHE/envs``
     or ``~/.cache/harnessrl/envs``); ``env_python``: the sandboxes' ``python3`` they are
-    built over. ``pool_size``: blank sandboxes kept ready, see `SandboxPool`.
+    built over. ``pool_size``: blank sandboxes kept ready, see `SandboxPool`. ``forwarder``:
+    see `FORWARDERS` (``forwarder_kind`` says which one runs after `start`);
+    ``forwarder_cache_dir``: where the compiled one is kept (default a folder per user in the
+    temp dir).
     """
 
     name = "bwrap"
@@ -270,7 +316,20 @@ class BwrapBackend:
         env_cache_dir: Path | str | None = None,
         env_python: str = "/usr/bin/python3",
         pool_size: int = 0,
+        forwarder: str = "auto",
+        forwarder_cache_dir: Path | str | None = None,
     ) -> None:
+        if forwarder not in FORWARDERS:
+            raise ValueError(f"forwarder must be one of {FORWARDERS}: {forwarder!r}")
+        self.forwarder = forwarder
+        self.forwarder_kind = "python" if forwarder == "python" else ""
+        """The forwarder runs use: ``c`` or ``python`` (decided by `start`)."""
+        self.forwarder_cache_dir = (
+            Path(forwarder_cache_dir)
+            if forwarder_cache_dir is not None
+            else Path(tempfile.gettempdir()) / f"harnessrl-forwarder-{os.geteuid()}"
+        )
+        self._forwarder_bin: Path | None = None
         self.root = Path(root) if root is not None else DEFAULT_ROOT
         if mode == "auto":
             mode = "root" if os.geteuid() == 0 else "userns"
@@ -324,10 +383,24 @@ class BwrapBackend:
             if self.mode == "root":
                 self.uid_lock_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             self._etc = await asyncio.to_thread(self._shared_etc)
+            await self._pick_forwarder()
             self._started = True
         if self.sweep_on_start:
             await self.sweep()
         self.pool.refill()
+
+    async def _pick_forwarder(self) -> None:
+        if self.forwarder == "python":
+            self.forwarder_kind = "python"
+            return
+        try:
+            self._forwarder_bin = await asyncio.to_thread(build_forwarder, self.forwarder_cache_dir)
+            self.forwarder_kind = "c"
+        except SandboxError as e:
+            if self.forwarder == "c":
+                raise
+            log.warning("sandbox forwarder: %s; using the Python one (slower to start)", e)
+            self.forwarder_kind = "python"
 
     async def probe(self) -> str | None:
         """None when sandboxes can run here, else why not (for skips and error messages)."""
@@ -718,7 +791,9 @@ class BwrapBackend:
         ]
         if env_dir is not None:
             binds.append(("--ro-bind", env_dir, ENV_INSIDE))
-        if spec.proxy_socket is not None:
+        if spec.proxy_socket is not None and self._forwarder_bin is not None:
+            binds.append(("--ro-bind", self._forwarder_bin, FORWARDER_BIN_INSIDE))
+        elif spec.proxy_socket is not None:
             binds.append(("--ro-bind", FORWARDER_SRC, FORWARDER_INSIDE))
             if self._python_bind:
                 binds.append(("--ro-bind", self._python_bind, self._python_bind))
@@ -733,9 +808,12 @@ class BwrapBackend:
             mounted.append(inside)
         return args
 
-    def command_chain(self, spec: SandboxSpec, uid: int, status_fd: int | None = None) -> list[str]:
-        """What runs inside before the user's argv: uid drop, rlimits, forwarder (which reports
-        how the command ended on ``status_fd``, an inherited pipe, when given)."""
+    def command_chain(
+        self, spec: SandboxSpec, uid: int, status_fd: int | None = None, *, proxy: bool = True
+    ) -> list[str]:
+        """What runs inside before the user's argv: uid drop, rlimits, forwarder (when the
+        spec has a proxy socket and ``proxy``; it reports how the command ended on
+        ``status_fd``, an inherited pipe, when given)."""
         chain: list[str] = []
         if self.mode == "root":
             chain += [self._tools["setpriv"], f"--reuid={uid}", f"--regid={uid}"]
@@ -743,9 +821,14 @@ class BwrapBackend:
         lim = spec.limits
         rl = [("nproc", lim.max_processes), ("data", lim.memory_bytes)]
         rl += [("fsize", lim.max_file_size), ("nofile", lim.max_open_files), ("core", 0)]
-        chain += [self._tools["prlimit"], *(f"--{k}={v}:{v}" for k, v in rl if v is not None)]
-        chain += ["--"]
-        if spec.proxy_socket is not None:
+        rl = [(k, v) for k, v in rl if v is not None]
+        forwarder = spec.proxy_socket is not None and proxy
+        if forwarder and self._forwarder_bin is not None:  # it sets the limits itself
+            chain += [FORWARDER_BIN_INSIDE, str(spec.proxy_port), PROXY_SOCK_INSIDE]
+            chain += ["--status-fd", str(status_fd)] if status_fd is not None else []
+            return [*chain, *(a for k, v in rl for a in ("--rlimit", f"{k}={v}")), "--"]
+        chain += [self._tools["prlimit"], *(f"--{k}={v}:{v}" for k, v in rl), "--"]
+        if forwarder:
             chain += [self._python, "-I", "-S", "-B", FORWARDER_INSIDE]
             chain += [str(spec.proxy_port), PROXY_SOCK_INSIDE]
             chain += ["--status-fd", str(status_fd), "--"] if status_fd is not None else ["--"]
@@ -790,18 +873,20 @@ class BwrapSandbox(SandboxBase):
         cwd: str | None = None,
         timeout: float | None = None,
         stdin: bytes | None = None,
+        proxy: bool = True,
     ) -> ExecResult:
         if self._destroyed:
             raise SandboxError("sandbox destroyed")
         if not argv:
             raise ValueError("empty argv")
         limit = self.spec.limits.wall_clock_s if timeout is None else timeout
-        full_env = self.base_env() | (env or {})
+        proxy = proxy and self.spec.proxy_socket is not None
+        full_env = self.base_env(proxy=proxy) | (env or {})
         if self.env_dir is not None:
             full_env["PATH"] = with_env_path(full_env.get("PATH"))
-        status_r, status_w = os.pipe() if self.spec.proxy_socket is not None else (None, None)
-        chain = self.backend.command_chain(self.spec, self.uid, status_w)
-        argv_full = [*self._prefix, *self._per_run_args(cwd), "--", *chain, *argv]
+        status_r, status_w = os.pipe() if proxy else (None, None)
+        chain = self.backend.command_chain(self.spec, self.uid, status_w, proxy=proxy)
+        argv_full = [*self._prefix, *self._per_run_args(cwd, proxy), "--", *chain, *argv]
         t0, pipe = time.monotonic(), asyncio.subprocess.PIPE
         try:
             try:
@@ -824,10 +909,10 @@ class BwrapSandbox(SandboxBase):
             if status_r is not None:
                 os.close(status_r)
 
-    def _per_run_args(self, cwd: str | None) -> list[str]:
+    def _per_run_args(self, cwd: str | None, proxy: bool = True) -> list[str]:
         args = ["--chdir", cwd or self.workdir]
         sock = self.spec.proxy_socket
-        if sock is not None and sock.exists():
+        if proxy and sock is not None and sock.exists():
             st = sock.stat()
             if self._owner is not None and st.st_uid != self.uid and not st.st_mode & 0o002:
                 # connect() needs write permission on the inode: hand this rollout's socket to

@@ -22,7 +22,9 @@ Design:
   python3), listening on ``127.0.0.1:<proxy_port>`` before `create` returns. The host socket
   is bind-mounted, so it must exist when the sandbox is created (it is handed to
   ``proxy_uid`` unless world-writable); a missing one leaves the forwarder closing every
-  connection at once.
+  connection at once. A run with ``proxy=False`` first has the forwarder stop listening and
+  drop its connections (SIGUSR1; the next proxy run has it listen again, SIGUSR2), waiting
+  for it on ``/proc/PID/net/tcp``.
 * **Killing trees.** docker has no "kill this exec" call, and a pid namespace per exec needs
   privileges the container has not. So runs of one sandbox are serialized, and after every run
   (exit, timeout, failure) the backend SIGKILLs, from the host, every process of ``uid`` in
@@ -111,6 +113,20 @@ def _proc_status(pid: str) -> tuple[int, str] | None:
     except (OSError, ValueError, IndexError):
         return None
     return None if uid is None else (uid, state)
+
+
+def _forwarder_pid(init_pid: int, proxy_uid: int) -> int | None:
+    """Host pid of the container's forwarder: the child of its init running as
+    ``proxy_uid`` (None when there is none)."""
+    try:
+        kids = Path(f"/proc/{init_pid}/task/{init_pid}/children").read_text().split()
+    except OSError:
+        return None
+    for kid in kids:
+        st = _proc_status(kid)
+        if st is not None and st[0] == proxy_uid:
+            return int(kid)
+    return None
 
 
 def _cgroup_procs(pid: int) -> Path | None:
@@ -583,9 +599,29 @@ class DockerSandbox(SandboxBase):
         self._run_lock = asyncio.Lock()
         self._destroyed = False
         self._destroy_lock = asyncio.Lock()
+        self._proxy_open = True
+        """Whether the container's forwarder listens (a ``proxy=False`` run closes it)."""
 
     def __repr__(self) -> str:
         return f"<DockerSandbox {self.name}>"
+
+    async def _proxy_listening(self, want: bool) -> None:
+        """Make the container's forwarder listen (``want``) or not, and wait until it does:
+        it serves every command of the container, so a ``proxy=False`` run closes it first
+        (SIGUSR1: stop listening, drop every connection; SIGUSR2: listen again)."""
+        if self.spec.proxy_socket is None or self._proxy_open == want:
+            return
+        assert self._init_pid is not None
+        pid = await asyncio.to_thread(_forwarder_pid, self._init_pid, self.backend.proxy_uid)
+        if pid is None:
+            raise self._failure("the container's proxy forwarder is gone")
+        os.kill(pid, signal.SIGUSR2 if want else signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while _listening(self._init_pid, self.spec.proxy_port) != want:
+            if time.monotonic() > deadline:
+                raise self._failure(f"the proxy forwarder did not {'re' if want else 'un'}listen")
+            await asyncio.sleep(0.002)
+        self._proxy_open = want
 
     async def _start_container(self) -> None:
         be, spec = self.backend, self.spec
@@ -623,6 +659,7 @@ class DockerSandbox(SandboxBase):
         cwd: str | None = None,
         timeout: float | None = None,
         stdin: bytes | None = None,
+        proxy: bool = True,
     ) -> ExecResult:
         """See `Sandbox.run`. Runs of one sandbox take turns (the kill after each run takes
         every process of the sandbox's user)."""
@@ -634,12 +671,13 @@ class DockerSandbox(SandboxBase):
             self._check_alive()
             t0 = time.monotonic()
             try:
-                return await self._run_locked(argv, env, cwd, limit, stdin, t0)
+                await self._proxy_listening(proxy)
+                return await self._run_locked(argv, env, cwd, limit, stdin, t0, proxy)
             finally:
                 await self._kill_user_procs()
 
-    async def _run_locked(self, argv, env, cwd, limit, stdin, t0) -> ExecResult:
-        full_env = self.base_env() | (env or {})
+    async def _run_locked(self, argv, env, cwd, limit, stdin, t0, proxy) -> ExecResult:
+        full_env = self.base_env(proxy=proxy) | (env or {})
         if self.env_image is not None:
             full_env["PATH"] = with_env_path(full_env.get("PATH"))
         user = f"{self.uid}:{self.uid}"
