@@ -241,12 +241,15 @@ class NoopSandbox(SandboxBase):
         cwd: str | None = None,
         timeout: float | None = None,
         stdin: bytes | None = None,
+        proxy: bool = True,
     ) -> ExecResult:
         if self._destroyed:
             raise SandboxError("sandbox destroyed")
         limit = self.spec.limits.wall_clock_s if timeout is None else timeout
         env = {**self.spec.env, **(env or {})}
-        if argv[-1:] == [FLEET_HARNESS]:
+        if not proxy:  # the verifier and file operations: no model API
+            env.pop("HRL_PROXY_URL", None)
+        elif argv[-1:] == [FLEET_HARNESS]:
             return await scripted_harness(self.spec.proxy_socket, env, limit)
         return await self._exec(argv, env, cwd, limit, stdin)
 
