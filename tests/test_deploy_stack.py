@@ -3,8 +3,9 @@ fleet of ``deploy/compose/docker-compose.yml`` up with three actors, training th
 node stop, Prometheus seeing every actor, and nothing left after ``down``.
 
 Marked ``stack`` and deselected by default (pyproject's ``addopts``): it takes minutes and
-builds images. Run it with ``pytest -m stack tests/test_deploy_stack.py``. It fails, never
-skips, when docker cannot start. It uses a private dockerd (root, ``docker.io``; stopped by PID
+builds images. Run it with ``pytest -m stack tests/test_deploy_stack.py``; ``.ci/run`` does,
+after the test command, and fails when it does not pass. It fails, never skips, when docker
+cannot start. It uses a private dockerd (root, ``docker.io``; stopped by PID
 and its folder removed afterwards) unless ``HRL_TEST_DOCKER_HOST`` names an engine, whose layer
 cache then makes the build incremental (only harnessrl's own layers follow a code change).
 """
@@ -144,7 +145,7 @@ class Stack:
         return out
 
 
-@pytest.mark.timeout(5400)
+@pytest.mark.timeout(900)  # CI's budget for it; 312 s cold here (images 239 s)
 def test_compose_cpu_stack_trains_through_a_nats_node_stop(docker_url: str, tmp_path: Path):
     """Build, up with 3 actors, ≥3 steps, a NATS node stopped and training goes on, 3 actor
     targets up in Prometheus, down with nothing left behind."""
