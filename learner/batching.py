@@ -9,7 +9,7 @@ after a checkpoint holding their outcome is durable (``Ledger.commit``), so a cr
 exactly the rollouts whose outcome was lost, and a redelivered rollout whose outcome *was*
 committed is acked without being trained again.
 
-Rules (GRPO):
+Rules (GRPO, and PPO with ``filter_groups``; plain PPO/SFT batch rollouts in arrival order):
 
 * a group is keyed by ``group_id`` and sized by the samples' ``group_size``; it is *complete*
   when every member ``k`` has ended (a sample, a tombstone, or a sample dropped on arrival);
@@ -270,6 +270,10 @@ class BatchRules:
     sft_min_reward: float = 0.0
     adv_eps: float = 1e-6
     adv_scale_by_std: bool = True
+    filter_groups: bool = False
+    """PPO: batch whole groups and drop those whose rewards are all equal, as GRPO always does
+    (``zero_variance``); ``batch_groups`` groups per step instead of ``batch_rollouts``
+    rollouts in arrival order."""
     vocab_size: int = 0
     """Token ids must be below this (0: unchecked); a sample that is not a well-formed tree
     would fail every step it is in, so it is dropped on arrival (``malformed``)."""
@@ -318,6 +322,12 @@ class Batcher:
     @property
     def grpo(self) -> bool:
         return self.rules.mode == "grpo"
+
+    @property
+    def grouped(self) -> bool:
+        """Batches are whole groups with reward variance (GRPO, or PPO with
+        ``filter_groups``); otherwise rollouts in arrival order."""
+        return self.grpo or (self.rules.mode == "ppo" and self.rules.filter_groups)
 
     # -- arrival ----------------------------------------------------------------------------
 
@@ -380,7 +390,7 @@ class Batcher:
             item = Item(s, deliveries)
             self.items[s.rollout_id] = item
             self._group(s).members[k] = item
-            if not self.grpo:
+            if not self.grouped:
                 self.queue.append(item)
         else:
             self._end_member(s, deliveries, reason)
@@ -424,10 +434,11 @@ class Batcher:
     # -- groups -----------------------------------------------------------------------------
 
     def _check(self, g: Group | None, version: int) -> None:
-        """Move a complete GRPO group to the ready queue (or drop it); close decided groups."""
+        """Move a complete group to the ready queue (or drop it) when batches are groups;
+        close decided groups."""
         if g is None or not g.complete:
             return
-        if self.grpo and not g.ready and g.items() and self._validate(g, version):
+        if self.grouped and not g.ready and g.items() and self._validate(g, version):
             g.ready = True
             self.ready_groups.append(g)
             return
@@ -511,7 +522,7 @@ class Batcher:
         self.version = version
         self.expire()
         self.expire_parts()
-        if self.grpo:
+        if self.grouped:
             return self._take_groups(version)
         return self._take_rollouts(version)
 
@@ -536,7 +547,9 @@ class Batcher:
             its = g.items()
             items += its
             advantages.append(self._advantages([it.sample.reward for it in its]))
-        return self._batch(items, np.concatenate(advantages), len(groups))
+        # PPO's advantages come from its value head (GAE in the loss), not from the group
+        adv = np.concatenate(advantages) if self.grpo else None
+        return self._batch(items, adv, len(groups))
 
     def _advantages(self, rewards: list[float]) -> np.ndarray:
         from learner.losses import grpo_advantages

@@ -133,6 +133,13 @@ def _learner_config() -> type:
         """GRPO: a group left with fewer samples (tombstones, stale members) is skipped and counted."""
         batch_groups: int = Field(4, ge=1, le=100_000)
         """Groups per optimiser step (PPO/SFT: ``batch_groups * group_size`` samples per step)."""
+        filter_groups: bool = False
+        """PPO: train on whole groups and drop those whose rewards are all equal (DAPO's
+        dynamic sampling; GRPO always does, its advantages there are 0). A critic that cannot
+        yet tell tasks apart gives every member of an all-fail group the same negative
+        advantage, a push away from whatever the policy did that moves it towards junk; with
+        the filter, PPO learns only where the policy's own samples disagree. Needs
+        ``group_size`` > 1."""
         updates_per_batch: int = Field(1, ge=1, le=64)
         """Optimiser steps on each batch (PPO's epochs, DeepSeekMath GRPO's mu): a no-grad pass
         fixes pi_old first, and every step clips its ratio against it (``loss.clip_low`` /
@@ -199,6 +206,8 @@ def _learner_config() -> type:
             self.loss.algo = algo
             if self.min_group_size > self.group_size:
                 raise ValueError("min_group_size must not exceed group_size")
+            if self.filter_groups and algo == "ppo" and self.group_size < 2:
+                raise ValueError("filter_groups needs group_size > 1 (a group of 1 never varies)")
             return self
 
         @property

@@ -188,6 +188,7 @@ class Learner:
             sft_min_reward=c.sft_min_reward,
             adv_eps=c.loss.adv_eps,
             adv_scale_by_std=c.loss.adv_scale_by_std,
+            filter_groups=c.filter_groups,
             vocab_size=int(self.engine.policy.lm.config.get_text_config().vocab_size),
         )
 

@@ -245,6 +245,29 @@ async def test_ppo_takes_any_fresh_samples(bus: Bus) -> None:
     assert h.ledger.dropped["p3-0-1"] == "stale" and "p8-0-1" not in h.ledger.dropped
 
 
+async def test_ppo_filter_groups_trains_whole_groups_with_variance(bus: Bus) -> None:
+    """PPO with ``filter_groups``: batches are whole groups, an all-equal group is dropped as
+    ``zero_variance``, and the advantages are left to the value head (None)."""
+    h = Harness(bus, mode="ppo", batch_groups=2, batch_rollouts=8, filter_groups=True)
+    flat, a, b = group("flat", [0, 0, 0, 0]), group("ga", [0, 1, 0, 0]), group("gb", [1, 1, 0, 1])
+    await h.deliver(flat + a + b[:3])
+    assert h.batcher.take(0) is None  # gb incomplete; flat never counts towards a batch
+    assert h.ledger.counts["zero_variance"] == 4 and "flat" in h.ledger.closed
+    assert sorted(h.ends) == [("flat", k) for k in range(4)]
+    await h.deliver(b[3:])
+    batch = h.batcher.take(0)
+    assert batch is not None and batch.advantages is None and batch.groups == 2
+    assert sorted(s.rollout_id for s in batch.samples) == sorted(
+        s.rollout_id for s in a + b
+    )
+    # without the filter the same deliveries are 8 rollouts in arrival order, flat ones first
+    h2 = Harness(bus, mode="ppo", batch_groups=2, batch_rollouts=8)
+    h2.consumer = h.consumer
+    await h2.deliver(group("flat2", [0, 0, 0, 0]) + group("gc", [0, 1, 0, 0]))
+    batch2 = h2.batcher.take(0)
+    assert batch2 is not None and [s.group_id for s in batch2.samples][:4] == ["flat2"] * 4
+
+
 async def test_eval_samples_reported_never_trained(bus: Bus) -> None:
     h = Harness(bus, batch_groups=1)
     await h.deliver([synthetic_sample("ev", 0, reward=0.5, group_size=1, is_eval=True)])

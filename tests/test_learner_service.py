@@ -386,3 +386,11 @@ async def test_sigkill_and_resume_trains_every_sample_once(
     upd = WeightUpdater(bus, apply, tmp_path / "sync", durable="check", read_retries=0)
     assert await upd.poll(timeout=5.0) == state.version and applied == [state.version]
     await bus.close()
+
+
+def test_filter_groups_is_refused_for_groups_of_one(tmp_path: Path) -> None:
+    """``filter_groups`` on groups of 1 would drop every PPO sample: a config error naming it."""
+    with pytest.raises(ValueError, match="filter_groups needs group_size > 1"):
+        in_process_config(tmp_path, algo="ppo", group_size=1, min_group_size=1, filter_groups=True)
+    cfg = in_process_config(tmp_path, algo="ppo", filter_groups=True)
+    assert cfg.filter_groups and cfg.loss.algo == "ppo"

@@ -81,6 +81,9 @@ class DemoConfig(HrlModel):
     """Wall-clock limit of the RL phase once its processes are ready (0: none)."""
     algo: Literal["grpo", "ppo"] = "grpo"
     """RL algorithm."""
+    filter_groups: bool = True
+    """PPO: train on whole groups and drop those whose rewards are all equal (the learner's
+    ``filter_groups``, as GRPO always does); ``--no-filter-groups`` trains on every rollout."""
     harnesses: list[str] = ["reference"]
     """Harnesses (``--harness``, repeat to mix: one group per task and harness). The teacher
     speaks the reference harness's tools, so SFT data always comes from ``reference``."""
@@ -332,6 +335,7 @@ def rl_run_file(cfg: DemoConfig, name: str, policy: Path, suite: str = "toy") ->
                 "group_size": cfg.group_size,
                 "min_group_size": 2,
                 "batch_groups": cfg.batch_groups,
+                "filter_groups": cfg.filter_groups and cfg.algo == "ppo",
                 "updates_per_batch": cfg.updates_per_batch,
                 "max_staleness": cfg.max_staleness,
                 "threads": cfg.learner_threads,
