@@ -257,9 +257,7 @@ async def test_ppo_filter_groups_trains_whole_groups_with_variance(bus: Bus) -> 
     await h.deliver(b[3:])
     batch = h.batcher.take(0)
     assert batch is not None and batch.advantages is None and batch.groups == 2
-    assert sorted(s.rollout_id for s in batch.samples) == sorted(
-        s.rollout_id for s in a + b
-    )
+    assert sorted(s.rollout_id for s in batch.samples) == sorted(s.rollout_id for s in a + b)
     # without the filter the same deliveries are 8 rollouts in arrival order, flat ones first
     h2 = Harness(bus, mode="ppo", batch_groups=2, batch_rollouts=8)
     h2.consumer = h.consumer
