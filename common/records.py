@@ -474,7 +474,8 @@ class WeightsReady(Record, kw_only=True):
     total_bytes: int = 0
     """Size of the serialized weights."""
     digest: str = ""
-    """blake2b hex digest of the concatenated chunk data."""
+    """Digest of the concatenated chunk data: ``sha256:<hex>`` (a bare hex digest is blake2b-256,
+    as learners before the prefix announced; ``common.weights.weights_hasher`` reads both)."""
     dtype: str = "bfloat16"
     """Dtype of the transferred tensors."""
     created_at: float = 0.0
