@@ -50,6 +50,7 @@ from learner.losses import (
     LossStats,
     norm_weights,
     policy_loss,
+    ppo_advantages,
     sequence_log_weights,
     sft_loss,
     summarize,
@@ -403,11 +404,13 @@ class LearnerEngine:
             if whiten_ppo and not whiten_inline:
                 if values is None:
                     raise RuntimeError("PPO needs the policy's value head")
-                adv = np.concatenate([r.returns for r in rows]) - np.concatenate(values)
-                weight = np.concatenate(nw_rows) * mask
-                white = whiten(
-                    torch.from_numpy(adv), torch.from_numpy(weight), shift_mean=shift, reduce=reduce
+                adv = ppo_advantages(
+                    torch.from_numpy(np.concatenate([r.returns for r in rows])),
+                    torch.from_numpy(np.concatenate(values)),
+                    cfg.value_bounds,
                 )
+                weight = np.concatenate(nw_rows) * mask
+                white = whiten(adv, torch.from_numpy(weight), shift_mean=shift, reduce=reduce)
                 adv_rows = np.split(white.numpy(), splits)
         is_rows: list[Any] = [None] * len(rows)
         if seq_is:
@@ -445,7 +448,9 @@ class LearnerEngine:
                 advantage = None if cfg.algo == "ppo" else batch.advantage
                 if whiten_inline:
                     advantage = whiten(
-                        batch.returns - out.values.detach(), nw * batch.loss_mask, shift_mean=shift
+                        ppo_advantages(batch.returns, out.values, cfg.value_bounds),
+                        nw * batch.loss_mask,
+                        shift_mean=shift,
                     )
                 elif whiten_ppo:
                     advantage = cat(adv_rows)

@@ -92,6 +92,11 @@ class LossConfig(HrlModel):
     keeps them. A binary reward's ``R - V`` is about +-0.5 where GRPO's group-normalised
     advantage is about +-1, so unnormalised PPO takes half GRPO's step at the same lr. The
     value target stays ``R``."""
+    value_bounds: tuple[float, float] | None = None
+    """PPO: clamp ``V(t)`` into ``[lo, hi]`` where it enters the advantage ``R - V(t)`` (the
+    value loss still regresses the raw head). The set of achievable returns bounds every true
+    value; a critic extrapolating below the lowest reward on tokens unlike any it was fit on
+    (a long junk reply) hands a failing rollout a positive advantage. None: unclamped."""
     adv_eps: float = Field(1e-6, gt=0.0)
     """GRPO: epsilon in ``(R - mean) / (std + eps)``."""
     adv_scale_by_std: bool = True
@@ -187,9 +192,15 @@ def whiten(
     return (((a - mean) if shift_mean else a) / (std + eps)).to(advantage.dtype)
 
 
-def ppo_advantages(returns: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """Tree GAE(1, 1): ``mean over branches through t of (R_b - V(t)) = G_t - V(t)``, detached."""
-    return returns - values.detach()
+def ppo_advantages(
+    returns: torch.Tensor, values: torch.Tensor, bounds: tuple[float, float] | None = None
+) -> torch.Tensor:
+    """Tree GAE(1, 1): ``mean over branches through t of (R_b - V(t)) = G_t - V(t)``, detached;
+    ``bounds`` clamps ``V`` first (``LossConfig.value_bounds``)."""
+    v = values.detach()
+    if bounds is not None:
+        v = v.clamp(bounds[0], bounds[1])
+    return returns - v
 
 
 # ---------------------------------------------------------------------------------------------
@@ -304,7 +315,7 @@ def policy_loss(
     if cfg.algo == "ppo" and advantage is None:
         if values is None or returns is None:
             raise ValueError("ppo needs values and returns (or an explicit advantage)")
-        advantage = ppo_advantages(returns, values)
+        advantage = ppo_advantages(returns, values, cfg.value_bounds)
     if advantage is None:
         raise ValueError("an advantage per target is required")
     token_log_w = (old - rollout_logp).detach()
@@ -335,10 +346,13 @@ def policy_loss(
         if cfg.entropy_coef > 0:
             loss = loss - policy_weight * cfg.entropy_coef * ent
         terms["entropy"] = float(ent.detach())  # normalised like the loss: the step's mean entropy
+    value_tokens: dict[str, torch.Tensor] = {}
     if cfg.algo == "ppo" and values is not None and returns is not None:
         v_loss = (nw * 0.5 * (values - returns) ** 2).sum()
         loss = loss + cfg.value_coef * v_loss
         terms["loss/value"] = float(v_loss.detach())
+        terms["value/mean"] = float((nw * values.detach()).sum())
+        value_tokens["value"] = values.detach()[mask > 0]
     terms["loss/total"] = float(loss.detach())
 
     sel = mask > 0
@@ -350,6 +364,7 @@ def policy_loss(
             "tis_clipped": (torch.exp(log_w) > cfg.is_cap)[sel].float(),
             "mis_masked": (1 - kept)[sel],
             "ppo_clipped": ((surr_clipped < surr) & (advantage != 0))[sel].float().detach(),
+            **value_tokens,
         },
     )
     return loss, stats
@@ -391,4 +406,8 @@ def summarize(stats: Sequence[LossStats]) -> dict[str, float]:
     out["is/tis_clip_frac"] = float(toks["tis_clipped"].mean())
     out["is/mis_masked_frac"] = float(toks["mis_masked"].mean())
     out["ppo/clip_frac"] = float(toks["ppo_clipped"].mean())
+    v = toks.get("value")
+    if v is not None and len(v):
+        for q in (0.05, 0.5, 0.95):
+            out[f"value/p{int(q * 100):02d}"] = float(torch.quantile(v, q))
     return out

@@ -200,6 +200,33 @@ def test_ppo_clip_and_metrics() -> None:
     assert m["loss/pg"] == pytest.approx(2 * stats.terms["loss/pg"])  # terms add up
 
 
+def test_ppo_value_bounds_clamp_the_baseline_not_the_value_loss() -> None:
+    """``value_bounds`` clamps V where it enters ``R - V``: a value below the lowest reward no
+    longer gives a failing token a positive advantage; the value loss still sees the raw head,
+    and the step reports the values' quantiles."""
+    values = torch.tensor([-0.5, 0.2, 1.4, 0.5], requires_grad=True)
+    returns = torch.tensor([0.0, 0.0, 1.0, 1.0])
+    common = dict(
+        logp=torch.zeros(4, requires_grad=True),
+        rollout_logp=torch.zeros(4),
+        loss_mask=torch.ones(4),
+        norm_weight=torch.full((4,), 0.25),
+        values=values,
+        returns=returns,
+    )
+    raw = LossConfig(algo="ppo", is_mode="none", adv_norm="none")
+    bounded = LossConfig(algo="ppo", is_mode="none", adv_norm="none", value_bounds=(0.0, 1.0))
+    _, st_raw = policy_loss(raw, **common)
+    _, st = policy_loss(bounded, **common)
+    # pg = -A per token at ratio 1: raw A = [0.5, -0.2, -0.4, 0.5]; bounded [0, -0.2, 0, 0.5]
+    assert st_raw.terms["loss/pg"] == pytest.approx(-0.25 * (0.5 - 0.2 - 0.4 + 0.5))
+    assert st.terms["loss/pg"] == pytest.approx(-0.25 * (0.0 - 0.2 + 0.0 + 0.5))
+    assert st.terms["loss/value"] == pytest.approx(st_raw.terms["loss/value"])
+    m = summarize([st])
+    assert m["value/p05"] < 0 < m["value/p50"] and m["value/p95"] > 1
+    assert st.terms["value/mean"] == pytest.approx(0.25 * (-0.5 + 0.2 + 1.4 + 0.5))
+
+
 def test_norm_weights_token_and_sequence() -> None:
     idx = np.array([0, 0, 0, 1, 2, 2])
     mask = np.array([1, 1, 0, 1, 1, 1], np.float32)

@@ -81,9 +81,12 @@ class DemoConfig(HrlModel):
     """Wall-clock limit of the RL phase once its processes are ready (0: none)."""
     algo: Literal["grpo", "ppo"] = "grpo"
     """RL algorithm."""
-    filter_groups: bool = True
+    filter_groups: bool = False
     """PPO: train on whole groups and drop those whose rewards are all equal (the learner's
-    ``filter_groups``, as GRPO always does); ``--no-filter-groups`` trains on every rollout."""
+    ``filter_groups``, as GRPO always does)."""
+    bound_values: bool = False
+    """PPO: clamp the critic's ``V(t)`` into the reward's range [0, 1] where it enters the
+    advantage ``R - V(t)`` (the learner's ``loss.value_bounds``)."""
     harnesses: list[str] = ["reference"]
     """Harnesses (``--harness``, repeat to mix: one group per task and harness). The teacher
     speaks the reference harness's tools, so SFT data always comes from ``reference``."""
@@ -346,7 +349,15 @@ def rl_run_file(cfg: DemoConfig, name: str, policy: Path, suite: str = "toy") ->
                     "lr_min_ratio": cfg.lr_min_ratio,
                     "seed": cfg.seed,
                 },
-                "loss": {"norm": cfg.norm, "kl_coef": cfg.kl_coef},
+                "loss": {
+                    "norm": cfg.norm,
+                    "kl_coef": cfg.kl_coef,
+                    **(
+                        {"value_bounds": [0.0, 1.0]}
+                        if cfg.bound_values and cfg.algo == "ppo"
+                        else {}
+                    ),
+                },
                 "broadcast": {"transport": "disk", "keep_versions": 2},
                 "feeder": {"suites": [suite], "harnesses": cfg.harnesses, "seed": cfg.seed},
             },
