@@ -118,12 +118,18 @@ def fixed_broken(p: dict[str, int] | None) -> str:
 
 def settings_label(r: dict[str, Any]) -> str:
     """The RL settings that differ between demo versions, short: groups per step, peak lr,
-    the cosine floor (``const`` without decay), and the last version reached."""
+    the cosine floor (``const`` without decay), optimiser steps per batch (``K2``), PPO's
+    group filter and value bounds, and the last version reached."""
     s = r.get("rl_settings") or {}
     ds = s.get("ds") or {}
     decay = f"cos{ds.get('lr_min_ratio', 0.1):g}" if ds.get("lr_decay_steps") else "const"
     last = r["rl_curve"][-1][0] if r.get("rl_curve") else "-"
-    return f"{s.get('batch_groups')}x{s.get('group_size')} lr {ds.get('lr', 0):g} {decay} v{last}"
+    extra = f" K{s['updates_per_batch']}" if (s.get("updates_per_batch") or 1) > 1 else ""
+    extra += " filter" if s.get("filter_groups") else ""
+    bounds = (s.get("loss") or {}).get("value_bounds")
+    extra += f" V in {bounds}" if bounds else ""
+    group = f"{s.get('batch_groups')}x{s.get('group_size')}"
+    return f"{group} lr {ds.get('lr', 0):g} {decay}{extra} v{last}"
 
 
 def summarise(folder: Path, wall: float | None = None) -> dict[str, Any]:
@@ -139,7 +145,16 @@ def summarise(folder: Path, wall: float | None = None) -> dict[str, Any]:
         "exit": 0,
         "wall_s": round(wall if wall is not None else doc["timings_s"]["total"], 1),
         "rl_settings": {
-            k: rl.get(k) for k in ("group_size", "batch_groups", "max_staleness", "ds", "loss")
+            k: rl.get(k)
+            for k in (
+                "group_size",
+                "batch_groups",
+                "max_staleness",
+                "updates_per_batch",
+                "filter_groups",
+                "ds",
+                "loss",
+            )
         },
     }
     ba = next(iter(doc["before_after"].values()), None)

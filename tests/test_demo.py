@@ -68,6 +68,12 @@ def test_phase_run_files_are_valid_run_configs(tmp_path: Path) -> None:
     assert sections["engine"]["threads"] == 1 and sections["learner"]["threads"] == 2
     ds = sections["learner"]["ds"]
     assert ds["lr_decay_steps"] == 3 and ds["lr_min_ratio"] == 0.1  # cosine to the last step
+    # the measured defaults per algorithm: PPO one optimiser step per batch, GRPO two
+    assert sections["learner"]["updates_per_batch"] == 1
+    grpo = cfg.model_copy(update={"algo": "grpo"})
+    assert rl_run_file(grpo, "d-rl", policy)["learner"]["updates_per_batch"] == 2
+    k3 = cfg.model_copy(update={"updates_per_batch": 3})
+    assert rl_run_file(k3, "d-rl", policy)["learner"]["updates_per_batch"] == 3
 
     external = DemoConfig(engines=["http://gpu-0:30000"], nats="nats://n:4222")
     run, _ = _resolve(tmp_path, "ext", rl_run_file(external, "d-rl", policy))
