@@ -541,14 +541,13 @@ class Batcher:
         groups = [self.ready_groups.popleft() for _ in range(self.rules.batch_groups)]
         for g in groups:
             g.ready = False
-        items: list[Item] = []
-        advantages: list[np.ndarray] = []
-        for g in groups:
-            its = g.items()
-            items += its
-            advantages.append(self._advantages([it.sample.reward for it in its]))
+        items = [it for g in groups for it in g.items()]
         # PPO's advantages come from its value head (GAE in the loss), not from the group
-        adv = np.concatenate(advantages) if self.grpo else None
+        adv = None
+        if self.grpo:
+            adv = np.concatenate(
+                [self._advantages([it.sample.reward for it in g.items()]) for g in groups]
+            )
         return self._batch(items, adv, len(groups))
 
     def _advantages(self, rewards: list[float]) -> np.ndarray:
