@@ -247,7 +247,7 @@ async def test_next_rollout_sees_nothing_of_the_previous(
         assert r.ok, r
         seen = r.stdout.decode()
         assert "task.md" in seen and "env=\n" in seen
-        for trace in ("ws.txt", "home.txt", "tmp.txt", "shm.txt", "977", marker):
+        for trace in ("ws.txt", "home.txt", "tmp.txt", "shm.txt", "sleep 977", marker):
             assert trace not in seen, (trace, seen)
         with pytest.raises(FileNotFoundError):
             await second.read_file("ws.txt")
