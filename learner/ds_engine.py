@@ -48,6 +48,7 @@ from learner.fleet import Fleet, shard_rows
 from learner.losses import (
     LossConfig,
     LossStats,
+    baseline_index,
     norm_weights,
     policy_loss,
     ppo_advantages,
@@ -404,10 +405,13 @@ class LearnerEngine:
             if whiten_ppo and not whiten_inline:
                 if values is None:
                     raise RuntimeError("PPO needs the policy's value head")
+                starts = np.cumsum([0] + [len(r.target_ids) for r in rows[:-1]])
+                turn = np.concatenate([r.turn_start + f for r, f in zip(rows, starts, strict=True)])
                 adv = ppo_advantages(
                     torch.from_numpy(np.concatenate([r.returns for r in rows])),
                     torch.from_numpy(np.concatenate(values)),
                     cfg.value_bounds,
+                    baseline_index(cfg, torch.from_numpy(turn)),
                 )
                 weight = np.concatenate(nw_rows) * mask
                 white = whiten(adv, torch.from_numpy(weight), shift_mean=shift, reduce=reduce)
@@ -448,7 +452,12 @@ class LearnerEngine:
                 advantage = None if cfg.algo == "ppo" else batch.advantage
                 if whiten_inline:
                     advantage = whiten(
-                        ppo_advantages(batch.returns, out.values, cfg.value_bounds),
+                        ppo_advantages(
+                            batch.returns,
+                            out.values,
+                            cfg.value_bounds,
+                            baseline_index(cfg, batch.turn_start),
+                        ),
                         nw * batch.loss_mask,
                         shift_mean=shift,
                     )
@@ -472,6 +481,7 @@ class LearnerEngine:
                     ref_logp=ref,
                     is_log_w=cat(is_rows),
                     sample_index=batch.sample_index,
+                    turn_start=batch.turn_start,
                     policy_weight=policy_weight,
                 )
             self.engine.backward(loss * scale if scale != 1.0 else loss, scale_wrt_gas=False)

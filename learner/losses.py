@@ -97,6 +97,14 @@ class LossConfig(HrlModel):
     value loss still regresses the raw head). The set of achievable returns bounds every true
     value; a critic extrapolating below the lowest reward on tokens unlike any it was fit on
     (a long junk reply) hands a failing rollout a positive advantage. None: unclamped."""
+    value_baseline: Literal["token", "turn"] = "token"
+    """PPO: where the baseline of ``A = R - V`` is read. ``token``: ``V(t)`` at every token
+    (GAE(1, 1)). ``turn``: ``V`` at the first token of the token's turn (the state the model
+    replied from), shared by the whole reply. Both are unbiased (a baseline that depends only on
+    the state before the action); ``turn`` does not let a critic that has learned that a junk
+    reply fails excuse the rest of that reply (``R - V(t)`` near 0 on its later tokens, and
+    positive after whitening), and gives the tokens that finish a good reply the same credit as
+    its first. The value loss still regresses ``V(t)`` on every token."""
     adv_eps: float = Field(1e-6, gt=0.0)
     """GRPO: epsilon in ``(R - mean) / (std + eps)``."""
     adv_scale_by_std: bool = True
@@ -193,14 +201,30 @@ def whiten(
 
 
 def ppo_advantages(
-    returns: torch.Tensor, values: torch.Tensor, bounds: tuple[float, float] | None = None
+    returns: torch.Tensor,
+    values: torch.Tensor,
+    bounds: tuple[float, float] | None = None,
+    baseline_index: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Tree GAE(1, 1): ``mean over branches through t of (R_b - V(t)) = G_t - V(t)``, detached;
-    ``bounds`` clamps ``V`` first (``LossConfig.value_bounds``)."""
+    ``baseline_index`` reads each target's baseline at another target (its turn's first:
+    ``LossConfig.value_baseline = "turn"``); ``bounds`` clamps ``V`` first
+    (``LossConfig.value_bounds``)."""
     v = values.detach()
+    if baseline_index is not None:
+        v = v[baseline_index]
     if bounds is not None:
         v = v.clamp(bounds[0], bounds[1])
     return returns - v
+
+
+def baseline_index(cfg: LossConfig, turn_start: torch.Tensor | None) -> torch.Tensor | None:
+    """The ``baseline_index`` of ``ppo_advantages`` for ``cfg.value_baseline``."""
+    if cfg.value_baseline == "token":
+        return None
+    if turn_start is None:
+        raise ValueError('value_baseline "turn" needs the targets\' turn_start')
+    return turn_start
 
 
 # ---------------------------------------------------------------------------------------------
@@ -300,6 +324,7 @@ def policy_loss(
     ref_logp: torch.Tensor | None = None,
     is_log_w: torch.Tensor | None = None,
     sample_index: torch.Tensor | None = None,
+    turn_start: torch.Tensor | None = None,
     policy_weight: float = 1.0,
 ) -> tuple[torch.Tensor, LossStats]:
     """GRPO/PPO loss over targets (see the module docstring for the formula).
@@ -308,14 +333,17 @@ def policy_loss(
     current policy). ``is_log_w`` overrides the IS log-weight (the learner precomputes
     sequence-level weights over the whole step); otherwise it is computed here, at
     ``cfg.is_level``, from ``old_logp - rollout_logp`` (sequence level needs ``sample_index``).
-    PPO uses ``advantage = returns - V`` when ``advantage`` is None.
+    PPO uses ``advantage = returns - V`` when ``advantage`` is None (``V`` at ``turn_start``
+    with ``cfg.value_baseline = "turn"``).
     """
     old = logp.detach() if old_logp is None else old_logp
     mask = loss_mask
     if cfg.algo == "ppo" and advantage is None:
         if values is None or returns is None:
             raise ValueError("ppo needs values and returns (or an explicit advantage)")
-        advantage = ppo_advantages(returns, values, cfg.value_bounds)
+        advantage = ppo_advantages(
+            returns, values, cfg.value_bounds, baseline_index(cfg, turn_start)
+        )
     if advantage is None:
         raise ValueError("an advantage per target is required")
     token_log_w = (old - rollout_logp).detach()

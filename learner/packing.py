@@ -244,6 +244,11 @@ class PackedRow:
     """[N] int64 node index of the target token within its sample."""
     target_offset: np.ndarray
     """[N] int64 index of the target token within its node."""
+    turn_start: np.ndarray
+    """[N] int64 row-local index of the first target of this target's *turn*: the run of its
+    sample's scored tokens along its path that it belongs to (one model reply, or the part of
+    it in this row when a tree was split inside the reply); a turn's first target is its own.
+    PPO's ``value_baseline = "turn"`` takes ``V`` there."""
     duplicated: int = 0
     """Context tokens repeated from another piece of the same tree."""
     unpredictable: int = 0
@@ -393,9 +398,29 @@ def _row_of(
         sample_index=t["sample"],
         target_node=t["node"],
         target_offset=t["offset"],
+        turn_start=turn_starts(t["src"], t["pos"], t["mask"], t["sample"]),
         duplicated=duplicated,
         unpredictable=unpredictable,
     )
+
+
+def turn_starts(
+    src: np.ndarray, pos: np.ndarray, mask: np.ndarray, sample: np.ndarray
+) -> np.ndarray:
+    """For each target, the index of the first target of its turn: follow the predecessor
+    (``src``) back while it is a scored target of the same sample. A predecessor always lies
+    earlier in DFS preorder, so one pass in position order resolves every chain."""
+    out = np.arange(len(pos), dtype=np.int64)
+    at: dict[tuple[int, int], int] = {}
+    for k in np.argsort(pos, kind="stable"):
+        if mask[k] <= 0:
+            continue
+        key = (int(sample[k]), int(src[k]))
+        j = at.get(key)
+        if j is not None:
+            out[k] = out[j]
+        at[(int(sample[k]), int(pos[k]))] = int(k)
+    return out
 
 
 _TARGET_FIELDS = ("src", "pos", "ids", "mask", "logp", "sample", "node", "offset")
@@ -522,6 +547,8 @@ class PackedBatch:
     advantage: Any
     returns: Any
     sample_index: Any
+    turn_start: Any = None
+    """[N] index (into this batch's targets) of each target's turn start (``PackedRow``)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -590,6 +617,8 @@ def collate(
         n = r.n_tokens
         ids[k, :n], pos[k, :n], end[k, :n] = r.input_ids, r.position_ids, r.subtree_end
     src = np.concatenate([r.target_src + k * t for k, r in enumerate(rows)])
+    first = np.cumsum([0] + [len(r.target_ids) for r in rows[:-1]])
+    turn = np.concatenate([r.turn_start + f for r, f in zip(rows, first, strict=True)])
 
     def cat(name: str, dt: Any) -> Any:
         return torch.from_numpy(np.concatenate([getattr(r, name) for r in rows])).to(device, dt)
@@ -611,4 +640,5 @@ def collate(
         advantage=cat("advantage", torch.float32),
         returns=cat("returns", torch.float32),
         sample_index=cat("sample_index", torch.long),
+        turn_start=torch.from_numpy(turn).to(device),
     )

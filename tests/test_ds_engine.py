@@ -117,6 +117,45 @@ def test_zero0_ppo_whitens_the_whole_step_however_it_is_split(engine0: LearnerEn
     assert whole["loss/value"] == pytest.approx(split["loss/value"], rel=1e-5)
 
 
+def test_zero0_ppo_turn_baseline_is_the_same_however_the_step_is_split(
+    engine0: LearnerEngine,
+) -> None:
+    """``value_baseline = "turn"`` reads V at each reply's first token, through the batch's
+    turn-start offsets: one micro-batch and several give the same step, and with a critic whose
+    values vary along a reply it is a different step from the per-token baseline."""
+    rows = rows_for(make_samples(4), budget=40)
+    for r, lp in zip(rows, engine0.logprobs(rows), strict=True):
+        r.rollout_logp = lp.copy()
+    assert any((r.turn_start != np.arange(len(r.turn_start))).any() for r in rows)
+    head = engine0.policy.value_head
+    saved = [p.detach().clone() for p in head.parameters()]
+    lr, micro = engine0.cfg.lr, engine0.cfg.micro_batch_rows
+    engine0.cfg.lr = 0.0
+    got = {}
+    try:
+        with torch.no_grad():
+            head.weight.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(0))
+        for baseline in ("token", "turn"):
+            for norm in ("none", "whiten"):
+                engine0.loss_cfg = LossConfig(algo="ppo", adv_norm=norm, value_baseline=baseline)
+                engine0.cfg.micro_batch_rows = micro
+                split = engine0.train_step(rows)
+                engine0.cfg.micro_batch_rows = len(rows)
+                whole = engine0.train_step(rows)
+                assert split["micro_batches"] >= 2 and whole["micro_batches"] == 1
+                assert whole["grad_norm"] == pytest.approx(split["grad_norm"], rel=1e-4)
+                assert whole["loss/pg"] == pytest.approx(split["loss/pg"], rel=1e-4, abs=1e-6)
+                got[baseline, norm] = whole
+    finally:
+        engine0.cfg.lr, engine0.cfg.micro_batch_rows = lr, micro
+        with torch.no_grad():
+            for p, v in zip(head.parameters(), saved, strict=True):
+                p.copy_(v)
+    token, turn = got["token", "none"], got["turn", "none"]
+    assert abs(turn["loss/pg"] - token["loss/pg"]) > 1e-4
+    assert turn["loss/value"] == pytest.approx(token["loss/value"], rel=1e-6)
+
+
 def test_zero0_micro_batches_accumulate_to_the_full_gradient(engine0: LearnerEngine) -> None:
     """Grad norm over 2-row micro-batches equals a plain single-batch backward of the same loss."""
     engine0.loss_cfg = LossConfig(algo="sft")

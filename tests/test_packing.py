@@ -205,6 +205,54 @@ def test_targets_and_positions_match_branches(share: bool) -> None:
             assert r.loss_mask[j] == 1.0  # only model tokens are targets by default
 
 
+@pytest.mark.parametrize("budget", [4096, 30])
+def test_turn_start_is_the_first_scored_token_of_the_reply(budget: int) -> None:
+    """Each target's ``turn_start`` is the first target of the run of its sample's scored tokens
+    it ends on its branch (brute force over the expanded branches); a tree split inside a reply
+    may only move it later, to the first of the reply's tokens in the row, never past the
+    target itself nor onto another sample's or an environment token."""
+    rng = np.random.default_rng(7 + budget)
+    samples = [random_sample(rng, n_nodes=12, roots=2, k=k) for k in range(3)]
+    samples += shared_samples(rng)
+    packing = pack(samples, PackConfig(max_tokens=budget))
+    first: dict[tuple[int, int, int], tuple[int, int, int]] = {}
+    depth: dict[tuple[int, int, int], int] = {}
+    for s, sample in enumerate(samples):
+        for br in branches(sample):
+            for t in range(1, len(br.token_ids)):
+                if not br.loss_mask[t]:
+                    continue
+                j = t
+                while j - 1 >= 1 and br.loss_mask[j - 1]:
+                    j -= 1
+                key = (s, int(br.node_of[t]), int(br.offset_of[t]))
+                first[key] = (s, int(br.node_of[j]), int(br.offset_of[j]))
+                depth[key] = t
+    moved = 0
+    for r in packing.rows:
+        keys = [
+            (int(a), int(b), int(c))
+            for a, b, c in zip(r.sample_index, r.target_node, r.target_offset, strict=True)
+        ]
+        for j, key in enumerate(keys):
+            start = keys[r.turn_start[j]]
+            assert start[0] == key[0]
+            if budget == 4096:
+                assert start == first[key]
+            else:
+                assert depth[first[key]] <= depth[start] <= depth[key]
+                moved += start != first[key]
+    if budget == 4096:
+        assert len(packing.rows) == 1
+        assert any(r.turn_start[j] != j for r in packing.rows for j in range(len(r.turn_start)))
+    else:
+        assert packing.stats.split_trees > 0
+    batch = collate(packing.rows)
+    offsets = np.cumsum([0] + [len(r.target_ids) for r in packing.rows[:-1]])
+    expect = np.concatenate([r.turn_start + o for r, o in zip(packing.rows, offsets, strict=True)])
+    assert batch.turn_start.tolist() == expect.tolist()
+
+
 def test_tree_mask_is_ancestry() -> None:
     """Query i sees key j iff j is on i's root path (brute force over node parents)."""
     rng = np.random.default_rng(2)

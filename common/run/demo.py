@@ -87,6 +87,9 @@ class DemoConfig(HrlModel):
     bound_values: bool = False
     """PPO: clamp the critic's ``V(t)`` into the reward's range [0, 1] where it enters the
     advantage ``R - V(t)`` (the learner's ``loss.value_bounds``)."""
+    value_baseline: Literal["token", "turn"] = "token"
+    """PPO: read the baseline of ``R - V`` at every token (``token``) or once per reply, at
+    its first token (``turn``; the learner's ``loss.value_baseline``)."""
     harnesses: list[str] = ["reference"]
     """Harnesses (``--harness``, repeat to mix: one group per task and harness). The teacher
     speaks the reference harness's tools, so SFT data always comes from ``reference``."""
@@ -365,6 +368,7 @@ def rl_run_file(cfg: DemoConfig, name: str, policy: Path, suite: str = "toy") ->
                         if cfg.bound_values and cfg.algo == "ppo"
                         else {}
                     ),
+                    **({"value_baseline": cfg.value_baseline} if cfg.algo == "ppo" else {}),
                 },
                 "broadcast": {"transport": "disk", "keep_versions": 2},
                 "feeder": {"suites": [suite], "harnesses": cfg.harnesses, "seed": cfg.seed},
