@@ -48,7 +48,7 @@ from learner.fleet import Fleet, shard_rows
 from learner.losses import (
     LossConfig,
     LossStats,
-    baseline_index,
+    baseline_values,
     norm_weights,
     policy_loss,
     ppo_advantages,
@@ -318,8 +318,9 @@ class LearnerEngine:
     def _no_grad_pass(
         self, rows: list[PackedRow]
     ) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
-        """Per-row target log-probs and values (None without a value head) of the current
-        weights, over every row given (padding included)."""
+        """Per-row target log-probs and the ``V`` that PPO's ``R - V`` subtracts (at each token
+        or at its turn's start, ``loss.value_baseline``; None without a value head) of the
+        current weights, over every row given (padding included)."""
         logps: list[np.ndarray] = []
         values: list[np.ndarray] | None = [] if self.policy.value_head is not None else None
         for idx in self._batches(rows):
@@ -328,7 +329,9 @@ class LearnerEngine:
             splits = np.cumsum([len(r.target_ids) for r in chunk])[:-1]
             logps.extend(np.split(out.logprobs.float().cpu().numpy(), splits))
             if values is not None:
-                values.extend(np.split(out.values.float().cpu().numpy(), splits))
+                v = baseline_values(self.loss_cfg, out.values, out.baselines)
+                assert v is not None
+                values.extend(np.split(v.float().cpu().numpy(), splits))
         return logps, values
 
     def train_step(
@@ -405,13 +408,10 @@ class LearnerEngine:
             if whiten_ppo and not whiten_inline:
                 if values is None:
                     raise RuntimeError("PPO needs the policy's value head")
-                starts = np.cumsum([0] + [len(r.target_ids) for r in rows[:-1]])
-                turn = np.concatenate([r.turn_start + f for r, f in zip(rows, starts, strict=True)])
                 adv = ppo_advantages(
                     torch.from_numpy(np.concatenate([r.returns for r in rows])),
                     torch.from_numpy(np.concatenate(values)),
                     cfg.value_bounds,
-                    baseline_index(cfg, torch.from_numpy(turn)),
                 )
                 weight = np.concatenate(nw_rows) * mask
                 white = whiten(adv, torch.from_numpy(weight), shift_mean=shift, reduce=reduce)
@@ -454,9 +454,8 @@ class LearnerEngine:
                     advantage = whiten(
                         ppo_advantages(
                             batch.returns,
-                            out.values,
+                            baseline_values(cfg, out.values, out.baselines),
                             cfg.value_bounds,
-                            baseline_index(cfg, batch.turn_start),
                         ),
                         nw * batch.loss_mask,
                         shift_mean=shift,
@@ -481,7 +480,7 @@ class LearnerEngine:
                     ref_logp=ref,
                     is_log_w=cat(is_rows),
                     sample_index=batch.sample_index,
-                    turn_start=batch.turn_start,
+                    baselines=out.baselines,
                     policy_weight=policy_weight,
                 )
             self.engine.backward(loss * scale if scale != 1.0 else loss, scale_wrt_gas=False)

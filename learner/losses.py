@@ -99,8 +99,9 @@ class LossConfig(HrlModel):
     (a long junk reply) hands a failing rollout a positive advantage. None: unclamped."""
     value_baseline: Literal["token", "turn"] = "token"
     """PPO: where the baseline of ``A = R - V`` is read. ``token``: ``V(t)`` at every token
-    (GAE(1, 1)). ``turn``: ``V`` at the first token of the token's turn (the state the model
-    replied from), shared by the whole reply. Both are unbiased (a baseline that depends only on
+    (GAE(1, 1)). ``turn``: ``V`` of the state the token's turn started from (the context the
+    model replied to: the state before the first token of the reply), shared by the whole
+    reply. Both are unbiased (a baseline that depends only on
     the state before the action); ``turn`` does not let a critic that has learned that a junk
     reply fails excuse the rest of that reply (``R - V(t)`` near 0 on its later tokens, and
     positive after whitening), and gives the tokens that finish a good reply the same credit as
@@ -201,30 +202,27 @@ def whiten(
 
 
 def ppo_advantages(
-    returns: torch.Tensor,
-    values: torch.Tensor,
-    bounds: tuple[float, float] | None = None,
-    baseline_index: torch.Tensor | None = None,
+    returns: torch.Tensor, values: torch.Tensor, bounds: tuple[float, float] | None = None
 ) -> torch.Tensor:
-    """Tree GAE(1, 1): ``mean over branches through t of (R_b - V(t)) = G_t - V(t)``, detached;
-    ``baseline_index`` reads each target's baseline at another target (its turn's first:
-    ``LossConfig.value_baseline = "turn"``); ``bounds`` clamps ``V`` first
-    (``LossConfig.value_bounds``)."""
+    """Tree GAE(1, 1): ``mean over branches through t of (R_b - V(t)) = G_t - V(t)``, detached
+    (``values`` may be the turn baselines instead: ``baseline_values``); ``bounds`` clamps
+    ``V`` first (``LossConfig.value_bounds``)."""
     v = values.detach()
-    if baseline_index is not None:
-        v = v[baseline_index]
     if bounds is not None:
         v = v.clamp(bounds[0], bounds[1])
     return returns - v
 
 
-def baseline_index(cfg: LossConfig, turn_start: torch.Tensor | None) -> torch.Tensor | None:
-    """The ``baseline_index`` of ``ppo_advantages`` for ``cfg.value_baseline``."""
+def baseline_values(
+    cfg: LossConfig, values: torch.Tensor | None, baselines: torch.Tensor | None
+) -> torch.Tensor | None:
+    """The ``V`` that ``R - V`` subtracts under ``cfg.value_baseline``: the value at each token,
+    or at the state its turn started from (``PolicyOutput.baselines``)."""
     if cfg.value_baseline == "token":
-        return None
-    if turn_start is None:
-        raise ValueError('value_baseline "turn" needs the targets\' turn_start')
-    return turn_start
+        return values
+    if baselines is None:
+        raise ValueError('value_baseline "turn" needs the values at the turns\' start (baselines)')
+    return baselines
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,7 +322,7 @@ def policy_loss(
     ref_logp: torch.Tensor | None = None,
     is_log_w: torch.Tensor | None = None,
     sample_index: torch.Tensor | None = None,
-    turn_start: torch.Tensor | None = None,
+    baselines: torch.Tensor | None = None,
     policy_weight: float = 1.0,
 ) -> tuple[torch.Tensor, LossStats]:
     """GRPO/PPO loss over targets (see the module docstring for the formula).
@@ -333,17 +331,17 @@ def policy_loss(
     current policy). ``is_log_w`` overrides the IS log-weight (the learner precomputes
     sequence-level weights over the whole step); otherwise it is computed here, at
     ``cfg.is_level``, from ``old_logp - rollout_logp`` (sequence level needs ``sample_index``).
-    PPO uses ``advantage = returns - V`` when ``advantage`` is None (``V`` at ``turn_start``
-    with ``cfg.value_baseline = "turn"``).
+    PPO uses ``advantage = returns - V`` when ``advantage`` is None (``V = baselines``, the
+    values at the turns' starts, with ``cfg.value_baseline = "turn"``).
     """
     old = logp.detach() if old_logp is None else old_logp
     mask = loss_mask
     if cfg.algo == "ppo" and advantage is None:
         if values is None or returns is None:
             raise ValueError("ppo needs values and returns (or an explicit advantage)")
-        advantage = ppo_advantages(
-            returns, values, cfg.value_bounds, baseline_index(cfg, turn_start)
-        )
+        base = baseline_values(cfg, values, baselines)
+        assert base is not None
+        advantage = ppo_advantages(returns, base, cfg.value_bounds)
     if advantage is None:
         raise ValueError("an advantage per target is required")
     token_log_w = (old - rollout_logp).detach()

@@ -83,6 +83,9 @@ class _Owner:
     offset: int
     mask: np.ndarray
     logp: np.ndarray
+    first: np.ndarray
+    """Per token: the depth of the first token of the run of the sample's scored tokens that it
+    belongs to (its *turn*), on its own path; a token's own depth where it is not scored."""
 
 
 @dataclass
@@ -99,19 +102,26 @@ class _Tree:
     @classmethod
     def of(cls, sample: TreeSample, index: int = 0) -> _Tree:
         ids, owners, children, roots = [], [], [[] for _ in sample.nodes], []
+        depth_end: list[int] = []
+        tail: list[int | None] = []  # run-first depth at a node's end, None outside a run
         for i, node in enumerate(sample.nodes):
             try:
                 t, lp, m = node_arrays(node)
             except ValueError as e:
                 raise ValueError(f"node {i}: {e}") from None
-            ids.append(t)
-            owners.append([_Owner(index, i, 0, m, lp)])
-            if node.parent < 0:
-                roots.append(i)
-            elif node.parent >= i:
+            if node.parent >= i:
                 raise ValueError(f"node {i}: parent {node.parent} does not precede it")
+            p = node.parent
+            d0, inherited = (depth_end[p], tail[p]) if p >= 0 else (0, None)
+            first = _run_first(m, d0, inherited)
+            depth_end.append(d0 + len(t))
+            tail.append((int(first[-1]) if m[-1] else None) if len(t) else inherited)
+            ids.append(t)
+            owners.append([_Owner(index, i, 0, m, lp, first)])
+            if p < 0:
+                roots.append(i)
             else:
-                children[node.parent].append(i)
+                children[p].append(i)
         return cls(ids, children, roots, owners)
 
     def n_tokens(self) -> int:
@@ -147,6 +157,21 @@ class _Tree:
             for c in self.children[i]:
                 sub[i] += sub[c]
         return sub
+
+
+def _run_first(mask: np.ndarray, d0: int, inherited: int | None) -> np.ndarray:
+    """``_Owner.first`` of a node's tokens at depths ``d0...``; ``inherited`` is the run-first
+    depth of the run its parent ends in (None when the parent's last token is not scored)."""
+    m = np.asarray(mask).astype(bool)
+    depth = d0 + np.arange(len(m), dtype=np.int64)
+    if not m.any():
+        return depth
+    starts = m & np.concatenate(([True], ~m[:-1]))
+    start_depth = depth[starts]
+    if inherited is not None and m[0]:
+        start_depth[0] = inherited
+    run = np.cumsum(starts) - 1
+    return np.where(m, start_depth[np.maximum(run, 0)], depth)
 
 
 def _merge(trees: Sequence[_Tree]) -> _Tree:
@@ -191,6 +216,7 @@ def _merge(trees: Sequence[_Tree]) -> _Tree:
                         st,
                         trees[t].owners[n][0].mask[st : st + common],
                         trees[t].owners[n][0].logp[st : st + common],
+                        trees[t].owners[n][0].first[st : st + common],
                     )
                     for t, n, st in group
                 ]
@@ -244,11 +270,12 @@ class PackedRow:
     """[N] int64 node index of the target token within its sample."""
     target_offset: np.ndarray
     """[N] int64 index of the target token within its node."""
-    turn_start: np.ndarray
-    """[N] int64 row-local index of the first target of this target's *turn*: the run of its
-    sample's scored tokens along its path that it belongs to (one model reply, or the part of
-    it in this row when a tree was split inside the reply); a turn's first target is its own.
-    PPO's ``value_baseline = "turn"`` takes ``V`` there."""
+    baseline_src: np.ndarray
+    """[N] int64 position of the state the target's *turn* started from: the predecessor of the
+    first token of the run of its sample's scored tokens along its path that the target belongs
+    to (one model reply). Always in the row (a piece repeats its ancestor chain), so it does not
+    depend on how trees were split. PPO's ``value_baseline = "turn"`` reads ``V`` there. (A
+    turn that starts at a root's first token, which nothing precedes: that token's position.)"""
     duplicated: int = 0
     """Context tokens repeated from another piece of the same tree."""
     unpredictable: int = 0
@@ -364,6 +391,10 @@ def _row_of(
         start: dict[int, int] = {}
         last: dict[int, int | None] = {}  # last position of a node (inherited when empty)
         depth_end: dict[int, int] = {}
+        # path[d]: position of the token at depth d on the current node's root path. In DFS
+        # preorder everything laid out since the node's parent lies deeper than the parent's
+        # end, so path[:d0] still holds the node's ancestors when the node is reached.
+        path = np.zeros(sum(tree.size(n) for n in order), np.int64)
         for n in order:
             p, size = parent[n], tree.size(n)
             d0 = depth_end[p] if p is not None else 0
@@ -372,8 +403,9 @@ def _row_of(
             last[n] = offset + size - 1 if size else prev
             ids.append(tree.ids[n])
             pos.append(np.arange(d0, d0 + size))
+            path[d0 : d0 + size] = np.arange(offset, offset + size)
             if n in owned:
-                unpredictable += _targets(tg, tree, n, offset, prev, targets)
+                unpredictable += _targets(tg, tree, n, offset, prev, targets, path)
             else:
                 duplicated += size
             offset += size
@@ -398,32 +430,13 @@ def _row_of(
         sample_index=t["sample"],
         target_node=t["node"],
         target_offset=t["offset"],
-        turn_start=turn_starts(t["src"], t["pos"], t["mask"], t["sample"]),
+        baseline_src=t["base"],
         duplicated=duplicated,
         unpredictable=unpredictable,
     )
 
 
-def turn_starts(
-    src: np.ndarray, pos: np.ndarray, mask: np.ndarray, sample: np.ndarray
-) -> np.ndarray:
-    """For each target, the index of the first target of its turn: follow the predecessor
-    (``src``) back while it is a scored target of the same sample. A predecessor always lies
-    earlier in DFS preorder, so one pass in position order resolves every chain."""
-    out = np.arange(len(pos), dtype=np.int64)
-    at: dict[tuple[int, int], int] = {}
-    for k in np.argsort(pos, kind="stable"):
-        if mask[k] <= 0:
-            continue
-        key = (int(sample[k]), int(src[k]))
-        j = at.get(key)
-        if j is not None:
-            out[k] = out[j]
-        at[(int(sample[k]), int(pos[k]))] = int(k)
-    return out
-
-
-_TARGET_FIELDS = ("src", "pos", "ids", "mask", "logp", "sample", "node", "offset")
+_TARGET_FIELDS = ("src", "pos", "ids", "mask", "logp", "sample", "node", "offset", "base")
 
 
 def _cat(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
@@ -437,9 +450,11 @@ def _targets(
     offset: int,
     prev: int | None,
     targets: str,
+    path: np.ndarray,
 ) -> int:
     """Append node ``n``'s scored tokens, once per owner (source = predecessor position on the
-    path); return how many loss-mask-1 tokens had no predecessor (a segment's first token)."""
+    path; turn baseline = the position before the owner's run-first depth, from ``path``);
+    return how many loss-mask-1 tokens had no predecessor (a segment's first token)."""
     lost = 0
     for own in tree.owners[n]:
         mask = own.mask
@@ -460,6 +475,7 @@ def _targets(
             ("sample", np.full(len(k), own.sample)),
             ("node", np.full(len(k), own.node)),
             ("offset", own.offset + k),
+            ("base", path[np.maximum(own.first[k] - 1, 0)]),
         ):
             tg[key].append(value)
     return lost
@@ -547,8 +563,8 @@ class PackedBatch:
     advantage: Any
     returns: Any
     sample_index: Any
-    turn_start: Any = None
-    """[N] index (into this batch's targets) of each target's turn start (``PackedRow``)."""
+    baseline_src: Any = None
+    """[N] flat ``[B*T]`` position of each target's turn baseline state (``PackedRow``)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -563,6 +579,7 @@ class PackedBatch:
             "attention_mask": self.attention_mask,
             "target_src": self.target_src,
             "target_ids": self.target_ids,
+            "baseline_src": self.baseline_src,
         }
 
 
@@ -617,8 +634,7 @@ def collate(
         n = r.n_tokens
         ids[k, :n], pos[k, :n], end[k, :n] = r.input_ids, r.position_ids, r.subtree_end
     src = np.concatenate([r.target_src + k * t for k, r in enumerate(rows)])
-    first = np.cumsum([0] + [len(r.target_ids) for r in rows[:-1]])
-    turn = np.concatenate([r.turn_start + f for r, f in zip(rows, first, strict=True)])
+    base = np.concatenate([r.baseline_src + k * t for k, r in enumerate(rows)])
 
     def cat(name: str, dt: Any) -> Any:
         return torch.from_numpy(np.concatenate([getattr(r, name) for r in rows])).to(device, dt)
@@ -640,5 +656,5 @@ def collate(
         advantage=cat("advantage", torch.float32),
         returns=cat("returns", torch.float32),
         sample_index=cat("sample_index", torch.long),
-        turn_start=torch.from_numpy(turn).to(device),
+        baseline_src=torch.from_numpy(base).to(device),
     )

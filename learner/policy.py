@@ -10,7 +10,8 @@ comparable with the rollout log-probs. Logits are upcast to fp32 before the soft
 
 Value head (PPO): a zero-initialised ``Linear(hidden, 1)`` on the same last hidden state, at the
 same source position as the token's log-prob, so ``V(t)`` is the value of the state *before*
-token ``t`` is sampled. It shares the trunk with the policy (one forward for both; the value
+token ``t`` is sampled; with ``baseline_src`` also at the state each target's turn started from
+(the baseline of ``value_baseline = "turn"``). It shares the trunk with the policy (one forward for both; the value
 loss's gradient reaches the trunk, weighted by ``value_coef``). A separate critic is the same
 class built around a second LM whose log-probs are ignored. Zero init makes the first advantages
 ``R - 0 = R``. The head is not part of the weights broadcast to engines.
@@ -50,6 +51,9 @@ class PolicyOutput(NamedTuple):
     """[N] entropy of that distribution at the target's source position."""
     values: torch.Tensor | None
     """[N] value head output at the source position (None without a value head)."""
+    baselines: torch.Tensor | None = None
+    """[N] value head output at ``baseline_src`` (the state the target's turn started from);
+    None without a value head or ``baseline_src``."""
 
 
 class Policy(nn.Module):
@@ -79,6 +83,7 @@ class Policy(nn.Module):
         attention_mask: Any,
         target_src: torch.Tensor,
         target_ids: torch.Tensor,
+        baseline_src: torch.Tensor | None = None,
     ) -> PolicyOutput:
         out = self.lm.base_model(
             input_ids=input_ids,
@@ -86,7 +91,8 @@ class Policy(nn.Module):
             attention_mask=attention_mask,
             use_cache=False,
         )
-        hidden = out.last_hidden_state.flatten(0, 1)[target_src]
+        flat = out.last_hidden_state.flatten(0, 1)
+        hidden = flat[target_src]
         logits = self.lm.get_output_embeddings()(hidden).float()
         if self.temperature != 1.0:  # x / 1.0 == x: skip a [N, vocab] pass and its backward
             logits = logits / self.temperature
@@ -94,8 +100,12 @@ class Policy(nn.Module):
         logp = logp_all.gather(-1, target_ids[:, None])[:, 0]
         with torch.set_grad_enabled(self.entropy_grad and torch.is_grad_enabled()):
             entropy = -(logp_all.exp() * logp_all).sum(-1)
-        values = None if self.value_head is None else self.value_head(hidden)[:, 0].float()
-        return PolicyOutput(logp, entropy, values)
+        values = baselines = None
+        if self.value_head is not None:
+            values = self.value_head(hidden)[:, 0].float()
+            if baseline_src is not None:
+                baselines = self.value_head(flat[baseline_src])[:, 0].float()
+        return PolicyOutput(logp, entropy, values, baselines)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -120,13 +120,14 @@ def test_zero0_ppo_whitens_the_whole_step_however_it_is_split(engine0: LearnerEn
 def test_zero0_ppo_turn_baseline_is_the_same_however_the_step_is_split(
     engine0: LearnerEngine,
 ) -> None:
-    """``value_baseline = "turn"`` reads V at each reply's first token, through the batch's
-    turn-start offsets: one micro-batch and several give the same step, and with a critic whose
-    values vary along a reply it is a different step from the per-token baseline."""
+    """``value_baseline = "turn"`` reads V at the state each reply started from: one
+    micro-batch (whitened inline) and several (after a no-grad pass) give the same step, and
+    with a critic whose values vary along a reply it is a different step from the per-token
+    baseline."""
     rows = rows_for(make_samples(4), budget=40)
     for r, lp in zip(rows, engine0.logprobs(rows), strict=True):
         r.rollout_logp = lp.copy()
-    assert any((r.turn_start != np.arange(len(r.turn_start))).any() for r in rows)
+    assert any((r.baseline_src != r.target_src).any() for r in rows)
     head = engine0.policy.value_head
     saved = [p.detach().clone() for p in head.parameters()]
     lr, micro = engine0.cfg.lr, engine0.cfg.micro_batch_rows

@@ -227,10 +227,11 @@ def test_ppo_value_bounds_clamp_the_baseline_not_the_value_loss() -> None:
     assert st.terms["value/mean"] == pytest.approx(0.25 * (-0.5 + 0.2 + 1.4 + 0.5))
 
 
-def test_ppo_turn_baseline_reads_the_value_at_the_turn_start() -> None:
-    """``value_baseline = "turn"``: every token of a reply gets ``R - V(first token of the
-    reply)``, however the critic's values move inside it; ``token`` keeps ``R - V(t)``. The
-    value loss is the same either way, and without turn starts the loss refuses."""
+def test_ppo_turn_baseline_subtracts_the_value_where_the_turn_started() -> None:
+    """``value_baseline = "turn"``: every token of a reply gets ``R - V(state before the
+    reply)`` (the policy's ``baselines``), however the critic's values move inside it;
+    ``token`` keeps ``R - V(t)``. The value loss is the same either way, and without the
+    baselines the loss refuses."""
     values = torch.tensor([0.5, 0.1, 0.0, 0.3, 0.9])
     common = dict(
         rollout_logp=torch.zeros(5),
@@ -238,7 +239,7 @@ def test_ppo_turn_baseline_reads_the_value_at_the_turn_start() -> None:
         norm_weight=torch.full((5,), 0.2),
         values=values,
         returns=torch.zeros(5),
-        turn_start=torch.tensor([0, 0, 0, 3, 3]),  # two replies: tokens 0-2 and 3-4
+        baselines=torch.tensor([0.4, 0.4, 0.4, 0.2, 0.2]),  # two replies: tokens 0-2 and 3-4
     )
     out = {}
     for baseline in ("token", "turn"):
@@ -247,13 +248,13 @@ def test_ppo_turn_baseline_reads_the_value_at_the_turn_start() -> None:
         loss, st = policy_loss(cfg, logp=logp, **common)
         loss.backward()  # values carry no grad: only the policy term reaches logp
         out[baseline] = (logp.grad, st.terms["loss/value"])
-    # pg = -A * ratio at ratio 1, so d loss / d logp = -0.2 A with R = 0: 0.2 V(baseline)
+    # pg = -A * ratio at ratio 1, so d loss / d logp = -0.2 A = 0.2 V(baseline) with R = 0
     torch.testing.assert_close(out["token"][0], 0.2 * values)
-    torch.testing.assert_close(out["turn"][0], 0.2 * torch.tensor([0.5, 0.5, 0.5, 0.3, 0.3]))
+    torch.testing.assert_close(out["turn"][0], 0.2 * common["baselines"])
     assert out["turn"][1] == pytest.approx(out["token"][1])
     cfg = LossConfig(algo="ppo", value_baseline="turn")
-    with pytest.raises(ValueError, match="turn_start"):
-        policy_loss(cfg, logp=torch.zeros(5), **{**common, "turn_start": None})
+    with pytest.raises(ValueError, match="baselines"):
+        policy_loss(cfg, logp=torch.zeros(5), **{**common, "baselines": None})
 
 
 def test_norm_weights_token_and_sequence() -> None:

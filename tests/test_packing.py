@@ -205,52 +205,46 @@ def test_targets_and_positions_match_branches(share: bool) -> None:
             assert r.loss_mask[j] == 1.0  # only model tokens are targets by default
 
 
-@pytest.mark.parametrize("budget", [4096, 30])
-def test_turn_start_is_the_first_scored_token_of_the_reply(budget: int) -> None:
-    """Each target's ``turn_start`` is the first target of the run of its sample's scored tokens
-    it ends on its branch (brute force over the expanded branches); a tree split inside a reply
-    may only move it later, to the first of the reply's tokens in the row, never past the
-    target itself nor onto another sample's or an environment token."""
+@pytest.mark.parametrize(("budget", "share"), [(4096, True), (30, True), (30, False)])
+def test_baseline_src_is_the_state_before_the_reply(budget: int, share: bool) -> None:
+    """Each target's ``baseline_src`` is, on its own path, the token just before the first
+    token of the run of its sample's scored tokens it belongs to (brute force over the expanded
+    branches): the context the reply started from. Trees split inside a reply, or merged with
+    other samples, give the same state (a piece repeats its ancestor chain)."""
     rng = np.random.default_rng(7 + budget)
     samples = [random_sample(rng, n_nodes=12, roots=2, k=k) for k in range(3)]
     samples += shared_samples(rng)
-    packing = pack(samples, PackConfig(max_tokens=budget))
-    first: dict[tuple[int, int, int], tuple[int, int, int]] = {}
-    depth: dict[tuple[int, int, int], int] = {}
+    packing = pack(samples, PackConfig(max_tokens=budget, share_prefixes=share))
+    expect: dict[tuple[int, int, int], tuple[int, int]] = {}
     for s, sample in enumerate(samples):
         for br in branches(sample):
             for t in range(1, len(br.token_ids)):
-                if not br.loss_mask[t]:
-                    continue
-                j = t
-                while j - 1 >= 1 and br.loss_mask[j - 1]:
-                    j -= 1
-                key = (s, int(br.node_of[t]), int(br.offset_of[t]))
-                first[key] = (s, int(br.node_of[j]), int(br.offset_of[j]))
-                depth[key] = t
-    moved = 0
+                if br.loss_mask[t]:
+                    j = t
+                    while j - 1 >= 0 and br.loss_mask[j - 1]:
+                        j -= 1
+                    d = max(j - 1, 0)
+                    expect[(s, int(br.node_of[t]), int(br.offset_of[t]))] = (d, br.token_ids[d])
+    inside, before_row = 0, 0
     for r in packing.rows:
-        keys = [
-            (int(a), int(b), int(c))
-            for a, b, c in zip(r.sample_index, r.target_node, r.target_offset, strict=True)
-        ]
-        for j, key in enumerate(keys):
-            start = keys[r.turn_start[j]]
-            assert start[0] == key[0]
-            if budget == 4096:
-                assert start == first[key]
-            else:
-                assert depth[first[key]] <= depth[start] <= depth[key]
-                moved += start != first[key]
-    if budget == 4096:
-        assert len(packing.rows) == 1
-        assert any(r.turn_start[j] != j for r in packing.rows for j in range(len(r.turn_start)))
-    else:
-        assert packing.stats.split_trees > 0
+        for j in range(len(r.target_ids)):
+            key = (int(r.sample_index[j]), int(r.target_node[j]), int(r.target_offset[j]))
+            depth, token = expect[key]
+            b, t = int(r.baseline_src[j]), int(r.target_pos[j])
+            assert r.position_ids[b] == depth and r.input_ids[b] == token
+            assert b <= t < r.subtree_end[b]  # on the target's own path
+            inside += depth < r.position_ids[t] - 1
+            before_row += not any(
+                int(r.target_pos[i]) == b + 1 and r.sample_index[i] == r.sample_index[j]
+                for i in range(len(r.target_ids))
+            )
+    assert inside > 0  # some replies are longer than one token
+    if budget == 30:
+        assert packing.stats.split_trees > 0 and before_row > 0  # some reply starts are context
     batch = collate(packing.rows)
-    offsets = np.cumsum([0] + [len(r.target_ids) for r in packing.rows[:-1]])
-    expect = np.concatenate([r.turn_start + o for r, o in zip(packing.rows, offsets, strict=True)])
-    assert batch.turn_start.tolist() == expect.tolist()
+    width = batch.input_ids.shape[1]
+    want = np.concatenate([r.baseline_src + k * width for k, r in enumerate(packing.rows)])
+    assert batch.baseline_src.tolist() == want.tolist()
 
 
 def test_tree_mask_is_ancestry() -> None:
@@ -368,17 +362,22 @@ def expanded_outputs(policy: Policy, samples: list[TreeSample]) -> dict:
             for t in range(1, n):
                 key = (s, int(br.node_of[t]), int(br.offset_of[t]))
                 if br.loss_mask[t] and key not in out:
-                    out[key] = (o.logprobs[t - 1], o.entropy[t - 1], o.values[t - 1])
+                    j = t  # the turn's baseline: V before the first token of t's scored run
+                    while j - 1 >= 0 and br.loss_mask[j - 1]:
+                        j -= 1
+                    base = o.values[max(j - 1, 0)]
+                    out[key] = (o.logprobs[t - 1], o.entropy[t - 1], o.values[t - 1], base)
     return out
 
 
-def _loss(cfg: LossConfig, logp, ent, values, tg: dict, old) -> torch.Tensor:
+def _loss(cfg: LossConfig, logp, ent, values, tg: dict, old, baselines=None) -> torch.Tensor:
     loss, _ = policy_loss(
         cfg,
         logp=logp,
         old_logp=old,
         entropy=ent,
         values=values,
+        baselines=baselines,
         returns=tg["returns"],
         rollout_logp=tg["rollout_logp"],
         loss_mask=tg["loss_mask"],
@@ -401,6 +400,8 @@ def _grads(policy: Policy) -> dict[str, torch.Tensor]:
         (0, "eager", "grpo", 4096, False),
         (1, "sdpa", "ppo", 4096, False),
         (2, "eager", "ppo", 24, False),
+        (9, "eager", "ppo-turn", 24, False),
+        (10, "tree_sdpa", "ppo-turn", 40, True),
         (3, "sdpa", "grpo", 24, False),
         (4, "tree_sdpa", "ppo", 4096, False),
         (5, "tree_sdpa", "grpo", 24, False),
@@ -430,7 +431,12 @@ def test_packed_equals_expanded_count_once(
     else:
         samples = [random_sample(rng, n_nodes=7, max_len=8, roots=1 + k % 2, k=k) for k in range(4)]
     adv = rng.normal(size=len(samples)).astype(np.float32)
-    cfg = LossConfig(algo=algo, norm="sequence" if budget < 100 else "token", entropy_coef=0.01)
+    cfg = LossConfig(
+        algo="ppo" if algo == "ppo-turn" else algo,
+        value_baseline="turn" if algo == "ppo-turn" else "token",
+        norm="sequence" if budget < 100 else "token",
+        entropy_coef=0.01,
+    )
     packing = pack(samples, PackConfig(max_tokens=budget), advantages=adv)
     if budget < 100:
         assert packing.stats.duplicated_tokens > 0 and packing.stats.rows > 1
@@ -450,17 +456,18 @@ def test_packed_equals_expanded_count_once(
     }
     # a fixed pi_old a little away from pi, so ratios move and some clip
     old = (out.logprobs.detach() + torch.from_numpy(rng.normal(0, 0.3, batch.n_targets))).float()
-    packed_loss = _loss(cfg, out.logprobs, out.entropy, out.values, tg, old)
+    packed_loss = _loss(cfg, out.logprobs, out.entropy, out.values, tg, old, out.baselines)
     packed_loss.backward()
     g_packed = _grads(policy)
 
     ref = expanded_outputs(policy, samples)
     keys = row_keys(packing)
     assert set(keys) == set(ref)
-    logp, ent, val = (torch.stack([ref[k][i] for k in keys]) for i in range(3))
+    logp, ent, val, base = (torch.stack([ref[k][i] for k in keys]) for i in range(4))
     torch.testing.assert_close(logp, out.logprobs.detach(), rtol=0, atol=1e-5)
     torch.testing.assert_close(val, out.values.detach(), rtol=0, atol=1e-5)
-    exp_loss = _loss(cfg, logp, ent, val, tg, old)
+    torch.testing.assert_close(base, out.baselines.detach(), rtol=0, atol=1e-5)
+    exp_loss = _loss(cfg, logp, ent, val, tg, old, base)
     exp_loss.backward()
     g_exp = _grads(policy)
 
