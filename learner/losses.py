@@ -38,8 +38,11 @@ Definitions chosen here:
   through it**, ``mean_b R_b - V(t)``. Every branch of a rollout carries the rollout's reward
   (TreeSample has one reward), so this is ``R - V(t)``, identical on every branch: packed and
   expanded agree exactly and no credit flows across a branch point into a sibling. The value
-  target is ``G_t = R``. ``adv_norm`` then whitens (the default) or scales the step's
-  ``R - V(t)`` (``whiten``: weighted by ``norm_weight``, over every micro-batch and rank).
+  target is ``G_t = R``. With ``value_baseline = "turn"`` the ``V`` subtracted is the one of
+  the state the token's reply started from (the same for every token of the reply; still a
+  function of the past only, so still unbiased). ``adv_norm`` then whitens (the default) or
+  scales the step's ``R - V`` (``whiten``: weighted by ``norm_weight``, over every micro-batch
+  and rank).
 """
 
 from __future__ import annotations
@@ -304,7 +307,8 @@ class LossStats:
     """Normalised loss terms; micro-batch values add up to the step's."""
     tokens: dict[str, torch.Tensor] = field(default_factory=dict)
     """Per scored token (mask 1): ``log_w_token``, ``is_w``, ``tis_clipped``, ``mis_masked``,
-    ``ppo_clipped``."""
+    ``ppo_clipped``; PPO adds ``value``, ``return`` and ``baseline_error`` (``R - V`` at the
+    baseline ``value_baseline`` reads, before normalisation)."""
 
 
 def policy_loss(
@@ -379,6 +383,10 @@ def policy_loss(
         terms["loss/value"] = float(v_loss.detach())
         terms["value/mean"] = float((nw * values.detach()).sum())
         value_tokens["value"] = values.detach()[mask > 0]
+        base = baseline_values(cfg, values, baselines)
+        if base is not None:
+            value_tokens["baseline_error"] = (returns - base.detach())[mask > 0]
+            value_tokens["return"] = returns[mask > 0]
     terms["loss/total"] = float(loss.detach())
 
     sel = mask > 0
@@ -410,6 +418,9 @@ def summarize(stats: Sequence[LossStats]) -> dict[str, float]:
 
     ``mismatch/abs_dlogp`` is mean ``|log pi_old - log pi_rollout|``; ``mismatch/kl`` the k3
     estimate of KL(pi_rollout || pi_old) on the rollout's own tokens, ``mean(r - 1 - log r)``.
+    PPO: ``value/explained_variance`` is ``1 - Var(R - V) / Var(R)`` over the scored tokens,
+    with the ``V`` the advantage subtracts: 1 for a perfect critic, 0 for one no better than a
+    constant, negative for one that adds noise to the baseline.
     """
     out: dict[str, float] = {}
     for s in stats:
@@ -436,4 +447,7 @@ def summarize(stats: Sequence[LossStats]) -> dict[str, float]:
     if v is not None and len(v):
         for q in (0.05, 0.5, 0.95):
             out[f"value/p{int(q * 100):02d}"] = float(torch.quantile(v, q))
+    err, ret = toks.get("baseline_error"), toks.get("return")
+    if err is not None and ret is not None and len(ret) > 1 and float(ret.var()) > 0:
+        out["value/explained_variance"] = 1.0 - float(err.var()) / float(ret.var())
     return out

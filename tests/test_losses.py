@@ -257,6 +257,32 @@ def test_ppo_turn_baseline_subtracts_the_value_where_the_turn_started() -> None:
         policy_loss(cfg, logp=torch.zeros(5), **{**common, "baselines": None})
 
 
+def test_ppo_explained_variance_of_the_baseline() -> None:
+    """``value/explained_variance`` judges the V the advantage subtracts: 1 when it is the
+    return, 0 for a constant, negative when it adds noise; the turn baseline is what counts
+    under ``value_baseline = "turn"``, not the per-token values."""
+    returns = torch.tensor([0.0, 0.0, 1.0, 1.0, 0.0, 1.0])
+
+    def ev(values: torch.Tensor, baseline: str = "token", baselines=None) -> float:
+        cfg = LossConfig(algo="ppo", is_mode="none", adv_norm="none", value_baseline=baseline)
+        _, st = policy_loss(
+            cfg,
+            logp=torch.zeros(6),
+            rollout_logp=torch.zeros(6),
+            loss_mask=torch.ones(6),
+            norm_weight=torch.full((6,), 1 / 6),
+            values=values,
+            returns=returns,
+            baselines=baselines,
+        )
+        return summarize([st])["value/explained_variance"]
+
+    assert ev(returns.clone()) == pytest.approx(1.0)
+    assert ev(torch.full((6,), 0.3)) == pytest.approx(0.0, abs=1e-6)
+    assert ev(torch.tensor([1.0, 0.9, 0.0, 0.1, 1.0, 0.0])) < -1.0
+    assert ev(torch.full((6,), 0.3), "turn", returns.clone()) == pytest.approx(1.0)
+
+
 def test_norm_weights_token_and_sequence() -> None:
     idx = np.array([0, 0, 0, 1, 2, 2])
     mask = np.array([1, 1, 0, 1, 1, 1], np.float32)
