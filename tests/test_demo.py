@@ -74,6 +74,13 @@ def test_phase_run_files_are_valid_run_configs(tmp_path: Path) -> None:
     assert rl_run_file(grpo, "d-rl", policy)["learner"]["updates_per_batch"] == 2
     k3 = cfg.model_copy(update={"updates_per_batch": 3})
     assert rl_run_file(k3, "d-rl", policy)["learner"]["updates_per_batch"] == 3
+    # PPO's critic options reach the learner; GRPO has no critic to configure
+    critic = cfg.model_copy(update={"value_baseline": "token", "value_lr_scale": 2.0})
+    _, sections = _resolve(tmp_path, "critic", rl_run_file(critic, "d-rl", policy))
+    assert sections["learner"]["loss"]["value_baseline"] == "token"
+    assert sections["learner"]["ds"]["value_lr_scale"] == 2.0
+    learner = rl_run_file(grpo, "d-rl", policy)["learner"]
+    assert "value_baseline" not in learner["loss"] and "value_lr_scale" not in learner["ds"]
 
     external = DemoConfig(engines=["http://gpu-0:30000"], nats="nats://n:4222")
     run, _ = _resolve(tmp_path, "ext", rl_run_file(external, "d-rl", policy))

@@ -90,6 +90,9 @@ class DemoConfig(HrlModel):
     value_baseline: Literal["token", "turn"] = "token"
     """PPO: read the baseline of ``R - V`` at every token (``token``) or once per reply, at
     its first token (``turn``; the learner's ``loss.value_baseline``)."""
+    value_lr_scale: float = Field(10.0, gt=0.0, le=1000.0)
+    """PPO: the value head's learning rate as a multiple of ``lr`` (the learner's
+    ``ds.value_lr_scale``)."""
     harnesses: list[str] = ["reference"]
     """Harnesses (``--harness``, repeat to mix: one group per task and harness). The teacher
     speaks the reference harness's tools, so SFT data always comes from ``reference``."""
@@ -359,6 +362,7 @@ def rl_run_file(cfg: DemoConfig, name: str, policy: Path, suite: str = "toy") ->
                     "lr_decay_steps": cfg.steps if cfg.lr_min_ratio < 1 else 0,
                     "lr_min_ratio": cfg.lr_min_ratio,
                     "seed": cfg.seed,
+                    **({"value_lr_scale": cfg.value_lr_scale} if cfg.algo == "ppo" else {}),
                 },
                 "loss": {
                     "norm": cfg.norm,
