@@ -100,7 +100,7 @@ class LossConfig(HrlModel):
     value loss still regresses the raw head). The set of achievable returns bounds every true
     value; a critic extrapolating below the lowest reward on tokens unlike any it was fit on
     (a long junk reply) hands a failing rollout a positive advantage. None: unclamped."""
-    value_baseline: Literal["token", "turn"] = "token"
+    value_baseline: Literal["token", "turn"] = "turn"
     """PPO: where the baseline of ``A = R - V`` is read. ``token``: ``V(t)`` at every token
     (GAE(1, 1)). ``turn``: ``V`` of the state the token's turn started from (the context the
     model replied to: the state before the first token of the reply), shared by the whole
@@ -108,7 +108,9 @@ class LossConfig(HrlModel):
     the state before the action); ``turn`` does not let a critic that has learned that a junk
     reply fails excuse the rest of that reply (``R - V(t)`` near 0 on its later tokens, and
     positive after whitening), and gives the tokens that finish a good reply the same credit as
-    its first. The value loss still regresses ``V(t)`` on every token."""
+    its first. The value loss still regresses ``V(t)`` on every token. Measured in the demo
+    (PPO, seed 0, same warm start and held-out tasks): ``token`` +0.125 held-out success, with
+    its replies growing from 1.2k to 3.6k+ scored tokens a step; ``turn`` +0.235, no growth."""
     adv_eps: float = Field(1e-6, gt=0.0)
     """GRPO: epsilon in ``(R - mean) / (std + eps)``."""
     adv_scale_by_std: bool = True

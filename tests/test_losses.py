@@ -214,8 +214,8 @@ def test_ppo_value_bounds_clamp_the_baseline_not_the_value_loss() -> None:
         values=values,
         returns=returns,
     )
-    raw = LossConfig(algo="ppo", is_mode="none", adv_norm="none")
-    bounded = LossConfig(algo="ppo", is_mode="none", adv_norm="none", value_bounds=(0.0, 1.0))
+    raw = LossConfig(algo="ppo", is_mode="none", adv_norm="none", value_baseline="token")
+    bounded = raw.model_copy(update={"value_bounds": (0.0, 1.0)})
     _, st_raw = policy_loss(raw, **common)
     _, st = policy_loss(bounded, **common)
     # pg = -A per token at ratio 1: raw A = [0.5, -0.2, -0.4, 0.5]; bounded [0, -0.2, 0, 0.5]

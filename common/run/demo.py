@@ -87,7 +87,7 @@ class DemoConfig(HrlModel):
     bound_values: bool = False
     """PPO: clamp the critic's ``V(t)`` into the reward's range [0, 1] where it enters the
     advantage ``R - V(t)`` (the learner's ``loss.value_bounds``)."""
-    value_baseline: Literal["token", "turn"] = "token"
+    value_baseline: Literal["token", "turn"] = "turn"
     """PPO: read the baseline of ``R - V`` at every token (``token``) or once per reply, at
     its first token (``turn``; the learner's ``loss.value_baseline``)."""
     value_lr_scale: float = Field(10.0, gt=0.0, le=1000.0)
