@@ -330,7 +330,6 @@ class LearnerEngine:
             logps.extend(np.split(out.logprobs.float().cpu().numpy(), splits))
             if values is not None:
                 v = baseline_values(self.loss_cfg, out.values, out.baselines)
-                assert v is not None
                 values.extend(np.split(v.float().cpu().numpy(), splits))
         return logps, values
 

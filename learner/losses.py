@@ -104,8 +104,8 @@ class LossConfig(HrlModel):
     """PPO: where the baseline of ``A = R - V`` is read. ``token``: ``V(t)`` at every token
     (GAE(1, 1)). ``turn``: ``V`` of the state the token's turn started from (the context the
     model replied to: the state before the first token of the reply), shared by the whole
-    reply. Both are unbiased (a baseline that depends only on
-    the state before the action); ``turn`` does not let a critic that has learned that a junk
+    reply. Both are unbiased (a baseline that depends only on the state before the action);
+    ``turn`` does not let a critic that has learned that a junk
     reply fails excuse the rest of that reply (``R - V(t)`` near 0 on its later tokens, and
     positive after whitening), and gives the tokens that finish a good reply the same credit as
     its first. The value loss still regresses ``V(t)`` on every token. Measured in the demo
@@ -221,14 +221,13 @@ def ppo_advantages(
 
 def baseline_values(
     cfg: LossConfig, values: torch.Tensor | None, baselines: torch.Tensor | None
-) -> torch.Tensor | None:
+) -> torch.Tensor:
     """The ``V`` that ``R - V`` subtracts under ``cfg.value_baseline``: the value at each token,
     or at the state its turn started from (``PolicyOutput.baselines``)."""
-    if cfg.value_baseline == "token":
-        return values
-    if baselines is None:
-        raise ValueError('value_baseline "turn" needs the values at the turns\' start (baselines)')
-    return baselines
+    base = values if cfg.value_baseline == "token" else baselines
+    if base is None:
+        raise ValueError(f'value_baseline "{cfg.value_baseline}" needs its values (baselines)')
+    return base
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,9 +345,9 @@ def policy_loss(
     if cfg.algo == "ppo" and advantage is None:
         if values is None or returns is None:
             raise ValueError("ppo needs values and returns (or an explicit advantage)")
-        base = baseline_values(cfg, values, baselines)
-        assert base is not None
-        advantage = ppo_advantages(returns, base, cfg.value_bounds)
+        advantage = ppo_advantages(
+            returns, baseline_values(cfg, values, baselines), cfg.value_bounds
+        )
     if advantage is None:
         raise ValueError("an advantage per target is required")
     token_log_w = (old - rollout_logp).detach()
@@ -386,10 +385,9 @@ def policy_loss(
         terms["loss/value"] = float(v_loss.detach())
         terms["value/mean"] = float((nw * values.detach()).sum())
         value_tokens["value"] = values.detach()[mask > 0]
-        base = baseline_values(cfg, values, baselines)
-        if base is not None:
-            value_tokens["baseline_error"] = (returns - base.detach())[mask > 0]
-            value_tokens["return"] = returns[mask > 0]
+        base = baseline_values(cfg, values, baselines).detach()
+        value_tokens["baseline_error"] = (returns - base)[mask > 0]
+        value_tokens["return"] = returns[mask > 0]
     terms["loss/total"] = float(loss.detach())
 
     sel = mask > 0

@@ -10,9 +10,9 @@ comparable with the rollout log-probs. Logits are upcast to fp32 before the soft
 
 Value head (PPO): a zero-initialised ``Linear(hidden, 1)`` on the same last hidden state, at the
 same source position as the token's log-prob, so ``V(t)`` is the value of the state *before*
-token ``t`` is sampled; with ``baseline_src`` also at the state each target's turn started from
-(the baseline of ``value_baseline = "turn"``). It shares the trunk with the policy (one forward for both; the value
-loss's gradient reaches the trunk, weighted by ``value_coef``). A separate critic is the same
+token ``t`` is sampled; with ``baseline_src`` also at the state each target's turn started
+from (the baseline of ``value_baseline = "turn"``). It shares the trunk with the policy (one
+forward for both; the value loss's gradient reaches the trunk, weighted by ``value_coef``). A separate critic is the same
 class built around a second LM whose log-probs are ignored. Zero init makes the first advantages
 ``R - 0 = R``. The head is not part of the weights broadcast to engines.
 

@@ -30,8 +30,9 @@ What to expect on a 2-core CPU (measured; ``benchmarks/results/demo_learning.jso
 defaults take 14-15 min (RL up to the 12-min cap, eval 2). The warm start succeeds on 0.295
 of held-out rollouts at temperature 1; GRPO (2 groups of 8 per step, two optimiser steps on
 each, lr 2e-4 with cosine decay to 2e-5 over 120 steps, 2.7-2.9 rollouts/s, v92-v107 at the
-cap) raises that by +0.280 / +0.230 / +0.300 over seeds 0 / 1 / 2, PPO by +0.125 to +0.195.
-Eval pairs each rollout of the two policies on the same task and sampling seed (``demo.json``'s ``paired``: rollouts fixed and broken by RL). What
+cap) raises that by +0.280 / +0.230 / +0.300 over seeds 0 / 1 / 2, PPO (turn baseline, 120
+steps in ~8 min) by +0.195 / +0.185 / +0.215. Eval pairs each rollout of the two policies on the
+same task and sampling seed (``demo.json``'s ``paired``: rollouts fixed and broken by RL). What
 RL corrects is what ``tiny-agent`` was shown wrong: half its teacher trajectories ran a
 family's plausible wrong one-liner (``harnessrl pretrain --near-miss``), a family-level mistake
 that generalises to held-out tasks once unlearned. What it cannot fix in minutes is copying
@@ -88,8 +89,8 @@ class DemoConfig(HrlModel):
     """PPO: clamp the critic's ``V(t)`` into the reward's range [0, 1] where it enters the
     advantage ``R - V(t)`` (the learner's ``loss.value_bounds``)."""
     value_baseline: Literal["token", "turn"] = "turn"
-    """PPO: read the baseline of ``R - V`` at every token (``token``) or once per reply, at
-    its first token (``turn``; the learner's ``loss.value_baseline``)."""
+    """PPO: read the baseline of ``R - V`` at every token (``token``) or once per reply, at the
+    state the reply started from (``turn``; the learner's ``loss.value_baseline``)."""
     value_lr_scale: float = Field(10.0, gt=0.0, le=1000.0)
     """PPO: the value head's learning rate as a multiple of ``lr`` (the learner's
     ``ds.value_lr_scale``)."""
