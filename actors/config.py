@@ -136,12 +136,20 @@ class ActorConfig(RolloutSettings, ServiceConfig):
     heartbeat_s: float = Field(0.0, ge=0, le=86_400)
     """Seconds between ``in_progress`` heartbeats of a running task; 0: a third of
     ``ack_wait_s``."""
+    fetch_batch: int = Field(16, ge=1, le=4096)
+    """Most tasks taken from the queue per fetch (fewer when fewer slots are free). A task's
+    ``ack_wait_s`` runs from its delivery, its heartbeats only from its rollout's start:
+    taking hundreds at once (an actor with every slot free) leaves the last of them waiting
+    while the first ones start their sandboxes, past ``ack_wait_s`` on a busy machine, and
+    JetStream then hands them to another actor as well (both run them). Small batches start
+    each task before the next batch is fetched."""
     max_attempts: int = Field(5, ge=1, le=1000)
     """Deliveries of one task before it is given up: its member then ends as a failed result
     (``harness_error``) and the task is dead-lettered."""
     shutdown_grace_s: float = Field(30.0, ge=0, le=86_400)
-    """On SIGTERM, how long in-flight rollouts may finish; the rest are killed and their tasks
-    nak'ed (another actor retries them as a new attempt)."""
+    """On SIGTERM, how long in-flight rollouts may finish (0: as long as they take; a second
+    SIGTERM ends the wait at once); the rest are killed and their tasks nak'ed (another actor
+    retries them as a new attempt)."""
     keep_workspace_dir: Path | None = None
     """Copy each rollout's final workspace to ``<dir>/<rollout_id>`` (debugging; costs disk)."""
 

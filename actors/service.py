@@ -83,8 +83,10 @@ class ActorService:
     async def consumer(self) -> Consumer[TaskRequest]:
         return await self.bus.consumer("TASKS", DURABLE, TaskRequest, ack_wait=self.cfg.ack_wait_s)
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Fetch and run tasks until ``stop`` is set, then shut down gracefully."""
+    async def run(self, stop: asyncio.Event, hurry: asyncio.Event | None = None) -> None:
+        """Fetch and run tasks until ``stop`` is set, then shut down gracefully: in-flight
+        rollouts get ``shutdown_grace_s`` to finish, or until ``hurry`` is set (a second
+        SIGTERM: a parent that is going away, an engine and NATS that are already gone)."""
         consumer = await self.consumer()
         tasks: set[asyncio.Task[None]] = set()
         stopping = asyncio.ensure_future(stop.wait())

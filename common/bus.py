@@ -255,16 +255,18 @@ class Delivery(Generic[R]):
 
     @contextlib.asynccontextmanager
     async def keepalive(self, interval: float | None = None) -> AsyncIterator[None]:
-        """Send ``in_progress`` every ``interval`` seconds while the body runs (long work)."""
+        """Send ``in_progress`` now and every ``interval`` seconds while the body runs (long
+        work). The first beat is immediate: ``ack_wait`` has run since the delivery, not
+        since the work began."""
         every = interval or max(0.5, self._consumer.ack_wait / 3)
 
         async def beat() -> None:
             while True:
-                await asyncio.sleep(every)
                 try:
                     await self.in_progress()
                 except Exception as e:  # the body's outcome decides; heartbeats are best effort
                     log.warning("in_progress heartbeat failed: %s", e)
+                await asyncio.sleep(every)
 
         task = asyncio.create_task(beat())
         try:
@@ -476,12 +478,18 @@ class Bus(ABC):
 
     @abstractmethod
     async def stored(
-        self, subject: str, *, since: float | None = None, upto: int | None = None
+        self,
+        subject: str,
+        *,
+        since: float | None = None,
+        first: int = 1,
+        upto: int | None = None,
     ) -> list[tuple[int, bytes]]:
         """``(stream sequence, payload)`` of every message stored on ``subject`` now (on a work
         queue: those not consumed yet), oldest first; only those stored at or after the Unix
-        time ``since`` and, with ``upto``, up to that sequence. Read message by message without
-        a consumer, so it works on work queues and needs only read access to the stream."""
+        time ``since``, from sequence ``first`` and, with ``upto``, up to that sequence. Read
+        message by message without a consumer, so it works on work queues and needs only read
+        access to the stream."""
 
     @abstractmethod
     async def purge(self, kind: str, subject: str | None = None) -> None:
@@ -662,7 +670,12 @@ class MemoryBus(Bus):
             yield out
 
     async def stored(
-        self, subject: str, *, since: float | None = None, upto: int | None = None
+        self,
+        subject: str,
+        *,
+        since: float | None = None,
+        first: int = 1,
+        upto: int | None = None,
     ) -> list[tuple[int, bytes]]:
         st = self.broker.stream_for(subject)
         return [
@@ -670,6 +683,7 @@ class MemoryBus(Bus):
             for seq, m in sorted(st.msgs.items())
             if m.subject == subject
             and (since is None or m.ts >= since)
+            and seq >= first
             and (upto is None or seq <= upto)
         ]
 

@@ -18,7 +18,7 @@ from typing import Any
 import nats
 import nats.errors
 import nats.js.errors
-from nats.js import api
+from nats.js import JetStreamContext, api
 
 from common.bus import (
     M_DUPLICATES,
@@ -90,6 +90,8 @@ class JetStreamBus(Bus):
         self.outage = outage or _Outage()
         self.denials.outage = self.outage
         self.acks = Acks(nc)
+        self._keepers: set[asyncio.Task[None]] = set()
+        """Each durable consumer's `_NatsConsumer._keep_late_alive`, cancelled on close."""
 
     def interrupt(self) -> None:
         super().interrupt()
@@ -480,7 +482,10 @@ class JetStreamBus(Bus):
             except nats.js.errors.NotFoundError:
                 raise BusError(f"cannot create consumer {durable} on {stream}: {e}") from None
         psub = await self.js.pull_subscribe_bind(durable=durable, stream=stream)
-        return _NatsConsumer(self, kind, durable, record_type, ack_wait, psub)
+        consumer = _NatsConsumer(self, kind, durable, record_type, ack_wait, psub)
+        self._keepers.add(consumer._keeper)
+        consumer._keeper.add_done_callback(self._keepers.discard)
+        return consumer
 
     async def read_subject_batches(
         self,
@@ -529,10 +534,15 @@ class JetStreamBus(Bus):
             await psub.unsubscribe()
 
     async def stored(
-        self, subject: str, *, since: float | None = None, upto: int | None = None
+        self,
+        subject: str,
+        *,
+        since: float | None = None,
+        first: int = 1,
+        upto: int | None = None,
     ) -> list[tuple[int, bytes]]:
         stream = self.subjects.stream(self.subjects.kind_of(subject))
-        req: dict[str, Any] = {"seq": 1, "next_by_subj": subject}
+        req: dict[str, Any] = {"seq": max(1, first), "next_by_subj": subject}
         if since is not None:  # the first message stored at or after ``since``
             at = datetime.datetime.fromtimestamp(since, datetime.UTC)
             req = {"start_time": at.isoformat().replace("+00:00", "Z"), "next_by_subj": subject}
@@ -541,7 +551,8 @@ class JetStreamBus(Bus):
             seq = int(m["seq"])
             if upto is not None and seq > upto:
                 break
-            out.append((seq, base64.b64decode(m.get("data") or "")))
+            if seq >= first:
+                out.append((seq, base64.b64decode(m.get("data") or "")))
             req = {"seq": seq + 1, "next_by_subj": subject}
         return out
 
@@ -571,6 +582,8 @@ class JetStreamBus(Bus):
     async def close(self) -> None:
         # flush (publishes reach the server) then close; drain() would wait up to its 30 s
         # timeout on idle pull subscriptions. Nothing can be flushed to a server that is away.
+        for task in list(self._keepers):
+            task.cancel()
         if self.nc.is_closed:
             return
         if self.nc.is_connected:
@@ -593,12 +606,17 @@ class _NatsConsumer(Consumer[R]):
         self.psub = psub
         self._held: list[Any] = []
         """Deliveries beyond an earlier fetch's batch, handed out first (see `_at_most`)."""
+        self._fetching = 0
+        """Fetches running now (nats-py owns its queue meanwhile)."""
+        self._keeper = asyncio.get_running_loop().create_task(self._keep_late_alive())
 
     async def _fetch_raw(self, batch: int, timeout: float) -> list[Any]:
+        self._collect_late()
         if self._held:  # deliveries that came late to an earlier fetch go first
             got, self._held = self._held[:batch], self._held[batch:]
             await self._keep_alive(self._held)
             return got
+        self._fetching += 1
         try:
             got = await self.psub.fetch(batch, timeout=timeout)
         except nats.errors.TimeoutError:
@@ -609,7 +627,39 @@ class _NatsConsumer(Consumer[R]):
             log.debug("fetch failed (%r); will retry", e)
             await asyncio.sleep(min(timeout, 0.25))
             return []
+        finally:
+            self._fetching -= 1
         return await self._at_most(got, batch)
+
+    def _collect_late(self) -> None:
+        """Move deliveries waiting in nats-py's queue (replies to a pull request that came
+        after its fetch gave up) into `_held`; status messages meant for old requests are
+        dropped. Nothing is taken while a fetch runs: the queue is then nats-py's."""
+        sub = getattr(self.psub, "_sub", None)
+        queue = getattr(sub, "_pending_queue", None)
+        if self._fetching or queue is None:
+            return
+        while not queue.empty():
+            msg = queue.get_nowait()
+            queue.task_done()
+            sub._pending_size -= len(msg.data)  # type: ignore[union-attr]
+            if not JetStreamContext.is_status_msg(msg):
+                self._held.append(msg)
+
+    async def _keep_late_alive(self) -> None:
+        """Between fetches, keep late deliveries alive (`_collect_late`, then ``in_progress``
+        every third of ``ack_wait``). A consumer whose owner does not fetch for minutes (an
+        actor with every slot busy) would otherwise let them lapse: JetStream redelivers them
+        elsewhere while this process still holds its copies, and both run them."""
+        every = max(0.2, self.ack_wait / 3)
+        while not self.bus.nc.is_closed:
+            await asyncio.sleep(every)
+            try:
+                self._collect_late()
+                if not self._fetching:
+                    await self._keep_alive(self._held)
+            except Exception as e:  # best effort, like every heartbeat
+                log.debug("keeping late deliveries alive failed: %r", e)
 
     async def _at_most(self, got: list[Any], batch: int) -> list[Any]:
         """The first ``batch`` of ``got``; the rest is held for the next fetch.

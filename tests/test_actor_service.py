@@ -225,6 +225,33 @@ async def test_sigterm_shutdown_cleans_up_and_requeues(
     await d.term()
 
 
+async def test_second_sigterm_cuts_the_grace_period_short(
+    bus: Bus, nats_url, run_name, sandbox_root: Path, tmp_path: Path
+):
+    """A parent going away signals twice (its own stop, then its death): the second SIGTERM
+    ends the grace period at once instead of waiting it out against an engine and NATS that
+    may be gone; the rollout is killed and its task requeued as with an expired grace."""
+    async with ScriptedEngine(TOK, toy_solver(hang_attempt=1)) as eng:
+        argv = actor_argv(nats_url, run_name, eng.url, sandbox_root, "--shutdown-grace-s", "120")
+        async with actor_process(argv, tmp_path / "actor.log") as proc:
+            await bus.publish(bus.subjects.tasks, request("reference", group_id="gh"))
+            await wait_for(lambda: len(eng.requests) == 1, what="the first model call")
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(1.0)
+            assert proc.returncode is None  # the first signal waits for the rollout
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            rc = await asyncio.wait_for(proc.wait(), 30)
+            took = time.monotonic() - t0
+        assert rc == 0, (tmp_path / "actor.log").read_text()[-3000:]
+    assert took < 20, took
+    assert sandboxes(sandbox_root) == []
+    consumer = await bus.consumer("TASKS", DURABLE, TaskRequest, ack_wait=3)
+    (d,) = await consumer.fetch(1, timeout=5)
+    assert (d.record.group_id, d.num_delivered) == ("gh", 2)
+    await d.term()
+
+
 def test_config_fields_documented_and_engine_flag():
     """Every actor config field is documented; ``--engine`` repeats into ``engines``."""
     import argparse
@@ -281,3 +308,34 @@ async def test_given_up_task_has_a_reason(bus: Bus, nats_url, run_name, sandbox_
     dead = await bus.read_subject(bus.subjects.dead("TASKS"), DeadLetter)
     assert len(dead) == 1 and "given up" in dead[0].reason
     assert metrics.sample_value("hrl_actor_failures_total", {"reason": "given_up"}) == before + 1
+
+
+async def test_fetches_at_most_fetch_batch_tasks(
+    bus: Bus, nats_url, run_name, sandbox_root: Path, monkeypatch
+):
+    """With every slot free the actor still takes at most ``fetch_batch`` tasks per fetch (a
+    task's ack_wait runs from its delivery: a batch of hundreds would wait on its own starts),
+    and runs them all."""
+    asked: list[int] = []
+    real = ActorService.consumer
+
+    async def spying(self):
+        c = await real(self)
+        fetch = c.fetch
+
+        async def fetch_spy(batch: int = 1, timeout: float = 1.0):
+            asked.append(batch)
+            return await fetch(batch, timeout)
+
+        c.fetch = fetch_spy
+        return c
+
+    monkeypatch.setattr(ActorService, "consumer", spying)
+    reqs = [request(cmd="true", group_id="gf", k=k, group_size=6) for k in range(6)]
+    await bus.publish_many([(bus.subjects.tasks, r, None) for r in reqs])
+    async with ScriptedEngine(TOK, toy_solver()) as eng:
+        cfg = actor_config(nats_url, run_name, eng.url, sandbox_root, concurrency=8, fetch_batch=2)
+        async with in_process_actor(cfg, bus):
+            got = await results(bus, 6)
+    assert sorted(r.k for r in got) == list(range(6))
+    assert asked and max(asked) == 2

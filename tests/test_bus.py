@@ -377,3 +377,37 @@ async def test_fetch_never_returns_more_than_its_batch(nats_url: str, run_name: 
         assert {d.num_delivered for d in got} == {1}
     finally:
         await b.close()
+
+
+async def test_late_deliveries_are_kept_alive_while_no_fetch_comes(
+    nats_url: str, run_name: str
+) -> None:
+    """Replies to a pull request that arrive after its fetch gave up wait in the client's
+    queue. An actor whose slots are all busy does not fetch again for minutes; JetStream then
+    redelivers those tasks to another actor after ``ack_wait`` while the first still holds its
+    copies, and both run them (the fleet benchmark saw 813 of 1,636 rollouts run twice at 1,040
+    in flight). The consumer keeps such late deliveries alive (``in_progress``) between fetches:
+    nobody else gets them, and the next fetch hands each out once."""
+    import json
+
+    a, b = await connect(nats_url, run_name), await connect(nats_url, run_name)
+    try:
+        tasks = [
+            r.TaskRequest(group_id="g", k=k, group_size=3, issued_version=0, task_id="t")
+            for k in range(3)
+        ]
+        await a.publish_many([(a.subjects.tasks, t, None) for t in tasks])
+        busy = await a.consumer("TASKS", "actors", r.TaskRequest, ack_wait=1.0)
+        other = await b.consumer("TASKS", "actors", r.TaskRequest, ack_wait=1.0)
+        psub = busy.psub  # type: ignore[attr-defined]
+        late = json.dumps({"batch": 3, "no_wait": True}).encode()
+        await a.nc.publish(psub._nms, late, psub._deliver)  # type: ignore[attr-defined]
+        await asyncio.sleep(3.5)  # ack_wait passes three times over without a fetch from `busy`
+        stolen = await other.fetch(3, timeout=1.0)
+        got = await busy.fetch(3, timeout=1.0)
+        assert [d.record.k for d in stolen] == []
+        assert sorted(d.record.k for d in got) == [0, 1, 2]
+        assert {d.num_delivered for d in got} == {1}
+    finally:
+        await a.close()
+        await b.close()
