@@ -180,3 +180,31 @@ async def test_summary_counts_what_was_assembled_from_the_ledger_and_stream(
         await bus.close()
     s = await summarise(nats_url, run_name, tmp_path)
     assert s.samples == 5 and s.tombstones == {"timeout": 1, "sandbox_error": 1}, s
+
+
+async def test_audit_reads_the_results_its_follower_missed(nats_url: str, run_name: str):
+    """The monitor's follower can lag the stream (a loaded machine, a restarted server): the
+    audit then reads the results it has not seen itself, so the count stays exact instead of
+    reporting those rollouts as unaccounted (the chaos suite's "incomplete" final audit)."""
+    from common.run.audit import audit
+
+    bus = await connect(nats_url, run_name)
+    try:
+        tasks = [task(g, k) for g in ("ha", "hb") for k in (0, 1)]
+        for t in tasks:
+            await bus.publish(bus.subjects.tasks, t)
+        actors = await bus.consumer("TASKS", "actors", TaskRequest, ack_wait=30)
+        for d in await actors.fetch(4, timeout=5):
+            await bus.publish(bus.subjects.rollouts, result(d.record, 1))
+            await d.ack()
+        seen = {("ha", 0)}  # the follower read the first result only
+        acc = await audit(bus, seen, lambda: 1, catch_up_s=0.2)
+        assert acc.exact and (acc.issued, acc.with_result, acc.unaccounted) == (4, 4, 0)
+        # a real loss is still one: a task settled without a result anywhere
+        await bus.publish(bus.subjects.tasks, task("hc", 0))
+        (d,) = await actors.fetch(1, timeout=5)
+        await d.ack()
+        acc = await audit(bus, seen, lambda: 1, catch_up_s=0.2)
+        assert acc.exact and (acc.issued, acc.unaccounted) == (5, 1)
+    finally:
+        await bus.close()

@@ -22,7 +22,8 @@ Everything comes from durable state (streams and the assembler's durable consume
 a process's counters, which reset when it restarts and which a restarted supervisor never saw:
 restarts of actors, the assembler, the learner or ``harnessrl run`` itself cannot make a
 rollout look lost. The results are the monitor's (an ordered consumer from the stream's start);
-`audit` waits until it has read the stream to the end first (``exact`` says whether it did).
+`audit` waits a while for it to read the stream to the end, then reads what it has not yet
+itself, message by message (``exact`` says whether every stored result was read).
 """
 
 from __future__ import annotations
@@ -70,6 +71,17 @@ class Accounting:
         return self.issued - self.pending - self.with_result - self.dead_lettered
 
 
+def result_member_of(data: bytes | None) -> Member | None:
+    """The member a stored RolloutResult payload names (None: it does not decode)."""
+    from common.records import RecordDecodeError, RolloutResult, decode
+
+    try:
+        r = decode(data or b"", RolloutResult)
+    except RecordDecodeError:
+        return None
+    return r.group_id, r.k
+
+
 def member_of(data: bytes | None) -> Member | None:
     """The member a stored TaskRequest payload names (None: it does not decode)."""
     from common.records import RecordDecodeError, TaskRequest, decode
@@ -109,14 +121,24 @@ async def audit(
     deadline = time.monotonic() + catch_up_s
     while results_read() < last_result and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    acc.exact = results_read() >= last_result
+    results = set(members)
+    read = results_read()
+    if read < last_result:  # the monitor's follower is behind (a loaded machine, a restarted
+        # server): read the rest of the results here, message by message
+        try:
+            for _, data in await bus.stored(subj.rollouts, first=read + 1, upto=last_result):
+                if (m := result_member_of(data)) is not None:
+                    results.add(m)
+            read = last_result
+        except Exception as e:
+            log.warning("accounting: reading results %d-%d failed: %r", read + 1, last_result, e)
+    acc.exact = read >= last_result
     if not acc.exact:
         log.warning(
             "accounting: read results up to %d of %d; unaccounted may be too high",
-            results_read(),
+            read,
             last_result,
         )
-    results = set(members)
     acc.with_result = len(results - pending)
     dead: dict[int, Member | None] = {}
     for dl in await bus.read_subject(subj.dead("TASKS"), DeadLetter):
