@@ -4,8 +4,8 @@
                     [--sandbox bwrap|docker] [--model tiny|PATH] [--config actor.toml]
 
 Prints ``actor ready: NAME`` once it pulls tasks. On SIGTERM it stops fetching, lets in-flight
-rollouts finish for ``shutdown_grace_s``, kills the rest (their tasks go back to the queue) and
-exits 0. See ``actors/service.py`` for the loop and ``actors/rollout.py`` for one rollout.
+rollouts finish for ``shutdown_grace_s`` (a second SIGTERM or SIGINT cuts that short), kills
+the rest (their tasks go back to the queue) and exits 0. See ``actors/service.py`` for the loop and ``actors/rollout.py`` for one rollout.
 """
 
 from __future__ import annotations
@@ -45,9 +45,14 @@ async def serve(cfg: ActorConfig, stop: asyncio.Event | None = None, *, backend:
 
     raise_open_files_limit()  # a few descriptors per rollout in flight: see its docstring
     stop = stop or asyncio.Event()
+    hurry = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:  # the first stops fetching; a second ends the grace period
+        (hurry if stop.is_set() else stop).set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     name = cfg.name or default_actor_name()
     bus = await connect_service(cfg, f"actor {name}")
     served = await metrics.start_metrics_server(cfg.metrics_port)
@@ -56,7 +61,7 @@ async def serve(cfg: ActorConfig, stop: asyncio.Event | None = None, *, backend:
             service = ActorService(cfg, bus, deps)
             port = f", metrics on :{served[1]}" if served else ""
             print(f"actor ready: {name} (run {cfg.run}, {cfg.concurrency} slots{port})", flush=True)
-            await service.run(stop)
+            await service.run(stop, hurry)
             log.info("actor %s stopped after %d rollouts", name, service.done)
     finally:
         await bus.close()

@@ -98,7 +98,9 @@ class ActorService:
                     await asyncio.wait({*tasks, stopping}, return_when=asyncio.FIRST_COMPLETED)
                     continue
                 try:
-                    got = await consumer.fetch(room, timeout=FETCH_TIMEOUT_S)
+                    got = await consumer.fetch(
+                        min(room, self.cfg.fetch_batch), timeout=FETCH_TIMEOUT_S
+                    )
                 except Exception as e:  # the bus reconnects by itself; keep the loop alive
                     log.warning("fetching tasks failed: %r", e)
                     await asyncio.wait({stopping}, timeout=1.0)
@@ -112,18 +114,33 @@ class ActorService:
             stopping.cancel()
             if stop.is_set():  # stopping: never wait out a NATS outage from here on
                 self.bus.interrupt()
-            await self._drain(tasks)
+            await self._drain(tasks, hurry)
 
-    async def _drain(self, tasks: set[asyncio.Task[None]]) -> None:
-        """Let in-flight rollouts finish for the grace period, then cancel (and nak) the rest."""
+    async def _drain(
+        self, tasks: set[asyncio.Task[None]], hurry: asyncio.Event | None = None
+    ) -> None:
+        """Let in-flight rollouts finish for the grace period (or until ``hurry``), then cancel
+        (and nak) the rest."""
         pending = {t for t in tasks if not t.done()}
         if pending:
             log.info(
-                "stopping: %d rollouts in flight, %g s grace",
+                "stopping: %d rollouts in flight, %g s grace (signal again to cut it short)",
                 len(pending),
                 self.cfg.shutdown_grace_s,
             )
-            _, pending = await asyncio.wait(pending, timeout=self.cfg.shutdown_grace_s or None)
+            hurried = asyncio.ensure_future((hurry or asyncio.Event()).wait())
+            deadline = time.monotonic() + self.cfg.shutdown_grace_s
+            while pending and not hurried.done():
+                left = deadline - time.monotonic() if self.cfg.shutdown_grace_s else None
+                if left is not None and left <= 0:
+                    break
+                await asyncio.wait(
+                    {*pending, hurried}, timeout=left, return_when=asyncio.FIRST_COMPLETED
+                )
+                pending = {t for t in pending if not t.done()}
+            if hurried.done() and pending:
+                log.info("second signal: cutting the grace period short")
+            hurried.cancel()
         for t in pending:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
