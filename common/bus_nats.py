@@ -534,12 +534,7 @@ class JetStreamBus(Bus):
             await psub.unsubscribe()
 
     async def stored(
-        self,
-        subject: str,
-        *,
-        since: float | None = None,
-        first: int = 1,
-        upto: int | None = None,
+        self, subject: str, *, since: float | None = None, first: int = 1, upto: int | None = None
     ) -> list[tuple[int, bytes]]:
         stream = self.subjects.stream(self.subjects.kind_of(subject))
         req: dict[str, Any] = {"seq": max(1, first), "next_by_subj": subject}

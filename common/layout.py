@@ -278,6 +278,8 @@ class SummaryLine(RunLine, kw_only=True):
     issued: int = 0
     results: dict[str, int] = {}
     members_with_result: int = 0
+    """Issued rollouts (members) with a RolloutResult stored, from the run's final audit of
+    the stream (the monitor's follower's count when no audit ran)."""
     samples: int = 0
     """Assembled rollouts that became a sample, each once (from the committed ledger and the
     samples still stored; the assembler's counters when those could not be read)."""

@@ -200,6 +200,7 @@ async def test_audit_reads_the_results_its_follower_missed(nats_url: str, run_na
         seen = {("ha", 0)}  # the follower read the first result only
         acc = await audit(bus, seen, lambda: 1, catch_up_s=0.2)
         assert acc.exact and (acc.issued, acc.with_result, acc.unaccounted) == (4, 4, 0)
+        assert acc.members_with_result == 4  # what the summary reports, not the follower's 1
         # a real loss is still one: a task settled without a result anywhere
         await bus.publish(bus.subjects.tasks, task("hc", 0))
         (d,) = await actors.fetch(1, timeout=5)

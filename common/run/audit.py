@@ -53,6 +53,9 @@ class Accounting:
     """TaskRequests still stored: queued, or running on an actor."""
     with_result: int = 0
     """Settled TaskRequests whose member has a RolloutResult."""
+    members_with_result: int = 0
+    """Members with a RolloutResult stored, settled or not (the follower's and those read
+    here when it lagged)."""
     dead_lettered: int = 0
     """TaskRequests dead-lettered without a result for their member."""
     assembled: int = 0
@@ -140,6 +143,7 @@ async def audit(
             last_result,
         )
     acc.with_result = len(results - pending)
+    acc.members_with_result = len(results)
     dead: dict[int, Member | None] = {}
     for dl in await bus.read_subject(subj.dead("TASKS"), DeadLetter):
         if dl.stream == subj.stream("TASKS"):

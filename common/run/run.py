@@ -482,7 +482,7 @@ class Run:
             ),
             issued=acc.issued,
             results=st.results,
-            members_with_result=len(self.monitor.members),
+            members_with_result=acc.members_with_result if audited else len(self.monitor.members),
             samples=int(outcomes.get("sample", 0)),
             tombstones={k: int(v) for k, v in outcomes.items() if k != "sample"},
             assembled=acc.assembled,
