@@ -59,8 +59,11 @@ from common.records import DeadLetter, RolloutResult, TreeSample, decode
 from common.run.audit import Member, member_of
 from tests.test_run_e2e import RUN_FILE
 
-# The whole suite is opt-in for now (-m chaos): its core test passed alone in 173 s but its
-# final audit came out "incomplete" (2 unaccounted) once in CI, under load; see issue 16.
+# ``-m chaos`` selects the whole suite (the core test and the matrix). The core test runs in
+# the default test command (CI); the matrix is deselected there (pyproject addopts). The core
+# test's final audit once came out "incomplete" (2 unaccounted) under load: the monitor's
+# follower had not read every result within the audit's catch-up; the audit now reads what it
+# missed itself (`common.run.audit.audit`).
 pytestmark = pytest.mark.chaos
 
 REPO = Path(__file__).resolve().parents[2]
@@ -404,6 +407,7 @@ IN_TURN = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_components_killed_in_turn_then_resumed(tmp_path: Path) -> None:
     """Every component SIGKILLed once, one step apart: actor, assembler, engine, weight
