@@ -74,26 +74,24 @@ class Accounting:
         return self.issued - self.pending - self.with_result - self.dead_lettered
 
 
-def result_member_of(data: bytes | None) -> Member | None:
-    """The member a stored RolloutResult payload names (None: it does not decode)."""
-    from common.records import RecordDecodeError, RolloutResult, decode
+def _member(data: bytes | None, kind: str) -> Member | None:
+    from common import records
 
     try:
-        r = decode(data or b"", RolloutResult)
-    except RecordDecodeError:
+        r = records.decode(data or b"", getattr(records, kind))
+    except records.RecordDecodeError:
         return None
     return r.group_id, r.k
 
 
+def result_member_of(data: bytes | None) -> Member | None:
+    """The member a stored RolloutResult payload names (None: it does not decode)."""
+    return _member(data, "RolloutResult")
+
+
 def member_of(data: bytes | None) -> Member | None:
     """The member a stored TaskRequest payload names (None: it does not decode)."""
-    from common.records import RecordDecodeError, TaskRequest, decode
-
-    try:
-        t = decode(data or b"", TaskRequest)
-    except RecordDecodeError:
-        return None
-    return t.group_id, t.k
+    return _member(data, "TaskRequest")
 
 
 async def audit(
