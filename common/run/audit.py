@@ -74,24 +74,28 @@ class Accounting:
         return self.issued - self.pending - self.with_result - self.dead_lettered
 
 
-def _member(data: bytes | None, kind: str) -> Member | None:
-    from common import records
+def _member(data: bytes | None, record_type: Any) -> Member | None:
+    from common.records import RecordDecodeError, decode
 
     try:
-        r = records.decode(data or b"", getattr(records, kind))
-    except records.RecordDecodeError:
+        r = decode(data or b"", record_type)
+    except RecordDecodeError:
         return None
     return r.group_id, r.k
 
 
 def result_member_of(data: bytes | None) -> Member | None:
     """The member a stored RolloutResult payload names (None: it does not decode)."""
-    return _member(data, "RolloutResult")
+    from common.records import RolloutResult
+
+    return _member(data, RolloutResult)
 
 
 def member_of(data: bytes | None) -> Member | None:
     """The member a stored TaskRequest payload names (None: it does not decode)."""
-    return _member(data, "TaskRequest")
+    from common.records import TaskRequest
+
+    return _member(data, TaskRequest)
 
 
 async def audit(

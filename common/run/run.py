@@ -464,7 +464,9 @@ class Run:
         st = self.status()
         acc = self.monitor.accounting
         audited = acc is not None
-        acc = acc or Accounting(issued=st.issued, exact=False)
+        acc = acc or Accounting(
+            issued=st.issued, exact=False, members_with_result=len(self.monitor.members)
+        )
         steps = sorted(st.reward_train.items())
         committed = self.committed()
         # what was assembled: durable counts when the ledger was read, else the counters
@@ -482,7 +484,7 @@ class Run:
             ),
             issued=acc.issued,
             results=st.results,
-            members_with_result=acc.members_with_result if audited else len(self.monitor.members),
+            members_with_result=acc.members_with_result,
             samples=int(outcomes.get("sample", 0)),
             tombstones={k: int(v) for k, v in outcomes.items() if k != "sample"},
             assembled=acc.assembled,
