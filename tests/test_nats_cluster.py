@@ -115,10 +115,16 @@ async def test_r3_streams_lose_nothing_when_a_node_is_killed_and_restarted(
     actor_pub = await as_role(cluster, "actor", publish_timeout=60)
     actors = [await as_role(cluster, "actor") for _ in range(2)]
     assembler = await as_role(cluster, "assembler")
+    # ack_wait as the services' default (10 s), over twice the Bus's ack timeout (5 s): an ack
+    # in flight to the node when it dies hangs until that timeout, and the deliveries acked after
+    # it must not lapse meanwhile (with 4 s they were redelivered elsewhere and acked twice)
+    wait = 10
     flows = {
-        "tasks": [await a.consumer("TASKS", "actors", r.TaskRequest, ack_wait=4) for a in actors],
+        "tasks": [
+            await a.consumer("TASKS", "actors", r.TaskRequest, ack_wait=wait) for a in actors
+        ],
         "rollouts": [
-            await assembler.consumer("ROLLOUTS", "assembler", r.RolloutResult, ack_wait=4)
+            await assembler.consumer("ROLLOUTS", "assembler", r.RolloutResult, ack_wait=wait)
         ],
     }
     # the victim leads both streams and both consumers: its death leaves each without a leader
