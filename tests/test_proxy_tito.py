@@ -432,6 +432,27 @@ def test_sessions_are_per_rollout() -> None:
     assert tito.session("r-0-1") is not a
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.text(max_size=40),
+            st.sampled_from(["<|im_start|>", "<|im_end|>", "<|endoftext|>", "\n\n", "  ", "é😀"]),
+        ),
+        max_size=12,
+    )
+)
+def test_renderer_encode_equals_the_tokenizers_own_encode(parts: list[str]) -> None:
+    """The renderer's fast path (no offsets) gives the tokenizer's own ids, special tokens
+    included, and so does its fallback for a tokenizer without one."""
+    text = "".join(parts)
+    want = list(TOK.encode(text, add_special_tokens=False))
+    assert R._fast is not None and R.encode(text) == want
+    slow = ChatRenderer(TOK)
+    slow._fast = None
+    assert slow.encode(text) == want
+
+
 def test_canonical_json() -> None:
     """Key order and whitespace do not matter; invalid JSON compares as stripped text."""
     assert canonical_json('{"b": 1, "a": [1, 2]}') == canonical_json('{"a":[1,2],\n"b":1}')
