@@ -37,6 +37,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from common.records import (
+    DeadLetter,
+    RecordDecodeError,
+    RolloutResult,
+    TaskRequest,
+    TreeSample,
+    decode,
+)
+
 log = logging.getLogger("harnessrl.run")
 
 Member = tuple[str, int]
@@ -75,8 +84,6 @@ class Accounting:
 
 
 def _member(data: bytes | None, record_type: Any) -> Member | None:
-    from common.records import RecordDecodeError, decode
-
     try:
         r = decode(data or b"", record_type)
     except RecordDecodeError:
@@ -86,15 +93,11 @@ def _member(data: bytes | None, record_type: Any) -> Member | None:
 
 def result_member_of(data: bytes | None) -> Member | None:
     """The member a stored RolloutResult payload names (None: it does not decode)."""
-    from common.records import RolloutResult
-
     return _member(data, RolloutResult)
 
 
 def member_of(data: bytes | None) -> Member | None:
     """The member a stored TaskRequest payload names (None: it does not decode)."""
-    from common.records import TaskRequest
-
     return _member(data, TaskRequest)
 
 
@@ -111,8 +114,6 @@ async def audit(
     ``ledger``: the learner's committed ledger (``LearnerState.ledger``), for ``outcomes``.
     Reads are ordered so that nothing settled meanwhile is missed: TASKS first, then ROLLOUTS
     (a result is stored before its task is settled), then the dead letters."""
-    from common.records import DeadLetter
-
     js, subj = bus.js, bus.subjects
     acc = Accounting()
     tasks = await js.stream_info(subj.stream("TASKS"))
@@ -163,8 +164,6 @@ async def assembled_outcomes(bus: Any, ledger: dict[str, Any]) -> dict[str, int]
     """Assembled rollouts by outcome, each rollout id once (see the module docstring). The
     SAMPLES stream is read before the ledger's copy is trusted: a sample trained but not yet
     committed is still stored (acks follow commits), so none is missed."""
-    from common.records import DeadLetter, RecordDecodeError, TreeSample, decode
-
     subj = bus.subjects
     kinds: dict[str, str] = {}
     for _, data in await bus.stored(subj.samples):
