@@ -26,7 +26,7 @@ from common import metrics
 from common.bus import Bus
 from common.layout import weights_folder
 from common.records import WeightChunk, WeightsReady
-from common.weights import ChunkJoiner, IncompleteVersion, write_hf_folder
+from common.weights import Blob, ChunkJoiner, IncompleteVersion, write_hf_folder
 
 log = logging.getLogger("harnessrl.weights")
 
@@ -100,8 +100,8 @@ class WeightUpdater:
         self.ack_wait = ack_wait
         self.label = label or durable
         self.read_batch = read_batch
-        """Chunks fetched per request while reading a stream version (each batch is joined
-        and hashed while the next is on its way)."""
+        """Chunks fetched per request while reading a stream version (each batch is hashed
+        while the next is on its way)."""
         self.consumer: Any = None
         self.rejected: dict[int, str] = {}
         """Versions never applied, with the reason."""
@@ -175,7 +175,7 @@ class WeightUpdater:
             await asyncio.to_thread(self._clean_local)
         return True
 
-    async def receive(self, ready: WeightsReady) -> memoryview | None:
+    async def receive(self, ready: WeightsReady) -> Blob | None:
         """All chunks of a stream version, verified; None (counted) if incomplete."""
         err: IncompleteVersion | None = None
         for attempt in range(self.read_retries + 1):
@@ -191,8 +191,8 @@ class WeightUpdater:
         log.warning("version %d not applied: %s", ready.version, err)
         return None
 
-    async def _read_version(self, ready: WeightsReady) -> memoryview:
-        """Read a version's chunks, joining and hashing each batch in a worker thread while
+    async def _read_version(self, ready: WeightsReady) -> Blob:
+        """Read a version's chunks, hashing each batch in a worker thread while
         the next one is fetched (`ChunkJoiner`)."""
         subject = self.bus.subjects.weights_data(ready.version)
         joiner = ChunkJoiner(ready)

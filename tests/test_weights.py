@@ -28,6 +28,7 @@ from common.weights import (
     IncompleteVersion,
     chunk,
     join_chunks,
+    same_bytes,
     serialize,
     weights_digest,
 )
@@ -368,9 +369,15 @@ def test_chunk_joiner_orders_dedups_and_verifies_once() -> None:
     with pytest.raises(IncompleteVersion) as e:
         join_chunks(ready, corrupted)
     assert e.value.reason == "digest_mismatch"
+    for late in (chunks(parts) + [corrupted[7]], [corrupted[7], *chunks(parts)[::-1]]):
+        with pytest.raises(IncompleteVersion) as e:  # a conflict after or before it was placed
+            join_chunks(ready, late)
+        assert e.value.reason == "conflicting_chunks"
+    short = WeightChunk(version=4, index=7, n_chunks=len(parts), data=parts[7][:-1])
     with pytest.raises(IncompleteVersion) as e:
-        join_chunks(ready, chunks(parts) + [corrupted[7]])
+        join_chunks(ready, [short, *chunks(parts)[::-1]])
     assert e.value.reason == "conflicting_chunks"
+    assert same_bytes(b"ab", memoryview(b"xab")[1:]) and not same_bytes(b"ab", b"ac")
     longer = chunks([*parts[:-1], bytes(parts[-1]) + b"x"])
     with pytest.raises(IncompleteVersion) as e:
         join_chunks(ready, longer)
