@@ -474,8 +474,9 @@ class WeightsReady(Record, kw_only=True):
     total_bytes: int = 0
     """Size of the serialized weights."""
     digest: str = ""
-    """Digest of the concatenated chunk data: ``sha256:<hex>`` (a bare hex digest is blake2b-256,
-    as learners before the prefix announced; ``common.weights.weights_hasher`` reads both)."""
+    """Digest of the concatenated chunk data: ``xxh3-128:<hex>`` (``sha256:<hex>`` and a bare hex
+    digest, blake2b-256, are what earlier learners announced; ``common.weights.weights_hasher``
+    reads all three)."""
     dtype: str = "bfloat16"
     """Dtype of the transferred tensors."""
     created_at: float = 0.0

@@ -7,8 +7,8 @@ Control always travels over the bus: after a step the learner publishes ``Weight
   its metadata), cut into ``WeightChunk`` records of at most ``chunk_bytes`` on
   ``hrl.<run>.weights.data.<version>`` (msg ids ``weights:<version>:<i>:<incarnation>``),
   published *before* the WeightsReady that carries ``n_chunks``, ``total_bytes`` and the
-  blake2b ``digest``. Only the newest ``keep_versions`` data subjects are kept; older ones are
-  purged. The msg ids carry a per-process token because a learner resumed from a checkpoint
+  ``digest`` (``common.weights.weights_digest``). Only the newest ``keep_versions`` data
+  subjects are kept; older ones are purged. The msg ids carry a per-process token because a learner resumed from a checkpoint
   publishes the version numbers of its lost steps again, with other weights (it purges their
   stale chunks first); updaters that already applied a lost version catch up at the next
   version above it.

@@ -321,28 +321,37 @@ async def test_weights_sync_load_once(tmp_path: Path) -> None:
     assert res.returncode == 1 and srv.url in res.stderr and str(new) in res.stderr
 
 
-def test_digest_names_its_algorithm_and_earlier_blake2b_digests_still_verify() -> None:
-    """``weights_digest`` is ``sha256:<hex>``; a bare hex digest (blake2b-256, what learners
-    announced before the prefix) still verifies, and each form rejects other bytes."""
+def test_digest_names_its_algorithm_and_earlier_digests_still_verify() -> None:
+    """``weights_digest`` is ``xxh3-128:<hex>``; ``sha256:<hex>`` and a bare hex digest
+    (blake2b-256), what earlier learners announced, still verify, and each form rejects other
+    bytes; a digest naming an algorithm not known here rejects the version with its reason."""
     import hashlib
+
+    import xxhash
 
     data = serialize(random_state(5, n=1))
     parts = chunk(data, 4096)
     chunks = [
         WeightChunk(version=1, index=i, n_chunks=len(parts), data=p) for i, p in enumerate(parts)
     ]
-    digest = weights_digest(data)
-    assert digest == "sha256:" + hashlib.sha256(data).hexdigest()
-    legacy = hashlib.blake2b(data, digest_size=32).hexdigest()
-    for d in (digest, legacy):
+
+    def forms(b: bytes) -> list[str]:
+        return [
+            weights_digest(b),
+            "sha256:" + hashlib.sha256(b).hexdigest(),
+            hashlib.blake2b(b, digest_size=32).hexdigest(),
+        ]
+
+    assert weights_digest(data) == "xxh3-128:" + xxhash.xxh3_128(data).hexdigest()
+    for d in forms(data):
         ready = WeightsReady(version=1, n_chunks=len(parts), total_bytes=len(data), digest=d)
         assert bytes(join_chunks(ready, chunks)) == data
     other = data[:-1] + bytes([data[-1] ^ 1])
-    for d in (weights_digest(other), hashlib.blake2b(other, digest_size=32).hexdigest()):
+    for d in [*forms(other), "md5:" + hashlib.md5(data).hexdigest()]:
         ready = WeightsReady(version=1, n_chunks=len(parts), total_bytes=len(data), digest=d)
         with pytest.raises(IncompleteVersion) as e:
             join_chunks(ready, chunks)
-        assert e.value.reason == "digest_mismatch"
+        assert e.value.reason == ("unknown_digest" if d.startswith("md5:") else "digest_mismatch")
 
 
 def test_chunk_joiner_orders_dedups_and_verifies_once() -> None:
