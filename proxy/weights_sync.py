@@ -26,7 +26,13 @@ from common import metrics
 from common.bus import Bus
 from common.layout import weights_folder
 from common.records import WeightChunk, WeightsReady
-from common.weights import Blob, ChunkJoiner, IncompleteVersion, write_hf_folder
+from common.weights import (
+    Blob,
+    ChunkJoiner,
+    IncompleteVersion,
+    retain_freed_memory,
+    write_hf_folder,
+)
 
 log = logging.getLogger("harnessrl.weights")
 
@@ -87,6 +93,7 @@ class WeightUpdater:
         ack_wait: float = 10.0,
         label: str = "",
         read_batch: int = 16,
+        retain_memory: bool = True,
     ) -> None:
         self.bus = bus
         self._apply = apply
@@ -102,6 +109,12 @@ class WeightUpdater:
         self.read_batch = read_batch
         """Chunks fetched per request while reading a stream version (each batch is hashed
         while the next is on its way)."""
+        self.retain_memory = retain_memory
+        """Before reading a stream version, have malloc keep a version's worth of freed memory
+        (`common.weights.retain_freed_memory`, process-wide): each version then lands in the
+        pages of the one before instead of fresh ones (receive 0.34-0.38 s -> 0.25-0.29 s for
+        256 MB here)."""
+        self._retained = 0
         self.consumer: Any = None
         self.rejected: dict[int, str] = {}
         """Versions never applied, with the reason."""
@@ -194,6 +207,9 @@ class WeightUpdater:
     async def _read_version(self, ready: WeightsReady) -> Blob:
         """Read a version's chunks, hashing each batch in a worker thread while
         the next one is fetched (`ChunkJoiner`)."""
+        if self.retain_memory and ready.total_bytes > self._retained:
+            self._retained = ready.total_bytes
+            retain_freed_memory(ready.total_bytes)
         subject = self.bus.subjects.weights_data(ready.version)
         joiner = ChunkJoiner(ready)
         work: asyncio.Future[None] | None = None
