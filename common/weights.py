@@ -89,11 +89,9 @@ def retain_freed_memory(nbytes: int) -> bool:
     receive). With this the next version reuses the last one's pages. Process-wide; True if
     applied (False where the C library is not glibc)."""
     import ctypes
-    import ctypes.util
 
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(None).mallopt  # the process's own C library: no lookup
     except (OSError, AttributeError):
         return False
     m_trim_threshold, m_mmap_threshold = -1, -3
@@ -112,11 +110,9 @@ def serialize(state: dict[str, Any], config_json: str = "") -> bytes:
 
 def safetensors_metadata(data: bytes | bytearray | memoryview | Blob) -> dict[str, str]:
     """The ``__metadata__`` of serialised safetensors bytes (header only, no tensors read)."""
-    if isinstance(data, Blob):
-        (n,) = struct.unpack("<Q", data.head(8))
-        return json.loads(data.head(8 + n)[8:]).get("__metadata__") or {}
-    (n,) = struct.unpack("<Q", data[:8])
-    return json.loads(bytes(data[8 : 8 + n])).get("__metadata__") or {}
+    head = data.head if isinstance(data, Blob) else (lambda n: bytes(data[:n]))
+    (n,) = struct.unpack("<Q", head(8))
+    return json.loads(head(8 + n)[8:]).get("__metadata__") or {}
 
 
 def chunk(data: bytes | bytearray | memoryview, size: int) -> list[memoryview]:

@@ -8,10 +8,10 @@ Control always travels over the bus: after a step the learner publishes ``Weight
   ``hrl.<run>.weights.data.<version>`` (msg ids ``weights:<version>:<i>:<incarnation>``),
   published *before* the WeightsReady that carries ``n_chunks``, ``total_bytes`` and the
   ``digest`` (``common.weights.weights_digest``). Only the newest ``keep_versions`` data
-  subjects are kept; older ones are purged. The msg ids carry a per-process token because a learner resumed from a checkpoint
-  publishes the version numbers of its lost steps again, with other weights (it purges their
-  stale chunks first); updaters that already applied a lost version catch up at the next
-  version above it.
+  subjects are kept; older ones are purged. The msg ids carry a per-process token because a
+  learner resumed from a checkpoint publishes the version numbers of its lost steps again,
+  with other weights (it purges their stale chunks first); updaters that already applied a
+  lost version catch up at the next version above it.
 * ``disk`` — an HF folder ``<dir>/v<version>`` written atomically (temp dir + rename);
   WeightsReady carries its ``path``.
 * ``distributed`` — SGLang's ``init_weights_update_group`` once, then per version bucketed
