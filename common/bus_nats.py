@@ -9,10 +9,8 @@ import contextlib
 import datetime
 import json
 import logging
-import re
-import ssl
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import nats
@@ -28,7 +26,6 @@ from common.bus import (
     Bus,
     BusConnectError,
     BusError,
-    BusUnavailable,
     Consumer,
     PayloadTooLarge,
     PermissionDenied,
@@ -36,7 +33,15 @@ from common.bus import (
     R,
 )
 from common.nats_acks import Acks
-from common.records import Record, RecordDecodeError, decode, encode_many
+from common.nats_guards import Denials, Outage, refusal
+from common.records import (
+    Record,
+    RecordDecodeError,
+    Scattered,
+    decode,
+    encode_many,
+    wire_size,
+)
 
 log = logging.getLogger("harnessrl.bus")
 
@@ -74,20 +79,20 @@ class JetStreamBus(Bus):
         *,
         publish_timeout: float,
         duplicate_window: float,
-        denials: _Denials | None = None,
+        denials: Denials | None = None,
         stream_wait_s: float = 60.0,
         replicas: int = 1,
-        outage: _Outage | None = None,
+        outage: Outage | None = None,
     ):
         super().__init__(run)
         self.nc = nc
         self.js = nc.jetstream(timeout=10.0)
         self.publish_timeout = publish_timeout
         self.duplicate_window = duplicate_window
-        self.denials = denials or _Denials()
+        self.denials = denials or Denials()
         self.stream_wait_s = stream_wait_s
         self.replicas = replicas
-        self.outage = outage or _Outage()
+        self.outage = outage or Outage()
         self.denials.outage = self.outage
         self.acks = Acks(nc)
         self._keepers: set[asyncio.Task[None]] = set()
@@ -136,15 +141,15 @@ class JetStreamBus(Bus):
             opts = client_options(creds, ca, servers[0])
         except (SecretFileError, ValueError) as e:
             raise BusConnectError(f"{name}: cannot connect to NATS at {url}: {e}") from None
-        denials = _Denials(str(opts.get("user", "")))
-        outage = _Outage()
+        denials = Denials(str(opts.get("user", "")))
+        outage = Outage()
         refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
         async def on_err(e: Exception) -> None:
             text = str(e)
             if denials.report(text):
                 return
-            why = _refusal(e, creds, ca)
+            why = refusal(e, creds, ca)
             if why and not refused.done():
                 refused.set_result(why)
             log.debug("nats: %s", text)
@@ -318,16 +323,19 @@ class JetStreamBus(Bus):
     def _headers(self, msg_id: str | None) -> dict[str, str] | None:
         return {"Nats-Msg-Id": msg_id} if msg_id else None
 
-    def _check_size(self, subject: str, data: bytes) -> None:
-        limit = self.nc.max_payload
-        if limit and len(data) + 256 > limit:
+    def _check_size(self, subject: str, data: bytes | Scattered) -> None:
+        limit, size = self.nc.max_payload, wire_size(data)
+        if limit and size + 256 > limit:
             raise PayloadTooLarge(
-                f"record of {len(data)} bytes on {subject} exceeds the server's max_payload "
+                f"record of {size} bytes on {subject} exceeds the server's max_payload "
                 f"({limit} bytes); split it or raise max_payload"
             )
 
-    async def publish_bytes(self, subject: str, data: bytes, msg_id: str | None) -> PubResult:
+    async def publish_bytes(
+        self, subject: str, data: bytes | Scattered, msg_id: str | None
+    ) -> PubResult:
         self._check_size(subject, data)
+        data = data.join() if isinstance(data, Scattered) else data
         deadline = time.monotonic() + self.publish_timeout
         delay = 0.05
         while True:
@@ -402,8 +410,8 @@ class JetStreamBus(Bus):
                 except _TRANSIENT:
                     fut = None
                 else:
-                    window.append((fut, len(data)))
-                    in_flight += len(data)
+                    window.append((fut, wire_size(data)))
+                    in_flight += wire_size(data)
                 sent.append((item, fut))
         return await self._collect(sent)
 
@@ -732,167 +740,3 @@ def _same_stream(have: api.StreamConfig, want: api.StreamConfig) -> bool:
         return v or 0 if k == "max_age" else v
 
     return all(norm(k, a.get(k)) == norm(k, b.get(k)) for k in _COMPARED)
-
-
-# ---------------------------------------------------------------------------------------------
-# outages: a stopping process never waits for an unreachable server
-# ---------------------------------------------------------------------------------------------
-
-
-class _Outage:
-    """When a stopping process stops waiting for the server (``Bus.interrupt``).
-
-    ``abandon`` is a future that is done while the process is interrupted *and* the connection
-    is down; every waiting call races it and gives up with ``BusUnavailable`` when it fires. A
-    reconnection replaces it with a fresh one (calls wait for the server as usual again)."""
-
-    def __init__(self) -> None:
-        self.stopping = False
-        self.connected = True
-        self.closing = False
-        """This process closes the connection itself (no outage to report)."""
-        self.abandon: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def interrupt(self, connected: bool) -> None:
-        self.stopping = True
-        self.connected = connected
-        self._update()
-
-    async def disconnected(self) -> None:
-        self.connected = False
-        self._update()
-
-    async def reconnected(self) -> None:
-        self.connected = True
-        if self.abandon.done():
-            self.abandon = asyncio.get_running_loop().create_future()
-
-    def _update(self) -> None:
-        if self.stopping and not self.connected and not self.abandon.done():
-            if not self.closing:
-                log.info("NATS is unreachable and this process is stopping: not waiting for it")
-            self.abandon.set_result(None)
-
-    def check(self, what: str) -> None:
-        """Raise ``BusUnavailable`` now if waiting is abandoned."""
-        if self.abandon.done():
-            raise BusUnavailable(f"{what}: NATS is unreachable and this process is stopping")
-
-    async def race(self, coro: Any, what: str) -> Any:
-        """Await ``coro`` unless waiting is (or becomes) abandoned."""
-        if self.abandon.done():
-            coro.close()
-            self.check(what)
-        abandon = self.abandon
-        task = asyncio.ensure_future(coro)
-        await asyncio.wait({task, abandon}, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            return task.result()
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
-        raise BusUnavailable(f"{what}: NATS is unreachable and this process is stopping")
-
-
-# ---------------------------------------------------------------------------------------------
-# refusals: permission violations and refused connections
-# ---------------------------------------------------------------------------------------------
-
-
-_VIOLATION = re.compile(r'permissions violation for (publish|subscription) to "([^"]*)"', re.I)
-
-
-class _Denials:
-    """Permission violations the server reported on one connection.
-
-    nats-server answers a refused publish (a JetStream API request included) with an
-    asynchronous ``-ERR 'Permissions Violation for Publish to "SUBJECT"'`` and drops it, so the
-    request itself would only time out (and a publish be retried for ``publish_timeout``).
-    `guard` races a call against a violation on the subjects it concerns and raises
-    ``PermissionDenied`` at once. The server lower-cases the subject in that message, so
-    subjects are compared lower-cased."""
-
-    def __init__(self, user: str = "") -> None:
-        self.user = user
-        self.waiters: list[tuple[Callable[[str], bool], asyncio.Future[str]]] = []
-        self.seen: set[str] = set()
-        self.outage: _Outage | None = None
-        """The connection's outage state: a guarded call is also given up when it abandons."""
-
-    def report(self, text: str) -> bool:
-        """Take an error of the connection; True when it was a permission violation."""
-        m = _VIOLATION.search(text)
-        if m is None:
-            return False
-        kind, subject = m.group(1).lower(), m.group(2).lower()
-        if subject not in self.seen:
-            self.seen.add(subject)
-            log.warning("nats: permission denied: %s to %s", kind, subject)
-        for match, fut in self.waiters:
-            if not fut.done() and (kind == "subscription" or match(subject)):
-                fut.set_result(f"{kind} to {subject!r}")
-        return True
-
-    async def guard(self, match: Callable[[str], bool], coro: Any) -> Any:
-        """Await ``coro``, unless a violation on a subject ``match`` accepts comes first (or
-        the connection's outage abandons waiting: ``BusUnavailable``)."""
-        denied: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        entry = (match, denied)
-        self.waiters.append(entry)
-        task = asyncio.ensure_future(coro)
-        abandon = self.outage.abandon if self.outage is not None else denied
-        try:
-            await asyncio.wait({task, denied, abandon}, return_when=asyncio.FIRST_COMPLETED)
-            if task.done():
-                return task.result()
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-            if not denied.done():
-                raise BusUnavailable("NATS is unreachable and this process is stopping")
-            raise PermissionDenied(self._message(denied.result()))
-        finally:
-            self.waiters.remove(entry)
-            if not task.done():
-                task.cancel()
-
-    async def guard_subject(self, subject: str, coro: Any) -> Any:
-        """`guard` for a publish to one subject."""
-        low = subject.lower()
-        if low in self.seen:
-            coro.close()
-            raise PermissionDenied(self._message(f"publish to {low!r}"))
-        return await self.guard(lambda s: s == low, coro)
-
-    def _message(self, what: str) -> str:
-        who = f"NATS user {self.user!r}" if self.user else "this NATS connection"
-        return f"the server's permissions refuse {who} {what}"
-
-
-def _refusal(e: Exception, creds: str, ca: str) -> str:
-    """Why a connection attempt failed for good (wrong credentials, TLS), or "" for a failure
-    that waiting may cure (server not up yet)."""
-    text = str(e)
-    low = text.lower()
-    if isinstance(e, nats.errors.AuthorizationError) or "authorization violation" in low:
-        if creds:
-            return f"the server refused the credentials in {creds} (authorization violation)"
-        return "the server requires credentials (authorization violation): pass --nats-creds FILE"
-    if "authentication" in low or "user authentication expired" in low:
-        return f"the server refused the credentials in {creds or '(none)'}: {text}"
-    if isinstance(e, ssl.SSLCertVerificationError):
-        if ca:
-            return (
-                f"TLS: the CA in {ca} does not verify the server's certificate ({e.verify_message})"
-            )
-        return (
-            "TLS: the server's certificate is not signed by a CA of this system; pass the "
-            f"server's CA with --nats-ca FILE ({e.verify_message})"
-        )
-    if isinstance(e, ssl.SSLError):
-        return f"TLS handshake failed: {text}"
-    if "no ssl context" in low:
-        return "the server requires TLS: use a tls:// URL and pass --nats-ca FILE (its CA)"
-    if "secure connection not available" in low or "tls" in low and "required" in low:
-        return f"TLS settings do not match the server's: {text}"
-    return ""

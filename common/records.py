@@ -25,7 +25,7 @@ import hashlib
 import os
 import re
 import time
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Literal, NamedTuple, TypeVar
 
 import msgspec
 import numpy as np
@@ -134,6 +134,11 @@ class Record(msgspec.Struct, kw_only=True, omit_defaults=False):
     COMPRESS: ClassVar[bool | None] = None
     """Whether ``encode`` zstd-frames this type: None decides by size (``COMPRESS_THRESHOLD``);
     False for incompressible payloads (weight chunks), which framing would only slow down."""
+    SCATTER: ClassVar[str] = ""
+    """Name of this type's last field when it is a large buffer (weight chunks): ``encode_many``
+    returns such a record as ``Scattered`` (the msgpack bytes up to that buffer's contents, then
+    the buffer itself), which the bus sends without copying the buffer. Joined, the two are
+    exactly ``encode``'s bytes; the type must never compress."""
 
     def __post_init__(self) -> None:
         if not self.record:
@@ -495,6 +500,7 @@ class WeightChunk(Record, kw_only=True):
     """
 
     COMPRESS: ClassVar[bool | None] = False
+    SCATTER: ClassVar[str] = "data"
 
     version: int
     """Policy version this chunk belongs to."""
@@ -581,13 +587,59 @@ def _compresses(record: Record, raw: bytes) -> bool:
     return len(raw) > COMPRESS_THRESHOLD if rule is None else rule
 
 
-def encode_many(records: list[Record]) -> list[bytes]:
-    """``encode`` for a batch; safe to call from a worker thread (zstd releases the GIL)."""
+class Scattered(NamedTuple):
+    """A record's wire bytes in two parts, never joined on the publishing side: the msgpack
+    bytes up to its ``SCATTER`` buffer's contents, then that buffer."""
+
+    head: bytes
+    body: memoryview
+
+    @property
+    def nbytes(self) -> int:
+        """Length of the joined bytes."""
+        return len(self.head) + len(self.body)
+
+    def join(self) -> bytes:
+        return b"".join(self)
+
+
+def wire_size(data: bytes | Scattered) -> int:
+    """Length of an encoded record's bytes on the wire."""
+    return data.nbytes if isinstance(data, Scattered) else len(data)
+
+
+def _bin_header(n: int) -> bytes:
+    """msgpack ``bin`` header for ``n`` bytes."""
+    if n < 1 << 8:
+        return b"\xc4" + n.to_bytes(1, "big")
+    if n < 1 << 16:
+        return b"\xc5" + n.to_bytes(2, "big")
+    return b"\xc6" + n.to_bytes(4, "big")
+
+
+def encode_scattered(record: Record) -> Scattered:
+    """``encode(record)`` as ``Scattered``, for a type with a ``SCATTER`` field: the record is
+    encoded with that field empty (a 2-byte ``bin`` at the very end), whose header is then
+    replaced by the real length's; the buffer itself is not copied."""
+    field = record.SCATTER
+    body = memoryview(getattr(record, field)).cast("B")
+    head = _encoder.encode(msgspec.structs.replace(record, **{field: b""}))
+    if record.COMPRESS is not False or not head.endswith(b"\xc4\x00"):
+        raise TypeError(f"{type(record).__name__}.{field} is not an uncompressed last bin field")
+    return Scattered(head[:-2] + _bin_header(len(body)), body)
+
+
+def encode_many(records: list[Record]) -> list[bytes | Scattered]:
+    """``encode`` for a batch; safe to call from a worker thread (zstd releases the GIL).
+    A record of a ``SCATTER`` type comes back as ``Scattered`` (its buffer not copied)."""
     zc = zstandard.ZstdCompressor(level=ZSTD_LEVEL)  # not thread-safe: one per call
-    out = []
+    out: list[bytes | Scattered] = []
     for rec in records:
         if isinstance(rec, bytes | bytearray | memoryview):
-            out.append(bytes(rec))  # pre-encoded (e.g. weight chunks): passed through as is
+            out.append(bytes(rec))  # pre-encoded: passed through as is
+            continue
+        if rec.SCATTER:
+            out.append(encode_scattered(rec))
             continue
         raw = _encoder.encode(rec)
         out.append(zc.compress(raw) if _compresses(rec, raw) else raw)

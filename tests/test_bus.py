@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import nats
 import numpy as np
 import pytest
 
@@ -12,6 +13,7 @@ from common import bus as busmod
 from common import metrics
 from common import records as r
 from common.bus import Bus, connect
+from common.nats_acks import publish_scattered
 from tests.test_records import sample_records
 
 
@@ -344,6 +346,63 @@ async def test_publish_many_bounds_unacked_bytes(nats_url: str, run_name: str) -
     assert [x.seq for x in res] == list(range(1, 31)) and not any(x.duplicate for x in res)
     assert await b.read_subject(s.calls("w-0-1"), r.CallRecord) == recs
     await b.close()
+
+
+async def test_weight_chunks_go_out_unjoined_and_arrive_as_encoded(
+    nats_url: str, run_name: str
+) -> None:
+    """A weight chunk is published as two buffers (its msgpack head, then its bytes, never
+    joined): a plain subscriber receives exactly ``encode``'s bytes with the msg id header,
+    also while small records are published concurrently on the same connection (nothing
+    interleaves inside a message), and the stream keeps each once."""
+    b = await connect(nats_url, run_name)
+    s = b.subjects
+    nc = await nats.connect(nats_url)
+    got: list = []
+
+    async def on_msg(m) -> None:
+        got.append(m)
+
+    await nc.subscribe(s.weights_data(7), cb=on_msg)
+    await nc.flush()
+    sizes = (0, 300, 70_000, 1_000_000, 65_536)
+    chunks = [
+        r.WeightChunk(version=7, index=i, n_chunks=len(sizes), data=np.random.bytes(n))
+        for i, n in enumerate(sizes)
+    ]
+    small = [(s.calls("c-0-1"), r.CallRecord(rollout_id="c-0-1", seq=i), None) for i in range(300)]
+    res, _ = await asyncio.gather(
+        b.publish_many([(s.weights_data(7), c, f"w:7:{c.index}") for c in chunks]),
+        b.publish_many(small),
+    )
+    assert not any(x.duplicate for x in res)
+    for _ in range(100):
+        if len(got) == len(chunks):
+            break
+        await asyncio.sleep(0.05)
+    assert [m.data for m in got] == [r.encode(c) for c in chunks]
+    assert [m.headers["Nats-Msg-Id"] for m in got] == [f"w:7:{i}" for i in range(len(sizes))]
+    assert await b.read_subject(s.weights_data(7), r.WeightChunk) == chunks
+    assert await b.stream_count("CALLS", s.calls("c-0-1")) == 300
+    res = await b.publish_many([(s.weights_data(7), chunks[1], "w:7:1")])
+    assert res[0].duplicate  # the same msg id again: de-duplicated, as for joined bytes
+    await nc.close()
+    await b.close()
+
+
+async def test_scattered_publish_without_the_clients_write_path_sends_joined_bytes() -> None:
+    """A client without nats-py's private pending list (another version) gets the joined
+    bytes through its public ``publish``."""
+    sent = []
+
+    class Client:
+        async def publish(self, subject, payload, reply="", headers=None):
+            sent.append((subject, payload, reply, headers))
+
+    chunk = r.WeightChunk(version=1, index=0, n_chunks=1, data=b"abc" * 1000)
+    parts = r.encode_many([chunk])[0]
+    await publish_scattered(Client(), "s", parts, "inbox.1", {"Nats-Msg-Id": "x"})
+    assert sent == [("s", r.encode(chunk), "inbox.1", {"Nats-Msg-Id": "x"})]
 
 
 async def test_fetch_never_returns_more_than_its_batch(nats_url: str, run_name: str) -> None:

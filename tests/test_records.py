@@ -170,3 +170,37 @@ def test_callrecord_roundtrip_property(ids: list[int], lps: list[float], label: 
     assert r.unpack_ids(back.suffix_ids).tolist() == ids
     assert back.input_hash == r.ids_hash(r.unpack_ids(back.suffix_ids))
     assert np.array_equal(r.unpack_f32(back.output_logprobs), np.asarray(lps, "<f4"))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    size=st.sampled_from([0, 1, 255, 256, 65535, 65536, 300_000]),
+    version=st.integers(0, 2**40),
+    index=st.integers(0, 10_000),
+)
+def test_scattered_chunk_joins_to_encode(size: int, version: int, index: int) -> None:
+    """A weight chunk encoded in two parts (its msgpack head, then its bytes uncopied) is
+    exactly ``encode``'s bytes at every msgpack ``bin`` length class, and decodes back."""
+    data = bytes((index + i) % 251 for i in range(size))
+    chunk = r.WeightChunk(version=version, index=index, n_chunks=index + 1, data=data)
+    parts = r.encode_many([chunk])[0]
+    assert isinstance(parts, r.Scattered)
+    assert parts.body.obj is data  # a view of the chunk's own bytes, not a copy
+    assert parts.join() == r.encode(chunk) and parts.nbytes == len(r.encode(chunk))
+    assert r.wire_size(parts) == len(r.encode(chunk))
+    back = r.decode(parts.join(), r.WeightChunk)
+    assert bytes(back.data) == data and (back.version, back.index) == (version, index)
+
+
+def test_scatter_refuses_a_field_that_is_not_a_trailing_bin() -> None:
+    """``SCATTER`` names the last field, a buffer; on any other field it is an error, never
+    a wrong encoding."""
+
+    class Bad(r.Record, kw_only=True):
+        COMPRESS = False
+        SCATTER = "data"
+        data: bytes
+        after: int = 0
+
+    with pytest.raises(TypeError, match="last bin field"):
+        r.encode_scattered(Bad(data=b"x" * 10))
