@@ -49,9 +49,10 @@ class RolloutSettings(ProxySettings):
     sandbox_max_processes: int = Field(1024, ge=8, le=1_000_000)
     """Processes + threads a sandbox may run."""
     sandbox_pool: int = Field(2, ge=0, le=256)
-    """bwrap: blank sandboxes kept ready (folders, lock, uid made ahead; each serves exactly
-    one rollout) and sandboxes removed in the background, so a rollout waits for neither;
-    0: each rollout makes and removes its own. Docker ignores it."""
+    """Blank sandboxes kept ready (bwrap: folders, lock, uid; docker: started containers of
+    the shape the last rollout asked for), each serving exactly one rollout, and sandboxes
+    removed in the background, so a rollout waits for neither; 0: each rollout makes and
+    removes its own."""
     task_environments: bool = True
     """Give each sandbox its task's environment (a ``python`` command, pip packages; built once
     per content and cached, see ``actors/sandbox/envs.py``); off: every task runs in the base

@@ -250,8 +250,7 @@ def make_sandbox_backend(settings: RolloutSettings) -> SandboxBackend:
         kw["image"] = settings.docker_image
     if settings.env_cache_dir is not None:
         kw["env_cache_dir"] = settings.env_cache_dir
-    if settings.sandbox == "bwrap":
-        kw["pool_size"] = settings.sandbox_pool
+    kw["pool_size"] = settings.sandbox_pool
     return make_backend(settings.sandbox, **kw)
 
 

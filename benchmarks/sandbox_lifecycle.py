@@ -20,11 +20,15 @@ beside it: ``ready`` (p50 of the pooled ``create``: until the rollout can start 
 and CPU per sandbox (this process and its children, refill and background removal included:
 the pool is drained and refilled inside the measured span), against the floor's CPU per call.
 
-Docker (reported, no target): the same cases on the engine at ``$DOCKER_HOST`` when one
-answers, else on a private dockerd started for the run (root + ``docker.io`` installed); the
-image is imported from the cached rootfs (`actors.sandbox.docker_image`). When neither works the
-docker cases are skipped and the reason is printed and recorded (``docker_skipped``), as when
-``$HRL_BENCH_SKIP_DOCKER`` is set (its value is the reason).
+Docker: the same cases on the engine at ``$DOCKER_HOST`` when one answers, else on a private
+dockerd started for the run (root + ``docker.io`` installed); the image is imported from the
+cached rootfs (`actors.sandbox.docker_image`). Target ``docker_pooled_lifecycle_p50_ms``: a
+rollout's container with its forwarder from the pool (``pool_size`` ``POOL_SIZE``: containers of
+the spec's shape started ahead, removal in the background; refills run during the measurement)
+— create + ``run(["true"])`` through the forwarder + destroy, p50, at most
+``DOCKER_TARGET_MS``; beside it the unpooled ``lifecycle`` (create, start, run, remove). When no
+engine works the docker cases are skipped and the reason is printed and recorded
+(``docker_skipped``), as when ``$HRL_BENCH_SKIP_DOCKER`` is set (its value is the reason).
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ ROUNDS = 3
 """Rounds of all cases; the target's value is the median of the rounds' ratios."""
 POOL_SIZE = 2
 """Blanks the pooled backend keeps ready (the actor's default ``sandbox_pool``)."""
+DOCKER_TARGET_MS = 200.0
+"""Pooled docker lifecycle with forwarder, p50 (issue 19: pre-created containers)."""
 
 
 async def timed(
@@ -122,6 +128,7 @@ async def docker_cases(tmp: Path, n: int) -> dict[str, list[float]]:
     async with (
         docker_engine(tmp) as url,
         DockerBackend(tmp / "docker-sandboxes", docker_url=url) as be,
+        DockerBackend(tmp / "docker-pooled", docker_url=url, pool_size=POOL_SIZE) as pooled,
     ):
 
         async def lifecycle() -> None:
@@ -149,9 +156,40 @@ async def docker_cases(tmp: Path, n: int) -> dict[str, list[float]]:
 
                 cases = {"lifecycle": lifecycle, "run_only": run_only}
                 cases["run_with_forwarder"] = run_forwarder
-                return await timed(cases, n, blocks=2, warmup=2)
+                got = await timed(cases, n, blocks=2, warmup=2)
+                return got | await docker_pooled(pooled, sock, n)
         finally:
             server.close()
+
+
+async def docker_pooled(be, sock: Path, n: int) -> dict[str, list[float]]:
+    """The pooled lifecycle, each one with the pool full and the last removal done (a pool
+    that keeps up: a rollout takes longer than a refill), and the refill itself: seconds per
+    container started ahead, from an empty pool."""
+    spec = SandboxSpec(owner="bench", proxy_socket=sock)
+    await be.warm(spec)
+    out: dict[str, list[float]] = {"pooled_lifecycle_with_forwarder": [], "pooled_ready": []}
+    for i in range(2 + n):
+        await be.pool.wait_full()
+        await be.pool.drain()
+        t0 = time.perf_counter()
+        s = await be.create(spec)
+        t1 = time.perf_counter()
+        r = await s.run(["true"], timeout=30)
+        await s.destroy()
+        t2 = time.perf_counter()
+        assert r.ok, r
+        if i >= 2:
+            out["pooled_lifecycle_with_forwarder"].append(t2 - t0)
+            out["pooled_ready"].append(t1 - t0)
+    await be.pool.wait_full()
+    be.pool.clear()
+    await be.pool.drain()
+    t0 = time.perf_counter()
+    be.pool.refill()
+    await be.pool.wait_full()
+    out["pool_refill_per_container"] = [(time.perf_counter() - t0) / be.pool.size]
+    return out
 
 
 def cpu_s() -> float:
@@ -352,6 +390,10 @@ def main(argv: list[str] | None = None) -> None:
     if out["docker_skipped"]:
         metrics["docker_skipped"] = out["docker_skipped"]
         print(f"\ndocker skipped: {out['docker_skipped']}")
+    else:
+        p50 = res["docker_pooled_lifecycle_with_forwarder"]["p50_ms"]
+        targets["docker_pooled_lifecycle_p50_ms"] = target(p50, DOCKER_TARGET_MS, at_least=False)
+        print(f"\ntarget pooled docker lifecycle <= {DOCKER_TARGET_MS} ms p50: {p50} ms")
     path = write_result(
         "sandbox_lifecycle",
         metrics,

@@ -18,14 +18,14 @@ from actors.sandbox import SandboxSpec
 from actors.sandbox.base import Limits, Sandbox, SandboxBackend
 from tests.conftest import bwrap_or_skip, procs_with
 
-KINDS = ("bwrap", "bwrap_pool", "docker")
+KINDS = ("bwrap", "bwrap_pool", "docker", "docker_pool")
 
 
 @pytest.fixture(params=KINDS)
 def kind(request: pytest.FixtureRequest) -> tuple[str, str | None]:
     """The backend's name, and the docker engine's URL for docker (the session's dockerd is
     started here, outside the test's event loop)."""
-    if request.param == "docker":
+    if request.param.startswith("docker"):
         return request.param, request.getfixturevalue("docker_engine")
     return request.param, None
 
@@ -34,10 +34,11 @@ def kind(request: pytest.FixtureRequest) -> tuple[str, str | None]:
 async def backend(kind: tuple[str, str | None], tmp_path: Path):
     """Each backend, entered (sweep at start, everything removed at exit)."""
     name, engine = kind
-    if name == "docker":
+    if name.startswith("docker"):
         from actors.sandbox.docker import DockerBackend
 
-        be = DockerBackend(tmp_path / "sandboxes", docker_url=engine)
+        pool = 2 if name == "docker_pool" else 0
+        be = DockerBackend(tmp_path / "sandboxes", docker_url=engine, pool_size=pool)
     else:
         pool = 2 if name == "bwrap_pool" else 0
         be = await bwrap_or_skip(tmp_path / "sandboxes", pool_size=pool)
@@ -216,12 +217,14 @@ async def test_next_rollout_sees_nothing_of_the_previous(
     def from_pool(sb, ready: set[str]) -> bool:
         return sb.state_dir.name.rsplit("-", 1)[1] in ready
 
-    if pooled:
-        await pool.wait_full()
-        ready = {b.sid for b in pool._ready}
     spec = SandboxSpec(
         owner="first", env={"HRL_FIRST_ROLLOUT": marker}, proxy_socket=await proxies("first")
     )
+    if pooled:
+        if hasattr(backend, "warm"):  # docker: containers of the shape asked for
+            await backend.warm(spec)
+        await pool.wait_full()
+        ready = {b.sid for b in pool._ready}
     first = await backend.create(spec)
     if pooled:
         assert from_pool(first, ready)

@@ -226,6 +226,86 @@ async def test_forwarder_without_proxy_fails_fast(backend: DockerBackend, tmp_pa
     assert r.stdout.startswith(b"failed") and r.duration_s < 5, r
 
 
+async def test_socket_on_another_filesystem_is_bound_and_never_pooled(
+    engine: str, tmp_path: Path, unix_http: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Where the proxy socket cannot be hard-linked into the sandbox's ``run`` folder (another
+    filesystem), a fresh container binds the socket itself and reaches the proxy; a pooled
+    container, made before the socket existed, is not handed out for it."""
+
+    def no_link(src, dst):
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr("actors.sandbox.docker.os.link", no_link)
+    spec = SandboxSpec(proxy_socket=unix_http)
+    code = "import os, urllib.request; print(urllib.request.urlopen("
+    code += "os.environ['HRL_PROXY_URL'] + '/v1/x', timeout=10).read().decode())"
+    async with DockerBackend(tmp_path / "sbx", docker_url=engine, pool_size=1) as be:
+        await be.warm(spec)
+        await be.pool.wait_full()
+        (blank,) = be.pool._ready
+        async with await be.create(spec) as s:
+            assert s is not blank and s.bind_socket
+            r = await s.run(py(code), timeout=30)
+        assert r.ok and json.loads(r.stdout)["via"] == "unix", r
+        await be.pool.drain()
+        assert blank.name not in await containers(be)  # the unusable blank was removed
+
+
+# ---------------------------------------------------------------------- pool
+
+
+async def test_pool_hands_out_started_containers_of_the_shape_asked_for(
+    engine: str, tmp_path: Path, unix_http: Path
+):
+    """With a pool, `create` hands out a container started ahead for the last spec's shape
+    (its workspace and proxy socket given on the way out) and `destroy` removes it in the
+    background; a spec of another shape gets a fresh container, the blanks of the old shape
+    are removed and the pool refills with the new one."""
+    seed = tmp_path / "seed"
+    seed.mkdir()
+    (seed / "task.md").write_text("task\n")
+    spec = SandboxSpec(workspace_src=seed, proxy_socket=unix_http)
+    async with DockerBackend(tmp_path / "sbx", docker_url=engine, pool_size=2) as be:
+        first = await be.create(spec)  # the first of its shape: started on the spot
+        await be.pool.wait_full()
+        ready = {b.name for b in be.pool._ready}
+        assert first.name not in ready and len(ready) == 2
+        second = await be.create(spec)
+        assert second.name in ready
+        r = await second.run(["sh", "-c", "cat task.md; ls /run/hrl"], timeout=10)
+        assert r.ok and r.stdout.split() == [b"task", b"forwarder.py", b"proxy.sock"] + [
+            b"proxy.sock.mnt"
+        ], r
+        code = "import os, urllib.request; print(urllib.request.urlopen("
+        code += "os.environ['HRL_PROXY_URL'] + '/v1/y', timeout=10).read().decode())"
+        r = await second.run(py(code), timeout=30)
+        assert r.ok and json.loads(r.stdout)["path"] == "/v1/y", r
+        t0 = time.monotonic()
+        await second.destroy()
+        assert time.monotonic() - t0 < 0.05  # removal is the pool's, in the background
+        with pytest.raises(SandboxError):
+            await second.run(["true"], timeout=10)
+        await be.pool.drain()
+        assert second.name not in await containers(be) and not second.state_dir.exists()
+        await be.pool.wait_full()
+        old = {b.name for b in be.pool._ready}
+        other = SandboxSpec(limits=Limits(max_processes=77))
+        async with await be.create(other) as third:
+            assert third.name not in old
+            assert (await third._container.show())["HostConfig"]["PidsLimit"] == 77
+        await be.pool.drain()
+        await be.pool.wait_full()
+        names = set(await containers(be))
+        assert not old & names  # the old shape's blanks are gone
+        for b in be.pool._ready:  # the new shape's are ready
+            assert (await b._container.show())["HostConfig"]["PidsLimit"] == 77
+        await first.destroy()
+        await be.close()  # removes the ready blanks and waits for the removals
+        await be.start()
+        assert not await containers(be)
+
+
 # ---------------------------------------------------------------------- escapes
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import posixpath
 import re
@@ -389,8 +390,9 @@ class SandboxBase:
 class SandboxPool:
     """Sandboxes made ahead and removed behind, so a rollout waits for neither.
 
-    A backend hands over two plain functions (run in a thread): ``make()`` builds one *blank*
-    sandbox (state that does not depend on the rollout's spec: its folders, lock, uid) and
+    A backend hands over two functions, plain (run in a thread) or coroutine functions:
+    ``make()`` builds one *blank* sandbox (what does not depend on the rollout: bwrap's
+    folders, lock and uid; docker's started container of the last spec's shape) and
     ``discard(blank)`` removes one with everything it holds. The pool keeps up to ``size``
     blanks ready; `take` returns one at once (None when empty: the caller makes its own) and
     starts a refill in the background. The backend gives a taken blank the rollout's spec.
@@ -436,12 +438,12 @@ class SandboxPool:
     async def _fill(self) -> None:
         while not self._closed and len(self._ready) < self.size:
             try:
-                blank = await asyncio.to_thread(self._make)
+                blank = await self._call(self._make)
             except Exception as e:  # the next create makes its own and raises there
                 self.error = f"{type(e).__name__}: {e}"
                 return
             if self._closed:
-                await asyncio.to_thread(self._discard, blank)
+                await self._call(self._discard, blank)
                 return
             self._ready.append(blank)
             self.made += 1
@@ -454,7 +456,7 @@ class SandboxPool:
 
     def remove_later(self, state) -> None:
         """``discard(state)`` in the background; `close` waits for it."""
-        task = asyncio.get_running_loop().create_task(asyncio.to_thread(self._discard, state))
+        task = asyncio.get_running_loop().create_task(self._call(self._discard, state))
         self._removals.add(task)
         task.add_done_callback(self._removals.discard)
 
@@ -473,6 +475,18 @@ class SandboxPool:
             self._refill = None
         ready, self._ready = self._ready, []
         for blank in ready:
-            await asyncio.to_thread(self._discard, blank)
+            await self._call(self._discard, blank)
         await self.drain()
         self._closed = False
+
+    def clear(self) -> None:
+        """Remove the ready blanks in the background (they no longer fit what is asked)."""
+        ready, self._ready = self._ready, []
+        for blank in ready:
+            self.remove_later(blank)
+
+    @staticmethod
+    async def _call(fn, *args):
+        if inspect.iscoroutinefunction(fn):
+            return await fn(*args)
+        return await asyncio.to_thread(fn, *args)

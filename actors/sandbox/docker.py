@@ -19,12 +19,19 @@ Design:
 * **Proxy forwarder:** with ``--network none`` the container's loopback is one network
   namespace shared by all its commands, so one forwarder per sandbox suffices: the container's
   main process is ``_forwarder.py PORT /run/hrl/proxy.sock -- sleep infinity`` (the image's
-  python3), listening on ``127.0.0.1:<proxy_port>`` before `create` returns. The host socket
-  is bind-mounted, so it must exist when the sandbox is created (it is handed to
-  ``proxy_uid`` unless world-writable); a missing one leaves the forwarder closing every
+  python3), listening on ``127.0.0.1:<proxy_port>`` before `create` returns. ``/run/hrl`` is
+  the sandbox's ``run`` folder (read-only inside): the forwarder, and the host socket
+  hard-linked as ``proxy.sock`` when the sandbox is handed out (the socket is handed to
+  ``proxy_uid`` unless world-writable; where it lies on another filesystem it is bound at
+  ``proxy.sock.mnt`` instead, at create); a missing one leaves the forwarder closing every
   connection at once. A run with ``proxy=False`` first has the forwarder stop listening and
   drop its connections (SIGUSR1; the next proxy run has it listen again, SIGUSR2), waiting
   for it on ``/proc/PID/net/tcp``.
+* **Warm pool** (``pool_size`` > 0, `base.SandboxPool`): containers started ahead for the
+  *shape* of the last spec asked for (`_shape`: image, mounts, limits, hostname, proxy port:
+  all the container's config depends on); `create` hands one out after copying the
+  workspace in and linking the socket, and `destroy` removes it in the background. A spec of
+  another shape starts its own container and re-points the pool. Each serves one sandbox.
 * **Killing trees.** docker has no "kill this exec" call, and a pid namespace per exec needs
   privileges the container has not. So runs of one sandbox are serialized, and after every run
   (exit, timeout, failure) the backend SIGKILLs, from the host, every process of ``uid`` in
@@ -53,9 +60,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import secrets
+import shutil
 import signal
 import tempfile
 import time
@@ -69,12 +78,26 @@ except ImportError:  # optional: `DockerBackend.probe` says what is missing
     aiodocker = None
 
 from actors.sandbox import _fs
+from actors.sandbox._docker_host import (
+    _EMPTY,
+    _boot_id,
+    _cgroup_procs,
+    _dying,
+    _feed,
+    _forwarder_pid,
+    _kill_uid_round,
+    _listening,
+    _oom_kills,
+    _proc_status,
+    _pump,
+)
 from actors.sandbox._fs import _starttime, _try_lock
 from actors.sandbox.base import (
     PATH_INSIDE,
     ExecResult,
     SandboxBase,
     SandboxError,
+    SandboxPool,
     SandboxSpec,
 )
 from actors.sandbox.docker_image import DEFAULT_IMAGE, ensure_env_image
@@ -92,111 +115,20 @@ EXIT_GRACE_S = 5.0
 """How long a run waits for output to end after its processes were killed."""
 
 
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-def _proc_status(pid: str) -> tuple[int, str] | None:
-    """(real uid, state letter) of a host pid, or None when it is gone."""
-    uid, state = None, ""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("State:"):
-                    state = line.split()[1]
-                elif line.startswith("Uid:"):
-                    uid = int(line.split()[1])
-                    break
-    except (OSError, ValueError, IndexError):
-        return None
-    return None if uid is None else (uid, state)
-
-
-def _forwarder_pid(init_pid: int, proxy_uid: int) -> int | None:
-    """Host pid of the container's forwarder: the child of its init running as
-    ``proxy_uid`` (None when there is none)."""
-    try:
-        kids = Path(f"/proc/{init_pid}/task/{init_pid}/children").read_text().split()
-    except OSError:
-        return None
-    for kid in kids:
-        st = _proc_status(kid)
-        if st is not None and st[0] == proxy_uid:
-            return int(kid)
-    return None
-
-
-def _cgroup_procs(pid: int) -> Path | None:
-    """The ``cgroup.procs`` file (v1 pids controller, or v2) holding host pid ``pid``."""
-    try:
-        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    candidates = []
-    for line in lines:
-        hid, ctrls, path = line.split(":", 2)
-        rel = path.lstrip("/")
-        if "pids" in ctrls.split(","):
-            candidates.insert(0, Path("/sys/fs/cgroup") / ctrls / rel)
-        elif hid == "0":
-            candidates += [Path("/sys/fs/cgroup") / rel, Path("/sys/fs/cgroup/unified") / rel]
-    for c in candidates:
-        with contextlib.suppress(OSError):
-            if str(pid) in (c / "cgroup.procs").read_text().split():
-                return c / "cgroup.procs"
-    return None
-
-
-def _dying(pid: int | None) -> bool:
-    """Whether host pid ``pid`` is gone, a zombie, or exiting (``PF_EXITING``: an init killed
-    is still waiting for its namespace's processes to die when their exits are seen)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        state, *rest = stat[stat.rindex(")") + 2 :].split()
-        return state in ("Z", "X") or bool(int(rest[5]) & 0x4)  # flags
-    except (OSError, ValueError, IndexError):
-        return True
-
-
-def _oom_kills(pid: int | None) -> int:
-    """OOM kills so far in the memory cgroup (v2 or v1) of host pid ``pid`` (-1: unknown)."""
-    with contextlib.suppress(OSError, ValueError, KeyError):
-        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-            hid, ctrls, path = line.split(":", 2)
-            for f in (
-                Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.events",
-                Path("/sys/fs/cgroup/memory") / path.lstrip("/") / "memory.oom_control",
-            ):
-                if ("memory" in ctrls.split(",") or hid == "0") and f.exists():
-                    return int(dict(ln.split() for ln in f.read_text().splitlines())["oom_kill"])
-    return -1
-
-
-def _kill_uid_round(procs: Path, uid: int) -> int:
-    """SIGKILL the live processes of ``uid`` listed in ``procs``; how many were signalled."""
-    n = 0
-    for pid in procs.read_text().split():
-        st = _proc_status(pid)
-        if st is not None and st[0] == uid and st[1] != "Z":
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
-                n += 1
-    return n
-
-
-def _listening(pid: int, port: int) -> bool:
-    """Whether the network namespace of host pid ``pid`` has a TCP listener on 127.0.0.1:port."""
-    want = f"0100007F:{port:04X}"
-    try:
-        with open(f"/proc/{pid}/net/tcp") as f:
-            return any(
-                (cols := line.split())[1] == want and cols[3] == "0A" for line in f.readlines()[1:]
-            )
-    except (OSError, IndexError):
-        return False
+def _shape(spec: SandboxSpec, image: str | None) -> tuple:
+    """What a sandbox's container depends on (`DockerBackend.container_config`): sandboxes
+    of one shape differ only in their workspace's files and proxy socket, which a pooled
+    container takes when it is handed out."""
+    return (
+        image,
+        spec.workdir,
+        spec.home,
+        spec.hostname,
+        spec.limits,
+        tuple(spec.ro_binds),
+        spec.proxy_socket is not None,
+        spec.proxy_port,
+    )
 
 
 def _etc_files(spec: SandboxSpec, uid: int, proxy_uid: int) -> dict[str, str]:
@@ -231,6 +163,10 @@ class DockerBackend:
     ``tmp_bytes``: size of the tmpfs ``/tmp`` (charged to the memory limit; default: that
     limit). ``env_cache_dir``: where task environments' wheels are kept (default
     ``$HARNESSRL_CACHE/envs`` or ``~/.cache/harnessrl/envs``; the images are on the engine).
+    ``pool_size``: started containers kept ready for the next sandbox of the same shape as
+    the last one asked for (`SandboxPool`; each serves one sandbox), and sandboxes removed
+    in the background; 0: each `create` starts its own container and `destroy` waits for
+    its removal.
     """
 
     name = "docker"
@@ -247,6 +183,7 @@ class DockerBackend:
         tmp_bytes: int | None = None,
         sweep_on_start: bool = True,
         env_cache_dir: Path | str | None = None,
+        pool_size: int = 0,
     ) -> None:
         self.root = Path(root) if root is not None else DEFAULT_ROOT
         self.docker_url = docker_url
@@ -263,6 +200,10 @@ class DockerBackend:
         self._started = False
         self._start_lock = asyncio.Lock()
         self._live: set[DockerSandbox] = set()
+        self.pool = SandboxPool(self._make_blank, self._discard_blank, pool_size)
+        self._shape: tuple | None = None
+        """What the pool's blanks are made for: `_shape` of the last spec `create` was asked
+        for, with its spec and image (``(shape, spec, image)``)."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -313,6 +254,8 @@ class DockerBackend:
         """Destroy every sandbox of this backend that is still alive; disconnect."""
         for sb in list(self._live):
             await sb.destroy()
+        await self.pool.close()
+        self._shape = None
         if self.docker is not None:
             await self.docker.close()
             self.docker = None
@@ -323,8 +266,41 @@ class DockerBackend:
     async def create(self, spec: SandboxSpec) -> DockerSandbox:
         await self.start()
         image = await self.environment(spec.environment)
-        sid = secrets.token_hex(4)
-        name = f"{spec.owner}-{os.getpid()}-{sid}"
+        if self.pool.size:
+            shape = self._want(spec, image)
+            if (blank := self.pool.take()) is not None:
+                if blank.shape == shape and await self._adopt(blank, spec):
+                    return blank
+                self.pool.remove_later(blank)  # made for the shape before, or unusable
+        sb = await self._new_sandbox(spec, image)
+        try:
+            await self._attach(sb, spec)
+            await sb._start_container()
+        except BaseException:
+            await sb.destroy()
+            raise
+        self._live.add(sb)
+        return sb
+
+    async def warm(self, spec: SandboxSpec) -> None:
+        """Have the pool make containers for sandboxes like ``spec`` now (`create` does so
+        with each spec of a new shape; the first sandbox then starts its own)."""
+        await self.start()
+        if self.pool.size:
+            self._want(spec, await self.environment(spec.environment))
+
+    def _want(self, spec: SandboxSpec, image: str | None) -> tuple:
+        """Point the pool at ``spec``'s shape (dropping the blanks of another) and refill."""
+        shape = _shape(spec, image)
+        if self._shape is None or self._shape[0] != shape:
+            self._shape = (shape, spec, image)
+            self.pool.clear()
+        self.pool.refill()
+        return shape
+
+    async def _new_sandbox(self, spec: SandboxSpec, image: str | None) -> DockerSandbox:
+        """A sandbox's state dir (locked) and its object; the container is not made yet."""
+        name = f"{spec.owner}-{os.getpid()}-{secrets.token_hex(4)}"
         try:
             state, lock_fd = await asyncio.to_thread(self._make_state, spec, name)
         except SandboxError:
@@ -332,13 +308,65 @@ class DockerBackend:
         except OSError as e:
             raise SandboxError(f"cannot create sandbox state: {e}") from e
         sb = DockerSandbox(self, spec, state, lock_fd, f"hrl-{name}", image)
-        self._live.add(sb)
+        sb.shape = _shape(spec, image)
+        return sb
+
+    async def _attach(self, sb: DockerSandbox, spec: SandboxSpec) -> bool:
+        """Give ``sb`` (not started yet, or a blank) ``spec``'s workspace and proxy socket; a
+        blank only when the socket can be linked into its ``run`` folder (else False)."""
+        sb.spec = spec
+        try:
+            linked = await asyncio.to_thread(self._attach_sync, sb.state_dir, spec)
+        except SandboxError:
+            raise
+        except OSError as e:
+            raise SandboxError(f"cannot create sandbox state: {e}") from e
+        sb.bind_socket = linked is False
+        return linked is not False
+
+    def _attach_sync(self, state: Path, spec: SandboxSpec) -> bool | None:
+        """Copy the workspace in, link the socket: True linked, False it could not be, None
+        there is no socket to link."""
+        if spec.workspace_src is not None:
+            if not spec.workspace_src.is_dir():
+                raise SandboxError(f"workspace_src is not a directory: {spec.workspace_src}")
+            _fs.copy_in(spec.workspace_src, state / "workspace", ".", (self.uid, self.uid))
+        sock = spec.proxy_socket
+        if sock is None or not sock.exists():
+            return None  # missing: the forwarder closes every connection at once
+        if not sock.stat().st_mode & 0o002:
+            os.chown(sock, self.proxy_uid, -1)  # connect() needs write permission
+        try:
+            os.link(sock, state / "run" / "proxy.sock")
+        except OSError:  # another filesystem: bound at create (a blank cannot take it)
+            return False
+        return True
+
+    async def _adopt(self, blank: DockerSandbox, spec: SandboxSpec) -> bool:
+        """Hand ``blank`` (a started container of ``spec``'s shape) to ``spec``."""
+        try:
+            if not await self._attach(blank, spec):
+                return False
+        except SandboxError:
+            return False
+        self._live.add(blank)
+        return True
+
+    async def _make_blank(self) -> DockerSandbox:
+        """A started container of the shape last asked for, with an empty workspace."""
+        assert self._shape is not None
+        _, spec, image = self._shape
+        sb = await self._new_sandbox(dataclasses.replace(spec, workspace_src=None), image)
         try:
             await sb._start_container()
         except BaseException:
-            await sb.destroy()
+            await sb._remove()
             raise
         return sb
+
+    @staticmethod
+    async def _discard_blank(sb: DockerSandbox) -> None:
+        await sb._remove()
 
     # ------------------------------------------------------------------ task environments
 
@@ -400,10 +428,6 @@ class DockerBackend:
         rel = spec.workdir.removeprefix(spec.home + "/")
         if rel != spec.workdir:  # workdir lies below home: its mount point must exist there
             _fs.make_dirs(state / "home", rel, owner)
-        if spec.workspace_src is not None:
-            if not spec.workspace_src.is_dir():
-                raise SandboxError(f"workspace_src is not a directory: {spec.workspace_src}")
-            _fs.copy_in(spec.workspace_src, state / "workspace", ".", owner)
         if self._needs_root_dir(spec):  # read-only: the mount points below must exist now
             (state / "root").mkdir()
             os.chmod(state / "root", 0o755)
@@ -413,12 +437,26 @@ class DockerBackend:
         (state / "etc").mkdir()
         for fname, text in _etc_files(spec, self.uid, self.proxy_uid).items():
             (state / "etc" / fname).write_text(text)
+        if spec.proxy_socket is not None:  # /run/hrl inside: the forwarder, then the socket
+            (state / "run").mkdir()
+            os.chmod(state / "run", 0o755)
+            shutil.copyfile(FORWARDER_SRC, state / "run" / "forwarder.py")
+            (state / "run" / "proxy.sock.mnt").touch()  # where a socket not linked is bound
 
     def container_config(
-        self, spec: SandboxSpec, state: Path, name: str, image: str | None = None
+        self,
+        spec: SandboxSpec,
+        state: Path,
+        name: str,
+        image: str | None = None,
+        bind_socket: bool = False,
     ) -> dict:
         """The ``containers/create`` body of one sandbox (``image``: instead of `image`, e.g.
-        a task environment's derived image)."""
+        a task environment's derived image). It depends on ``spec``'s shape (`_shape`), not
+        on its workspace or socket, so a pooled container serves any spec of that shape:
+        ``state/run`` is ``/run/hrl`` inside, where the proxy socket is hard-linked as
+        ``proxy.sock``; ``bind_socket``: it could not be (another filesystem), so the socket
+        itself is bound at ``proxy.sock.mnt`` and the forwarder connects there."""
         lim = spec.limits
         mounts = [
             (state / "workspace", spec.workdir, False),
@@ -431,11 +469,13 @@ class DockerBackend:
             mounts.append((state / "root", "/root", True))
         cmd = ["sleep", "infinity"]
         if spec.proxy_socket is not None:
-            mounts.append((FORWARDER_SRC, FORWARDER_INSIDE, True))
-            if spec.proxy_socket.exists():
-                mounts.append((spec.proxy_socket, PROXY_SOCK_INSIDE, True))
+            mounts.append((state / "run", RUN_DIR, True))
+            sock_inside = PROXY_SOCK_INSIDE
+            if bind_socket:
+                sock_inside += ".mnt"
+                mounts.append((spec.proxy_socket, sock_inside, True))
             cmd = ["python3", "-I", "-S", "-B", FORWARDER_INSIDE, str(spec.proxy_port)]
-            cmd += [PROXY_SOCK_INSIDE, "--", "sleep", "infinity"]
+            cmd += [sock_inside, "--", "sleep", "infinity"]
         ulimits = [("core", 0), ("fsize", lim.max_file_size), ("nofile", lim.max_open_files)]
         tmp_opts = "rw,exec,nosuid,nodev,mode=1777"
         if tmp_size := self.tmp_bytes or lim.memory_bytes:
@@ -601,9 +641,18 @@ class DockerSandbox(SandboxBase):
         self._destroy_lock = asyncio.Lock()
         self._proxy_open = True
         """Whether the container's forwarder listens (a ``proxy=False`` run closes it)."""
+        self.shape: tuple = ()
+        """`_shape` of the spec the container was made for (a pooled blank's)."""
+        self.bind_socket = False
+        """The proxy socket is bound into the container (it could not be linked)."""
 
     def __repr__(self) -> str:
         return f"<DockerSandbox {self.name}>"
+
+    @property
+    def sid(self) -> str:
+        """The sandbox's id: the last part of its state dir's (and container's) name."""
+        return self.state_dir.name.rsplit("-", 1)[1]
 
     async def _proxy_listening(self, want: bool) -> None:
         """Make the container's forwarder listen (``want``) or not, and wait until it does:
@@ -625,11 +674,10 @@ class DockerSandbox(SandboxBase):
 
     async def _start_container(self) -> None:
         be, spec = self.backend, self.spec
-        sock = spec.proxy_socket
         try:
-            if sock is not None and sock.exists() and not sock.stat().st_mode & 0o002:
-                os.chown(sock, be.proxy_uid, -1)  # connect() needs write permission
-            config = be.container_config(spec, self.state_dir, self.name, self.env_image)
+            config = be.container_config(
+                spec, self.state_dir, self.name, self.env_image, self.bind_socket
+            )
             self._container = await be.docker.containers.create(config, name=self.name)
             await self._container.start()
             info = await self._container.show()
@@ -818,46 +866,23 @@ class DockerSandbox(SandboxBase):
     # ------------------------------------------------------------------ destroy
 
     async def destroy(self) -> None:
+        """Remove the container and the state dir: in the background (`SandboxPool`) with a
+        pool, else before returning. Either way nothing can run in it any more."""
         async with self._destroy_lock:
             if self._destroyed:
                 return
             self._destroyed = True
-            try:
-                await self.backend._remove_container(self.name)
-            finally:
-                await asyncio.to_thread(_fs.rmtree, self.state_dir)
-                if self._lock_fd is not None:
-                    os.close(self._lock_fd)
-                    self._lock_fd = None
-                self.backend._live.discard(self)
+            self.backend._live.discard(self)
+            if self.backend.pool.size:
+                self.backend.pool.remove_later(self)
+                return
+            await self._remove()
 
-
-_EMPTY = ((b"", True), (b"", True))
-
-
-async def _pump(stream, cap: int) -> tuple[tuple[bytes, bool], tuple[bytes, bool]]:
-    """Read the exec's multiplexed output to its end: (stdout, truncated), (stderr, truncated).
-    A connection that breaks counts as the end."""
-    bufs = {1: bytearray(), 2: bytearray()}
-    trunc = {1: False, 2: False}
-    with contextlib.suppress(Exception):  # aiohttp / docker errors: the stream is over
-        while (msg := await stream.read_out()) is not None:
-            buf = bufs.get(msg.stream)
-            if buf is None:
-                continue
-            room = cap - len(buf)
-            if room > 0:
-                buf += msg.data[:room]
-            trunc[msg.stream] = trunc[msg.stream] or len(msg.data) > room
-    return (bytes(bufs[1]), trunc[1]), (bytes(bufs[2]), trunc[2])
-
-
-async def _feed(stream, data: bytes) -> None:
-    """Write stdin, then half-close the connection (docker then closes the command's stdin)."""
-    with contextlib.suppress(Exception):
-        if data:
-            await stream.write_in(data)
-        resp = getattr(stream, "_resp", None)  # aiodocker has no public half-close
-        transport = resp.connection.transport if resp is not None and resp.connection else None
-        if transport is not None and transport.can_write_eof():
-            transport.write_eof()
+    async def _remove(self) -> None:
+        try:
+            await self.backend._remove_container(self.name)
+        finally:
+            await asyncio.to_thread(_fs.rmtree, self.state_dir)
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
