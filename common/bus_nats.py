@@ -410,8 +410,9 @@ class JetStreamBus(Bus):
                 except _TRANSIENT:
                     fut = None
                 else:
-                    window.append((fut, wire_size(data)))
-                    in_flight += wire_size(data)
+                    size = wire_size(data)
+                    window.append((fut, size))
+                    in_flight += size
                 sent.append((item, fut))
         return await self._collect(sent)
 

@@ -25,6 +25,7 @@ import pytest
 from aiohttp import web
 
 from actors.sandbox import SandboxError, SandboxSpec, make_backend
+from actors.sandbox._docker_host import _oom_kills
 from actors.sandbox.base import Limits, Sandbox, SandboxBackend
 from actors.sandbox.docker import LABEL, DockerBackend, DockerSandbox, _proc_status
 from tests.conftest import procs_with
@@ -396,20 +397,6 @@ async def test_process_limit(backend: DockerBackend):
         assert r.timed_out
         assert await no_survivors(marker)
         assert (await s.run(["true"], timeout=10)).ok  # the sandbox is usable again
-
-
-def _oom_kills(init_pid: int) -> int:
-    """OOM kills so far in the memory cgroup of host pid ``init_pid`` (cgroup v1 or v2)."""
-    for line in Path(f"/proc/{init_pid}/cgroup").read_text().splitlines():
-        hid, ctrls, path = line.split(":", 2)
-        for f in (
-            Path("/sys/fs/cgroup/memory") / path.lstrip("/") / "memory.oom_control",
-            Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.events",
-        ):
-            if ("memory" in ctrls.split(",") or hid == "0") and f.exists():
-                stats = dict(ln.split() for ln in f.read_text().splitlines())
-                return int(stats["oom_kill"])
-    raise AssertionError("no memory cgroup found")
 
 
 async def test_memory_limit(backend: DockerBackend):

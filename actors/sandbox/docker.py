@@ -200,7 +200,7 @@ class DockerBackend:
         self._started = False
         self._start_lock = asyncio.Lock()
         self._live: set[DockerSandbox] = set()
-        self.pool = SandboxPool(self._make_blank, self._discard_blank, pool_size)
+        self.pool = SandboxPool(self._make_blank, DockerSandbox._remove, pool_size)
         self._shape: tuple | None = None
         """What the pool's blanks are made for: `_shape` of the last spec `create` was asked
         for, with its spec and image (``(shape, spec, image)``)."""
@@ -363,10 +363,6 @@ class DockerBackend:
             await sb._remove()
             raise
         return sb
-
-    @staticmethod
-    async def _discard_blank(sb: DockerSandbox) -> None:
-        await sb._remove()
 
     # ------------------------------------------------------------------ task environments
 
