@@ -6,6 +6,10 @@ Baselines measured in the same run against the same nats-server:
   zstd-frames them itself);
 * a naive JSON-of-lists encoding of the same records (bytes per token on the wire).
 
+Also one record per call, each ack awaited before the next (how a proxy records calls at
+concurrency 1): the bus's CPU per record against raw nats-py ``publish_async`` + await of the
+same record, encoded by ``records.encode`` (``one_at_a_time_cpu_vs_raw``, reported).
+
 Raw and bus publish alternate for ``ROUNDS`` rounds (the stream purged between them, not
 timed); ``publish_vs_raw`` is the median of the rounds' ratios. Target (reported, not
 asserted): ``publish_vs_raw`` >= 0.9. Also reported: ``publish_bytes_vs_raw``, the bus given
@@ -104,6 +108,22 @@ async def bus_publish(bus, recs, payloads=None, chunk: int = 512) -> float:
     return time.perf_counter() - t0
 
 
+async def one_at_a_time(b, recs, raw: bool) -> float:
+    """CPU seconds per record (this process: the server excluded) publishing ``recs`` one call
+    each, every ack awaited before the next (a proxy recording calls at concurrency 1): through
+    ``publish_many`` of one record, or raw nats-py ``publish_async`` of its encoded bytes."""
+    js = b.js  # type: ignore[attr-defined]
+    t0 = time.process_time()
+    for x in recs:
+        subject = b.subjects.calls(x.rollout_id)
+        if raw:
+            fut = await js.publish_async(subject, r.encode(x), headers={"Nats-Msg-Id": x.msg_id()})
+            await fut
+        else:
+            await b.publish_many([(subject, x, x.msg_id())])
+    return (time.process_time() - t0) / len(recs)
+
+
 async def bench(n: int, nats_url: str) -> dict:
     recs = make_records(n)
     t0 = time.perf_counter()
@@ -125,6 +145,12 @@ async def bench(n: int, nats_url: str) -> dict:
         async with await connect(nats_url, f"bytes{k}") as b:
             bytes_s.append(await bus_publish(b, recs, encoded))
             await b.purge("CALLS")
+    one_raw, one_bus = [], []
+    for k in range(ROUNDS):
+        for raw, out in ((True, one_raw), (False, one_bus)):
+            async with await connect(nats_url, f"one{raw}{k}") as b:
+                out.append(await one_at_a_time(b, recs[: min(n, 400)], raw))
+                await b.purge("CALLS")
     bus = await connect(nats_url, "benchbus")
     await bus_publish(bus, recs)  # stored for the consume pass below
 
@@ -164,6 +190,11 @@ async def bench(n: int, nats_url: str) -> dict:
         "publish_vs_raw_rounds": ratios,
         "publish_bytes_vs_raw_rounds": bytes_ratios,
         "sequential_publish_rec_s": seq_n / seq_s,
+        "one_at_a_time_cpu_us": {
+            "bus": [x * 1e6 for x in one_bus],
+            "raw": [x * 1e6 for x in one_raw],
+            "bus_vs_raw_rounds": [b_ / r_ for b_, r_ in zip(one_bus, one_raw, strict=True)],
+        },
         "consume_rec_s": got / cons_s,
         "consume_MB_s": wire * got / n / cons_s / 1e6,
         "consumed": got,
@@ -180,6 +211,8 @@ def main() -> None:
     pub_ratio = statistics.median(m["publish_vs_raw_rounds"])
     bytes_ratio = statistics.median(m["publish_bytes_vs_raw_rounds"])
     size_ratio = m["json_bytes_per_token"] / m["bytes_per_token"]
+    one = m["one_at_a_time_cpu_us"]
+    one_ratio = statistics.median(one["bus_vs_raw_rounds"])
     print_table(
         f"bus throughput: {n} CallRecords ({SUFFIX}-token suffix + {OUTPUT} output tokens), "
         f"median of {ROUNDS} rounds",
@@ -197,6 +230,11 @@ def main() -> None:
             ),
             ("encode alone (msgpack + zstd)", f"{m['encode_only_rec_s']:.0f}", "-"),
             ("bus publish (sequential)", f"{m['sequential_publish_rec_s']:.0f}", "-"),
+            (
+                "one record per publish_many, acked (CPU us/record: bus / raw)",
+                f"{statistics.median(one['bus']):.0f} / {statistics.median(one['raw']):.0f}",
+                "-",
+            ),
             ("bus consume + ack", f"{m['consume_rec_s']:.0f}", f"{m['consume_MB_s']:.1f}"),
         ],
         ("path", "records/s", "MB/s"),
@@ -218,6 +256,7 @@ def main() -> None:
         ratios={
             "publish_vs_raw": pub_ratio,
             "publish_bytes_vs_raw": bytes_ratio,
+            "one_at_a_time_cpu_vs_raw": one_ratio,
             "json_over_packed_bytes": size_ratio,
         },
         quick=args.quick,

@@ -370,8 +370,9 @@ class JetStreamBus(Bus):
 
     async def publish_many(self, items):  # type: ignore[override]
         """Pipelined publish at the raw client's cost per record: records are encoded (and
-        zstd-framed) in a worker thread one batch ahead while the previous batch is sent, each
-        with its ack inbox (`common.nats_acks.Acks`); at most ``max_in_flight_bytes`` are unacked at a time.
+        zstd-framed) in a worker thread one batch ahead while the previous batch is sent (a
+        call of a few small records on the loop: `_prepare_soon`), each with its ack inbox
+        (`common.nats_acks.Acks`); at most ``max_in_flight_bytes`` are unacked at a time.
         Acks are awaited together, raced once per call against a permission violation or an
         abandoned outage. A record is reported done only once JetStream acked it: a missing or
         failed ack is retried with ``publish_bytes`` under the same msg id (never a duplicate),
@@ -380,19 +381,18 @@ class JetStreamBus(Bus):
         items = list(items)
         if not items:
             return []
-        loop = asyncio.get_running_loop()
         first = min(8, self._BATCH)  # a small first batch: sending starts early
         parts = [items[:first]] + [
             items[i : i + self._BATCH] for i in range(first, len(items), self._BATCH)
         ]
-        nxt = loop.run_in_executor(None, self._prepare, parts[0])
+        nxt = self._prepare_soon(parts[0], len(parts) == 1)
         sent: list[tuple[tuple[str, Any, str | None], Any]] = []
         window: collections.deque[tuple[Any, int]] = collections.deque()
         in_flight = 0
         for i in range(len(parts)):
             prepared = await nxt
             if i + 1 < len(parts):
-                nxt = loop.run_in_executor(None, self._prepare, parts[i + 1])
+                nxt = self._prepare_soon(parts[i + 1], False)
             self.outage.check("publish")
             for item in prepared:
                 while window and in_flight > self.max_in_flight_bytes:
@@ -415,6 +415,28 @@ class JetStreamBus(Bus):
                     in_flight += size
                 sent.append((item, fut))
         return await self._collect(sent)
+
+    _INLINE = 8
+    """``publish_many``: a call of at most this many records, none of them a buffer to scatter
+    (a weight chunk), is encoded on the loop: the worker thread's hop costs ~70 us of CPU,
+    more than encoding a call record (a proxy publishes one per model call)."""
+
+    def _prepare_soon(self, part: list, whole: bool) -> asyncio.Future[Any]:
+        """`_prepare` of ``part``: in a worker thread, or on the loop (a done future) when it
+        is the whole of a small call (see ``_INLINE``)."""
+        loop = asyncio.get_running_loop()
+        if (
+            not whole
+            or len(part) > self._INLINE
+            or any(getattr(rec, "SCATTER", None) for _, rec, _ in part)
+        ):
+            return loop.run_in_executor(None, self._prepare, part)
+        fut = loop.create_future()
+        try:
+            fut.set_result(self._prepare(part))
+        except Exception as e:
+            fut.set_exception(e)
+        return fut
 
     def _prepare(self, part: list) -> list[tuple[str, Any, str | None]]:
         """Encode one batch (worker thread: zstd releases the GIL) and check sizes."""
@@ -439,9 +461,7 @@ class JetStreamBus(Bus):
                     self.denials._message(f"publish to {min(subjects & self.denials.seen)!r}")
                 )
             try:
-                await self.denials.guard(
-                    subjects.__contains__, asyncio.wait(waiting, timeout=self.ack_timeout)
-                )
+                await self.denials.wait(subjects.__contains__, waiting, self.ack_timeout)
             finally:
                 self.acks.drop(f for f in waiting if not f.done())
         out: list[PubResult] = []

@@ -303,7 +303,8 @@ class Recorder:
             try:
                 # bounded: an attempt stuck in a dead connection is abandoned and retried with
                 # the same msg ids (the server de-duplicates whatever did arrive)
-                await asyncio.wait_for(self.bus.publish_many(items), self.publish_timeout)
+                async with asyncio.timeout(self.publish_timeout):  # no task, unlike wait_for
+                    await self.bus.publish_many(items)
                 self.bus_ok = True
                 return set()
             except PayloadTooLarge:

@@ -470,3 +470,67 @@ async def test_late_deliveries_are_kept_alive_while_no_fetch_comes(
     finally:
         await a.close()
         await b.close()
+
+
+async def test_denials_wait_races_acks_against_a_violation_and_an_outage() -> None:
+    """``Denials.wait`` (how ``publish_many`` awaits its acks without a task per call): returns
+    once every future is done or the timeout passed; a violation on a matching subject raises
+    ``PermissionDenied`` at once, one on another subject does not; an abandoned outage raises
+    ``BusUnavailable``; no callback is left on a future that is still pending."""
+    from common.nats_guards import Denials, Outage
+
+    loop = asyncio.get_running_loop()
+    d = Denials("actor")
+    d.outage = Outage()
+    futs = {loop.create_future() for _ in range(3)}
+    for i, f in enumerate(futs):
+        loop.call_later(0.05 * (i + 1), f.set_result, i)
+    t0 = time.monotonic()
+    await d.wait("hrl.x.tasks".__eq__, futs, 5.0)
+    assert all(f.done() for f in futs) and time.monotonic() - t0 < 1.0
+    pending = loop.create_future()
+    t0 = time.monotonic()
+    await d.wait("hrl.x.tasks".__eq__, {pending}, 0.2)  # timed out: returns, nothing raised
+    assert not pending.done() and 0.15 < time.monotonic() - t0 < 2.0
+    loop.call_later(0.05, d.report, 'Permissions Violation for Publish to "hrl.x.other"')
+    loop.call_later(0.1, d.report, 'Permissions Violation for Publish to "HRL.X.TASKS"')
+    t0 = time.monotonic()
+    with pytest.raises(busmod.PermissionDenied, match="'actor'.*hrl.x.tasks"):
+        await d.wait("hrl.x.tasks".__eq__, {pending}, 30.0)
+    assert time.monotonic() - t0 < 5.0 and not d.waiters
+    loop.call_later(0.05, d.outage.interrupt, False)
+    with pytest.raises(busmod.BusUnavailable):
+        await d.wait("hrl.x.y".__eq__, {pending}, 30.0)
+    assert not pending._callbacks  # every wait took its callback off the pending future
+
+
+async def test_small_publish_many_is_encoded_on_the_loop(nats_url: str, run_name: str) -> None:
+    """A ``publish_many`` of a few records (a proxy's call record) is encoded on the loop, not
+    in a worker thread (the hop cost more CPU than the encoding); a batch of more, and any
+    weight chunk, still go through the thread. Either way every record is stored."""
+    b = await connect(nats_url, run_name)
+    loop = asyncio.get_running_loop()
+    hops: list[int] = []
+    real = loop.run_in_executor
+
+    def counting(executor, fn, *args):
+        hops.append(len(args[0]))
+        return real(executor, fn, *args)
+
+    try:
+        loop.run_in_executor = counting  # type: ignore[method-assign]
+        s = b.subjects
+        few = [(s.calls("e-0-1"), r.CallRecord(rollout_id="e-0-1", seq=i), None) for i in range(3)]
+        assert [x.seq for x in await b.publish_many(few)] == [1, 2, 3]
+        assert hops == []
+        many = [(s.calls("e-0-2"), r.CallRecord(rollout_id="e-0-2", seq=i), None) for i in range(9)]
+        await b.publish_many(many)
+        assert hops == [8, 1]
+        chunk = r.WeightChunk(version=3, index=0, n_chunks=1, data=b"w" * 100)
+        await b.publish_many([(s.weights_data(3), chunk, "w:3:0")])
+        assert hops == [8, 1, 1]
+        assert len(await b.read_subject(s.calls("e-0-1"), r.CallRecord)) == 3
+        assert len(await b.read_subject(s.calls("e-0-2"), r.CallRecord)) == 9
+    finally:
+        del loop.run_in_executor
+        await b.close()
