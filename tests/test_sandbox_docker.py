@@ -228,11 +228,16 @@ async def test_forwarder_without_proxy_fails_fast(backend: DockerBackend, tmp_pa
 
 
 async def test_socket_on_another_filesystem_is_bound_and_never_pooled(
-    engine: str, tmp_path: Path, unix_http: Path, monkeypatch: pytest.MonkeyPatch
+    engine: str,
+    tmp_path: Path,
+    unix_http: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ):
     """Where the proxy socket cannot be hard-linked into the sandbox's ``run`` folder (another
     filesystem), a fresh container binds the socket itself and reaches the proxy; a pooled
-    container, made before the socket existed, is not handed out for it."""
+    container is not handed out for it, and the pool turns itself off with a warning (it
+    would make containers only to remove them)."""
 
     def no_link(src, dst):
         raise OSError(18, "Invalid cross-device link")
@@ -251,6 +256,12 @@ async def test_socket_on_another_filesystem_is_bound_and_never_pooled(
         assert r.ok and json.loads(r.stdout)["via"] == "unix", r
         await be.pool.drain()
         assert blank.name not in await containers(be)  # the unusable blank was removed
+        assert be.pool.size == 0 and not be.pool._ready
+        assert "different filesystems" in caplog.text
+        async with await be.create(spec) as s:  # still served, by fresh containers
+            assert s.bind_socket
+        await be.pool.drain()
+        assert not be.pool._ready
 
 
 # ---------------------------------------------------------------------- pool

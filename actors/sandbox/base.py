@@ -442,7 +442,7 @@ class SandboxPool:
             except Exception as e:  # the next create makes its own and raises there
                 self.error = f"{type(e).__name__}: {e}"
                 return
-            if self._closed:
+            if self._closed or len(self._ready) >= self.size:  # closed or shrunk meanwhile
                 await self._call(self._discard, blank)
                 return
             self._ready.append(blank)

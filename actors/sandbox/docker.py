@@ -32,6 +32,7 @@ Design:
   all the container's config depends on); `create` hands one out after copying the
   workspace in and linking the socket, and `destroy` removes it in the background. A spec of
   another shape starts its own container and re-points the pool. Each serves one sandbox.
+  Where the socket cannot be linked (another filesystem) the pool turns itself off (warned).
 * **Killing trees.** docker has no "kill this exec" call, and a pid namespace per exec needs
   privileges the container has not. So runs of one sandbox are serialized, and after every run
   (exit, timeout, failure) the backend SIGKILLs, from the host, every process of ``uid`` in
@@ -62,6 +63,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -113,6 +115,8 @@ FORWARDER_SRC = Path(__file__).with_name("_forwarder.py")
 LABEL = "harnessrl.sandbox"
 EXIT_GRACE_S = 5.0
 """How long a run waits for output to end after its processes were killed."""
+
+log = logging.getLogger("harnessrl.sandbox.docker")
 
 
 def _shape(spec: SandboxSpec, image: str | None) -> tuple:
@@ -272,6 +276,8 @@ class DockerBackend:
                 if blank.shape == shape and await self._adopt(blank, spec):
                     return blank
                 self.pool.remove_later(blank)  # made for the shape before, or unusable
+                if blank.bind_socket:
+                    self._unpool(spec)
         sb = await self._new_sandbox(spec, image)
         try:
             await self._attach(sb, spec)
@@ -341,6 +347,16 @@ class DockerBackend:
         except OSError:  # another filesystem: bound at create (a blank cannot take it)
             return False
         return True
+
+    def _unpool(self, spec: SandboxSpec) -> None:
+        """Turn the pool off: the socket cannot be linked, so every blank would be removed."""
+        log.warning(
+            "docker sandbox pool off: the proxy socket %s and %s are on different filesystems "
+            "(a started container cannot be given the socket); put both on one to pool",
+            *(spec.proxy_socket, self.root),
+        )
+        self.pool.size = 0
+        self.pool.clear()
 
     async def _adopt(self, blank: DockerSandbox, spec: SandboxSpec) -> bool:
         """Hand ``blank`` (a started container of ``spec``'s shape) to ``spec``."""
