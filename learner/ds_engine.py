@@ -221,6 +221,8 @@ class LearnerEngine:
             self.fleet = Fleet(self.cfg.rank_timeout_s)
         self.last_split: list[np.ndarray] = []
         """Scored tokens per sample that each rank trained in the last step (rank 0)."""
+        self.last_logp: list[np.ndarray] | None = None
+        """Per-row log-probs of the last step's forward (``train_step(keep_logp=True)``)."""
         self.record_grads = False
         """Debug (set on every rank): keep the last step's full gradient in ``last_grads``
         on rank 0 (a gather of every gradient under ZeRO-3)."""
@@ -334,13 +336,20 @@ class LearnerEngine:
         return logps, values
 
     def train_step(
-        self, rows: Sequence[PackedRow], old_logp: Sequence[np.ndarray] | None = None
+        self,
+        rows: Sequence[PackedRow],
+        old_logp: Sequence[np.ndarray] | None = None,
+        *,
+        keep_logp: bool = False,
     ) -> dict[str, float]:
         """One optimiser step over ``rows``; returns loss terms, mismatch and IS metrics.
 
         ``old_logp`` (per row, from ``logprobs`` before earlier updates on the same data) is
         pi_old; by default it is the current policy (one step per batch), except that
         sequence-level IS weights need it for the whole step first, so a no-grad pass runs.
+        ``keep_logp``: keep the per-row log-probs of this step's forward (the weights before
+        its update) in ``last_logp``: pi_old for further steps on the same rows, without a
+        no-grad pass of their own.
         With a fleet, rank 0 calls this with the whole step; the rows are split over the ranks.
         """
         t0 = time.perf_counter()
@@ -353,8 +362,9 @@ class LearnerEngine:
         nw_rows = np.split(norm_weights(index, mask, self.loss_cfg.norm), splits)
         n_samples = int(index.max()) + 1 if len(index) else 0
         shards = self._shards(rows, nw_rows, old_logp)
-        parts = self._on_all("train", [(*s, n_samples) for s in shards])
+        parts = self._on_all("train", [(*s, n_samples, keep_logp) for s in shards])
         self.last_split = [p["scored"] for p in parts]
+        self.last_logp = [lp for p in parts for lp in p["logp"]] if keep_logp else None
         stats = [st for p in parts for st in p["stats"]]
         m0 = parts[0]
         dt = time.perf_counter() - t0
@@ -383,9 +393,11 @@ class LearnerEngine:
         nw_rows: list[np.ndarray],
         old_logp: list[np.ndarray] | None,
         n_samples: int,
+        keep_logp: bool = False,
     ) -> dict[str, Any]:
         """This rank's part of a step: forward/backward over its rows, then the (collective)
-        optimiser step. ``nw_rows`` are normalised over the whole step, on every rank."""
+        optimiser step. ``nw_rows`` are normalised over the whole step, on every rank;
+        ``keep_logp``: return the real rows' forward log-probs too (``train_step``)."""
         cfg = self.loss_cfg
         mask = np.concatenate([r.loss_mask for r in rows])
         index = np.concatenate([r.sample_index for r in rows])
@@ -433,6 +445,7 @@ class LearnerEngine:
         scale = float(self.world)
 
         stats: list[LossStats] = []
+        kept: list[np.ndarray] = []  # in micro-batch order, which is row order
         for k, idx in enumerate(micro):
             chunk = [rows[i] for i in idx]
             batch = self._collate(chunk)
@@ -444,6 +457,9 @@ class LearnerEngine:
 
             self.engine.set_gradient_accumulation_boundary(k == len(micro) - 1)
             out = self.engine(**batch.model_inputs())
+            if keep_logp:
+                lens = np.cumsum([len(r.target_ids) for r in chunk])[:-1]
+                kept.extend(np.split(out.logprobs.detach().float().cpu().numpy(), lens))
             nw = cat(nw_rows)
             if cfg.algo == "sft":
                 loss, st = sft_loss(out.logprobs, batch.loss_mask, nw)
@@ -505,6 +521,7 @@ class LearnerEngine:
             "micro": len(micro),
             "tokens": sum(r.n_tokens for r in real),
             "scored": scored,
+            "logp": kept[:n_real],
             "policy_weight": policy_weight,
             "lr": lr,
         }

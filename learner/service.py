@@ -382,10 +382,15 @@ class Learner:
 
         packing = pack(batch.samples, self.cfg.pack, advantages=batch.advantages)
         k = self.cfg.updates_per_batch
-        old = self.engine.logprobs(packing.rows) if k > 1 else None
+        old = None
         t0 = time.perf_counter()
-        for _ in range(k):
-            m = self.engine.train_step(packing.rows, old_logp=old)
+        for i in range(k):
+            # pi_old of the later steps: the first step's own forward (the weights before any
+            # update on this batch), not a no-grad pass of its own (the demo's GRPO, K2: busy
+            # 4.42 -> 3.45 s per step)
+            m = self.engine.train_step(packing.rows, old_logp=old, keep_logp=i == 0 and k > 1)
+            if i == 0 and k > 1:
+                old = self.engine.last_logp
         if k > 1:
             m.update({"updates": float(k), "step_time_s": time.perf_counter() - t0})
         m.update({f"pack/{k}": float(v) for k, v in packing.stats.as_dict().items()})

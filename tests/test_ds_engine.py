@@ -72,6 +72,39 @@ def test_zero0_grpo_mismatch_metrics(engine0: LearnerEngine) -> None:
     assert m["mismatch/abs_dlogp"] > 0.5 and m["is/tis_clip_frac"] > 0 and m["is/w_max"] == 2.0
 
 
+def test_zero0_kept_logp_is_pi_old_of_the_next_update(engine0: LearnerEngine) -> None:
+    """``train_step(keep_logp=True)`` keeps, per row and over micro-batches, the log-probs of the
+    weights before its update (what a no-grad ``logprobs`` pass gives), and a second update on
+    the same rows clipped against them matches one clipped against that pass: the learner's
+    ``updates_per_batch`` needs no no-grad pass of its own."""
+    engine0.loss_cfg = LossConfig(algo="grpo")
+    rows = rows_for(make_samples(4), budget=40)
+    assert len(rows) >= 3  # more than one micro-batch of 2 rows
+    for r, lp in zip(rows, engine0.logprobs(rows), strict=True):
+        r.rollout_logp = lp.copy()
+    snapshot = copy.deepcopy(engine0.engine.module.state_dict())
+    opt = copy.deepcopy(engine0.engine.optimizer.state_dict())
+    before = engine0.logprobs(rows)
+    m1 = engine0.train_step(rows, keep_logp=True)
+    kept = engine0.last_logp
+    assert kept is not None and [len(k) for k in kept] == [len(r.target_ids) for r in rows]
+    for k, b in zip(kept, before, strict=True):
+        np.testing.assert_allclose(k, b, rtol=0, atol=1e-5)
+    after = np.concatenate(engine0.logprobs(rows))
+    assert np.abs(after - np.concatenate(before)).max() > 1e-4  # the update moved them
+    m2 = engine0.train_step(rows, old_logp=kept)
+    assert engine0.last_logp is None  # kept only when asked
+    # the same two updates with pi_old from the no-grad pass
+    engine0.engine.module.load_state_dict(snapshot)
+    engine0.engine.optimizer.load_state_dict(opt)
+    m1_pass = engine0.train_step(rows)
+    m2_pass = engine0.train_step(rows, old_logp=before)
+    assert m1["loss/pg"] == pytest.approx(m1_pass["loss/pg"], rel=1e-5, abs=1e-7)
+    assert m2["ppo/clip_frac"] > 0 or m2["loss/pg"] != m1["loss/pg"]
+    assert m2["loss/pg"] == pytest.approx(m2_pass["loss/pg"], rel=1e-4, abs=1e-6)
+    assert m2["ppo/clip_frac"] == pytest.approx(m2_pass["ppo/clip_frac"], abs=1e-9)
+
+
 def test_zero0_ppo_with_reference_and_sequence_is(engine0: LearnerEngine) -> None:
     """PPO (value head + KL reference) and sequence-level MIS run end to end."""
     engine0.loss_cfg = LossConfig(algo="ppo", kl_coef=0.05, is_level="sequence", is_mode="mis")
