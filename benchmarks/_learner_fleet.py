@@ -131,7 +131,8 @@ def main(mode: str, out: str, spec: dict) -> int:
 
 def parity(engine: LearnerEngine, rows: list, out: str, spec: dict) -> None:
     before = engine.logprobs(rows)
-    m = engine.train_step(rows)
+    m = engine.train_step(rows, keep_logp=True)
+    kept = engine.last_logp
     weights = engine.state_dict_for_broadcast(dedupe_tied=False)
     split = [s.tolist() for s in engine.last_split]
     after = engine.logprobs(rows)
@@ -148,6 +149,7 @@ def parity(engine: LearnerEngine, rows: list, out: str, spec: dict) -> None:
             "split": split,
             "rows": len(rows),
             "before": before,
+            "kept": kept,
             "after": after,
             "restored": restored,
             "round_trip": all(torch.equal(weights[k], back[k]) for k in weights),

@@ -84,6 +84,10 @@ def test_two_ranks_step_equals_one_rank(tmp_path: Path, stage: int, loss: dict) 
     for k in one["weights"]:  # Adam's first step is ~ lr * sign(g): same bound, scaled by lr
         torch.testing.assert_close(two["weights"][k], one["weights"][k], rtol=1e-5, atol=1e-6)
     assert any(not np.allclose(a, b) for a, b in zip(one["before"], one["after"], strict=True))
+    for r in results.values():  # the step's own log-probs, gathered from the ranks in row order
+        assert len(r["kept"]) == len(r["before"]) == r["rows"]
+        for k, b in zip(r["kept"], r["before"], strict=True):
+            np.testing.assert_allclose(k, b, rtol=0, atol=1e-5)
     # every scored token of the batch was trained once: on one rank, or split over two
     alone = np.array(one["split"])[0]
     per_rank = np.array(two["split"])

@@ -27,10 +27,10 @@ the RL phase's rollouts/s and the plot's path; ``<out>/demo.json`` keeps the num
 phase timings.
 
 What to expect on a 2-core CPU (measured; ``benchmarks/results/demo_learning.json``): the
-defaults take 14-15 min (RL up to the 12-min cap, eval 2). The warm start succeeds on 0.295
+defaults take 11-13 min (RL 10-12, eval 1.3). The warm start succeeds on 0.295
 of held-out rollouts at temperature 1; GRPO (2 groups of 8 per step, two optimiser steps on
-each, lr 2e-4 with cosine decay to 2e-5 over 120 steps, 2.7-2.9 rollouts/s, v92-v107 at the
-cap) raises that by +0.280 / +0.230 / +0.300 over seeds 0 / 1 / 2, PPO (turn baseline, 120
+each, lr 2e-4 with cosine decay to 2e-5 over 120 steps, 4.2-4.4 rollouts/s, v120 in 10-11.6
+min) raises that by +0.260 / +0.310 / +0.310 over seeds 0 / 1 / 2, PPO (turn baseline, 120
 steps in ~8 min) by +0.195 / +0.185 / +0.215. Eval pairs each rollout of the two policies on the
 same task and sampling seed (``demo.json``'s ``paired``: rollouts fixed and broken by RL). What
 RL corrects is what ``tiny-agent`` was shown wrong: half its teacher trajectories ran a
@@ -155,7 +155,9 @@ class DemoConfig(HrlModel):
     the ratio clipped against the batch's pi_old); 0: the measured default of the algorithm,
     2 for GRPO, 1 for PPO. With one, the learner waited for rollouts 60 % of each step; with
     two, GRPO gained +0.280 / +0.230 / +0.300 on seeds 0 / 1 / 2 (against +0.235 / +0.245 /
-    +0.255) in the same 12 minutes, though it reaches only v92-v107 of its 120 steps."""
+    +0.255) in the same 12 minutes, though it reached only v92-v107 of its 120 steps; with
+    pi_old from the first update's forward (no no-grad pass), +0.260 / +0.310 / +0.310 at
+    v120 in 10-11.6 minutes."""
     kl_coef: float = Field(0.0, ge=0.0, le=100.0)
     """Weight of the KL penalty to the starting policy (the learner's ``loss.kl_coef``)."""
     reward_weights: dict[str, float] = {"written": 0.0}
