@@ -328,11 +328,11 @@ class LearnerEngine:
         for idx in self._batches(rows):
             chunk = [rows[i] for i in idx]
             out = self.engine(**self._collate(chunk).model_inputs())
-            splits = np.cumsum([len(r.target_ids) for r in chunk])[:-1]
-            logps.extend(np.split(out.logprobs.float().cpu().numpy(), splits))
+            logps.extend(_per_row(chunk, out.logprobs))
             if values is not None:
-                v = baseline_values(self.loss_cfg, out.values, out.baselines)
-                values.extend(np.split(v.float().cpu().numpy(), splits))
+                values.extend(
+                    _per_row(chunk, baseline_values(self.loss_cfg, out.values, out.baselines))
+                )
         return logps, values
 
     def train_step(
@@ -458,8 +458,7 @@ class LearnerEngine:
             self.engine.set_gradient_accumulation_boundary(k == len(micro) - 1)
             out = self.engine(**batch.model_inputs())
             if keep_logp:
-                lens = np.cumsum([len(r.target_ids) for r in chunk])[:-1]
-                kept.extend(np.split(out.logprobs.detach().float().cpu().numpy(), lens))
+                kept.extend(_per_row(chunk, out.logprobs))
             nw = cat(nw_rows)
             if cfg.algo == "sft":
                 loss, st = sft_loss(out.logprobs, batch.loss_mask, nw)
@@ -628,6 +627,12 @@ class LearnerEngine:
     def _op_load(self, path: str) -> bool:
         load_path, _ = self.engine.load_checkpoint(path, tag="ds")
         return load_path is not None
+
+
+def _per_row(rows: Sequence[PackedRow], t: torch.Tensor) -> list[np.ndarray]:
+    """A packed batch's per-target tensor (detached, fp32 numpy) split into its rows."""
+    splits = np.cumsum([len(r.target_ids) for r in rows])[:-1]
+    return np.split(t.detach().float().cpu().numpy(), splits)
 
 
 def _padding_row(row: PackedRow) -> PackedRow:

@@ -388,8 +388,9 @@ class Learner:
             # pi_old of the later steps: the first step's own forward (the weights before any
             # update on this batch), not a no-grad pass of its own (the demo's GRPO, K2: busy
             # 4.42 -> 3.45 s per step)
-            m = self.engine.train_step(packing.rows, old_logp=old, keep_logp=i == 0 and k > 1)
-            if i == 0 and k > 1:
+            keep = i == 0 and k > 1
+            m = self.engine.train_step(packing.rows, old_logp=old, keep_logp=keep)
+            if keep:
                 old = self.engine.last_logp
         if k > 1:
             m.update({"updates": float(k), "step_time_s": time.perf_counter() - t0})
