@@ -72,6 +72,16 @@ def test_phase_run_files_are_valid_run_configs(tmp_path: Path) -> None:
     assert sections["learner"]["updates_per_batch"] == 1
     grpo = cfg.model_copy(update={"algo": "grpo"})
     assert rl_run_file(grpo, "d-rl", policy)["learner"]["updates_per_batch"] == 2
+    # with the shape fields at 0, each algorithm gets its measured shape: GRPO 120 steps of
+    # 2 groups of 8, PPO 280 steps of 4 groups of 4; a field set by hand wins
+    for algo, shape in (("grpo", (120, 8, 2)), ("ppo", (280, 4, 4))):
+        run, sections = _resolve(tmp_path, algo, rl_run_file(DemoConfig(algo=algo), "d", policy))
+        lrn = sections["learner"]
+        assert (run.steps, lrn["group_size"], lrn["batch_groups"]) == shape
+        assert lrn["ds"]["lr_decay_steps"] == shape[0]
+    mine = DemoConfig(algo="ppo", group_size=8, batch_groups=2)
+    assert rl_run_file(mine, "d", policy)["learner"]["group_size"] == 8
+    assert rl_run_file(mine, "d", policy)["learner"]["batch_groups"] == 2
     k3 = cfg.model_copy(update={"updates_per_batch": 3})
     assert rl_run_file(k3, "d-rl", policy)["learner"]["updates_per_batch"] == 3
     # PPO's critic options reach the learner; GRPO has no critic to configure
@@ -157,7 +167,7 @@ def test_final_weights_falls_back_to_the_last_version(tmp_path: Path) -> None:
     ("args", "expected"),
     [
         (["--algo", "sac"], "algo"),
-        (["--steps", "0"], "steps"),
+        (["--steps", "-1"], "steps"),
         (["--group-size", "1"], "group_size"),
         (["--sft-minutes", "-1"], "sft_minutes"),
     ],

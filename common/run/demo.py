@@ -30,8 +30,9 @@ What to expect on a 2-core CPU (measured; ``benchmarks/results/demo_learning.jso
 defaults take 11-13 min (RL 10-12, eval 1.3). The warm start succeeds on 0.295
 of held-out rollouts at temperature 1; GRPO (2 groups of 8 per step, two optimiser steps on
 each, lr 2e-4 with cosine decay to 2e-5 over 120 steps, 4.2-4.4 rollouts/s, v120 in 10-11.6
-min) raises that by +0.260 / +0.310 / +0.310 over seeds 0 / 1 / 2, PPO (turn baseline, 120
-steps in ~8 min) by +0.195 / +0.185 / +0.215. Eval pairs each rollout of the two policies on the
+min) raises that by +0.260 / +0.310 / +0.310 over seeds 0 / 1 / 2, PPO (turn baseline, 4
+groups of 4 per step, 280 steps in 11-12 min at 6.4-7.1 rollouts/s) by +0.240 / +0.290 /
++0.240 (+0.195 / +0.185 / +0.215 on 2 groups of 8 for 120 steps). Eval pairs each rollout of the two policies on the
 same task and sampling seed (``demo.json``'s ``paired``: rollouts fixed and broken by RL). What
 RL corrects is what ``tiny-agent`` was shown wrong: half its teacher trajectories ran a
 family's plausible wrong one-liner (``harnessrl pretrain --near-miss``), a family-level mistake
@@ -52,7 +53,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from common.config import ConfigError, HrlModel, load_config, toml_text
 from common.layout import (
@@ -71,8 +72,9 @@ class DemoConfig(HrlModel):
 
     out: Path | None = None
     """Demo folder; empty: ``runs/demo`` (``runs/demo-2``... when it exists)."""
-    steps: int = Field(120, ge=1, le=1_000_000)
-    """RL steps (weight versions); the RL phase ends at ``steps`` or after ``rl_minutes``."""
+    steps: int = Field(0, ge=0, le=1_000_000)
+    """RL steps (weight versions); the RL phase ends at ``steps`` or after ``rl_minutes``.
+    0: the algorithm's measured default (``ALGO_DEFAULTS``: 120 for GRPO, 280 for PPO)."""
     sft_steps: int = Field(0, ge=0, le=1_000_000)
     """SFT steps; 0: fifteen times ``steps`` (at most 400). The SFT phase ends at
     ``sft_steps`` or after ``sft_minutes``, whichever comes first."""
@@ -130,11 +132,14 @@ class DemoConfig(HrlModel):
     """torch intra-op threads of the learner (``learner.threads``); 0: torch's default."""
     sft_lr: float = Field(5e-3, gt=0, le=1.0)
     """SFT learning rate (AdamW)."""
-    group_size: int = Field(8, ge=2, le=256)
-    """RL rollouts per (task, harness) group."""
-    batch_groups: int = Field(2, ge=1, le=1024)
-    """RL groups per step. Two groups of 8 (16 rollouts a step) learn more per minute than four:
-    twice the steps in the same rollouts, and the learner is idle most of the time anyway."""
+    group_size: int = Field(0, ge=0, le=256)
+    """RL rollouts per (task, harness) group, at least 2; 0: the algorithm's measured default
+    (``ALGO_DEFAULTS``): 8 for GRPO, whose baseline is the group's mean; 4 for PPO, whose
+    critic needs no group, so 16 rollouts a step cover 4 tasks instead of 2."""
+    batch_groups: int = Field(0, ge=0, le=1024)
+    """RL groups per step; 0: the algorithm's measured default (``ALGO_DEFAULTS``: 2 for GRPO,
+    4 for PPO; 16 rollouts a step either way). For GRPO two groups of 8 learn more per minute
+    than four: twice the steps in the same rollouts."""
     lr: float = Field(2e-4, gt=0, le=1.0)
     """RL peak learning rate (AdamW, linear warmup over ``lr_warmup_steps``, then constant).
     Measured on ``tiny-agent`` (GRPO, exact-correctness reward, 8 minutes, the same held-out
@@ -196,6 +201,13 @@ class DemoConfig(HrlModel):
     """Run the before/after evaluation."""
     dashboard: bool = True
     """Live dashboard during the runs (plain status lines when off or not a terminal)."""
+
+    @field_validator("group_size")
+    @classmethod
+    def _group_of_two(cls, v: int) -> int:
+        if v == 1:
+            raise ValueError("a group needs at least 2 rollouts (0: the algorithm's default)")
+        return v
 
 
 CONFIG = DemoConfig
@@ -262,13 +274,25 @@ def _run(cfg: DemoConfig, name: str, steps: int, minutes: float, **kw: Any) -> d
     return table
 
 
-def updates_per_batch(cfg: DemoConfig) -> int:
-    """``cfg.updates_per_batch``, or the algorithm's measured default when 0."""
-    return cfg.updates_per_batch or (2 if cfg.algo == "grpo" else 1)
+ALGO_DEFAULTS: dict[str, dict[str, int]] = {
+    "grpo": {"steps": 120, "group_size": 8, "batch_groups": 2, "updates_per_batch": 2},
+    "ppo": {"steps": 280, "group_size": 4, "batch_groups": 4, "updates_per_batch": 1},
+}
+"""The RL shape each algorithm trains with where its field is 0, chosen from measured runs
+(``benchmarks/results/demo_learning.json``). PPO on groups of 8, 2 a step, 120 steps gained
++0.195 / +0.185 / +0.215 held-out success on seeds 0 / 1 / 2 in ~9.5 min; on groups of 4,
+4 a step (twice the distinct tasks per step), 280 steps, +0.240 / +0.290 on seeds 0 / 1 in
+11.7-13.1 min."""
+
+
+def rl_shape(cfg: DemoConfig, field: str) -> int:
+    """``cfg.<field>`` (``steps``, ``group_size``, ``batch_groups``, ``updates_per_batch``), or
+    the algorithm's measured default (``ALGO_DEFAULTS``) when it is 0."""
+    return getattr(cfg, field) or ALGO_DEFAULTS[cfg.algo][field]
 
 
 def sft_steps(cfg: DemoConfig) -> int:
-    return cfg.sft_steps or min(400, 15 * cfg.steps)
+    return cfg.sft_steps or min(400, 15 * rl_shape(cfg, "steps"))
 
 
 def train_suite(cfg: DemoConfig, folder: Path) -> str:
@@ -334,7 +358,7 @@ def sft_run_file(cfg: DemoConfig, name: str, suite: str = "toy") -> dict[str, An
 
 def rl_run_file(cfg: DemoConfig, name: str, policy: Path, suite: str = "toy") -> dict[str, Any]:
     """Phase 2: the SFT policy in the engine and the learner; GRPO/PPO."""
-    run = _run(cfg, name, cfg.steps, cfg.rl_minutes)
+    run = _run(cfg, name, rl_shape(cfg, "steps"), cfg.rl_minutes)
     if cfg.engines:
         run["engines"] = cfg.engines
         if cfg.engine_api_key_file:
@@ -352,17 +376,17 @@ def rl_run_file(cfg: DemoConfig, name: str, policy: Path, suite: str = "toy") ->
             "learner": {
                 "model": str(policy),
                 "algo": cfg.algo,
-                "group_size": cfg.group_size,
+                "group_size": rl_shape(cfg, "group_size"),
                 "min_group_size": 2,
-                "batch_groups": cfg.batch_groups,
+                "batch_groups": rl_shape(cfg, "batch_groups"),
                 "filter_groups": cfg.filter_groups and cfg.algo == "ppo",
-                "updates_per_batch": updates_per_batch(cfg),
+                "updates_per_batch": rl_shape(cfg, "updates_per_batch"),
                 "max_staleness": cfg.max_staleness,
                 "threads": cfg.learner_threads,
                 "ds": {
                     "lr": cfg.lr,
                     "lr_warmup_steps": cfg.lr_warmup_steps,
-                    "lr_decay_steps": cfg.steps if cfg.lr_min_ratio < 1 else 0,
+                    "lr_decay_steps": rl_shape(cfg, "steps") if cfg.lr_min_ratio < 1 else 0,
                     "lr_min_ratio": cfg.lr_min_ratio,
                     "seed": cfg.seed,
                     **({"value_lr_scale": cfg.value_lr_scale} if cfg.algo == "ppo" else {}),
@@ -488,13 +512,13 @@ class Demo:
             if cfg.engines:
                 load_into_engines(cfg.engines, sft_policy, cfg.engine_api_key_file)
             self.say(
-                f"phase {n - 1}/{n}: {cfg.algo.upper()} from {sft_policy} ({cfg.steps} steps, "
+                f"phase {n - 1}/{n}: {cfg.algo.upper()} from {sft_policy} ({rl_shape(cfg, 'steps')} steps, "
                 f"at most {cfg.rl_minutes:g} min)"
             )
             rl_file = self.write("rl", rl_run_file(cfg, f"{self.tag}-rl", sft_policy, suite))
             self.phase("rl", ["run", str(rl_file), "--out", str(self.dir / "rl")])
             try:
-                rl_policy: Path | None = final_weights(self.dir / "rl", cfg.steps)
+                rl_policy: Path | None = final_weights(self.dir / "rl", rl_shape(cfg, "steps"))
             except RuntimeError:
                 rl_policy = None
                 self.say("the RL phase took no step: every group it saw had equal rewards")
@@ -546,7 +570,7 @@ class Demo:
             "rl_policy": str(rl) if rl else None,
             "phases": {k: line_object(ph) if ph else {} for k, ph in phases.items()},
             "algo": cfg.algo,
-            "steps": cfg.steps,
+            "steps": rl_shape(cfg, "steps"),
             "sft_steps": sft_steps(cfg) if cfg.from_scratch else 0,
             "from_scratch": cfg.from_scratch,
             "timings_s": self.timings,
