@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -82,6 +84,24 @@ def json_encoding(rec: r.CallRecord) -> bytes:
 ROUNDS = 3
 
 
+def proc_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far, from ``/proc``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def cpu_of(coro, server_pid: int) -> tuple[float, float, float]:
+    """``(wall, this process's CPU, the server's CPU)`` seconds of running ``coro``: where a
+    publish path's CPU goes, so a ratio can be read against the machine's cores."""
+    c0, s0, t0 = time.process_time(), proc_cpu_s(server_pid), time.perf_counter()
+    await coro
+    return (
+        time.perf_counter() - t0,
+        time.process_time() - c0,
+        proc_cpu_s(server_pid) - s0,
+    )
+
+
 async def raw_publish(js, subjects, recs, encoded) -> float:
     """Seconds for raw nats-py ``publish_async`` of pre-encoded records, acks gathered."""
     t0 = time.perf_counter()
@@ -124,7 +144,7 @@ async def one_at_a_time(b, recs, raw: bool) -> float:
     return (time.process_time() - t0) / len(recs)
 
 
-async def bench(n: int, nats_url: str) -> dict:
+async def bench(n: int, nats_url: str, server_pid: int) -> dict:
     recs = make_records(n)
     t0 = time.perf_counter()
     encoded = [r.encode(x) for x in recs]
@@ -134,13 +154,17 @@ async def bench(n: int, nats_url: str) -> dict:
     json_bytes = sum(len(json_encoding(x)) for x in recs)
 
     raw_s, bus_s, bytes_s = [], [], []
+    cpu: dict[str, list[tuple[float, float, float]]] = {"raw": [], "bus": []}
     for k in range(ROUNDS):  # alternate, so that load on the machine hits both alike
         # a fresh run (streams) per pass: a msg id seen before would be a cheap duplicate
         async with await connect(nats_url, f"raw{k}") as b:
-            raw_s.append(await raw_publish(b.js, b.subjects, recs, encoded))  # type: ignore[attr-defined]
+            js = b.js  # type: ignore[attr-defined]
+            cpu["raw"].append(await cpu_of(raw_publish(js, b.subjects, recs, encoded), server_pid))
+            raw_s.append(cpu["raw"][-1][0])
             await b.purge("CALLS")
         async with await connect(nats_url, f"bus{k}") as b:
-            bus_s.append(await bus_publish(b, recs))
+            cpu["bus"].append(await cpu_of(bus_publish(b, recs), server_pid))
+            bus_s.append(cpu["bus"][-1][0])
             await b.purge("CALLS")
         async with await connect(nats_url, f"bytes{k}") as b:
             bytes_s.append(await bus_publish(b, recs, encoded))
@@ -176,6 +200,20 @@ async def bench(n: int, nats_url: str) -> dict:
     cons_s = time.perf_counter() - t0
     await bus.close()
     ratios = [r_ / b_ for r_, b_ in zip(raw_s, bus_s, strict=True)]
+
+    def cpu_row(runs: list[tuple[float, float, float]]) -> dict[str, float]:
+        wall, mine, srv = (statistics.median(x[i] for x in runs) for i in range(3))
+        return {
+            "client_cpu_us_per_record": mine / n * 1e6,
+            "server_cpu_us_per_record": srv / n * 1e6,
+            "cores_busy": (mine + srv) / wall,
+        }
+
+    cpu_rows = {k: cpu_row(v) for k, v in cpu.items()}
+    total = {
+        k: v["client_cpu_us_per_record"] + v["server_cpu_us_per_record"]
+        for k, v in cpu_rows.items()
+    }
     bytes_ratios = [r_ / b_ for r_, b_ in zip(raw_s, bytes_s, strict=True)]
     return {
         "n": n,
@@ -189,6 +227,13 @@ async def bench(n: int, nats_url: str) -> dict:
         "encode_only_rec_s": n / encode_s,
         "publish_vs_raw_rounds": ratios,
         "publish_bytes_vs_raw_rounds": bytes_ratios,
+        "cpu": {
+            **cpu_rows,
+            "cores": os.cpu_count(),
+            # with every core busy, throughput follows CPU per record (client + server): the
+            # ratio the bus can reach at best on this machine, encoding included
+            "cpu_bound_publish_vs_raw": total["raw"] / total["bus"],
+        },
         "sequential_publish_rec_s": seq_n / seq_s,
         "one_at_a_time_cpu_us": {
             "bus": [x * 1e6 for x in one_bus],
@@ -207,7 +252,7 @@ def main() -> None:
     args = parse_args(__doc__.splitlines()[0])
     n = 2000 if args.quick else 20000
     with tempfile.TemporaryDirectory() as d, NatsServer(d) as srv:
-        m = asyncio.run(bench(n, srv.url))
+        m = asyncio.run(bench(n, srv.url, srv.pid))
     pub_ratio = statistics.median(m["publish_vs_raw_rounds"])
     bytes_ratio = statistics.median(m["publish_bytes_vs_raw_rounds"])
     size_ratio = m["json_bytes_per_token"] / m["bytes_per_token"]
@@ -244,6 +289,16 @@ def main() -> None:
         f"{m['json_bytes_per_token']:.2f} ({size_ratio:.1f}x smaller); publish vs raw: "
         f"{pub_ratio:.2f} (rounds {', '.join(f'{x:.2f}' for x in m['publish_vs_raw_rounds'])}); "
         f"encoded bytes vs raw: {bytes_ratio:.2f}"
+    )
+    c = m["cpu"]
+    print(
+        "CPU us/record (client + nats-server), cores busy: "
+        + "; ".join(
+            f"{k} {c[k]['client_cpu_us_per_record']:.0f} + {c[k]['server_cpu_us_per_record']:.0f}"
+            f", {c[k]['cores_busy']:.2f} of {c['cores']}"
+            for k in ("raw", "bus")
+        )
+        + f"; CPU-bound publish vs raw: {c['cpu_bound_publish_vs_raw']:.2f}"
     )
     path = write_result(
         "bus_throughput",

@@ -367,10 +367,15 @@ class JetStreamBus(Bus):
     """``publish_many``: how long an ack may take before that record is re-published
     synchronously with the same msg id (a de-duplicated retry, never a duplicate)."""
     _BATCH = 64  # records encoded per worker-thread call
+    _AHEAD = 3
+    """``publish_many``: batches handed to the worker threads before the first is sent, and kept
+    that many ahead. With one, the thread that encodes (its msgpack part holding the GIL
+    against the sending loop) set the pace: 20k records/s against 22k with three (raw nats-py,
+    given the bytes: 32k; ``benchmarks/bus_throughput.py``)."""
 
     async def publish_many(self, items):  # type: ignore[override]
         """Pipelined publish at the raw client's cost per record: records are encoded (and
-        zstd-framed) in a worker thread one batch ahead while the previous batch is sent (a
+        zstd-framed) in worker threads ``_AHEAD`` batches ahead while a batch is sent (a
         call of a few small records on the loop: `_prepare_soon`), each with its ack inbox
         (`common.nats_acks.Acks`); at most ``max_in_flight_bytes`` are unacked at a time.
         Acks are awaited together, raced once per call against a permission violation or an
@@ -385,14 +390,16 @@ class JetStreamBus(Bus):
         parts = [items[:first]] + [
             items[i : i + self._BATCH] for i in range(first, len(items), self._BATCH)
         ]
-        nxt = self._prepare_soon(parts[0], len(parts) == 1)
+        ahead = collections.deque(
+            self._prepare_soon(part, len(parts) == 1) for part in parts[: self._AHEAD]
+        )
         sent: list[tuple[tuple[str, Any, str | None], Any]] = []
         window: collections.deque[tuple[Any, int]] = collections.deque()
         in_flight = 0
         for i in range(len(parts)):
-            prepared = await nxt
-            if i + 1 < len(parts):
-                nxt = self._prepare_soon(parts[i + 1], False)
+            prepared = await ahead.popleft()
+            if i + self._AHEAD < len(parts):
+                ahead.append(self._prepare_soon(parts[i + self._AHEAD], False))
             self.outage.check("publish")
             for item in prepared:
                 while window and in_flight > self.max_in_flight_bytes:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import nats
 import numpy as np
@@ -323,10 +324,19 @@ async def test_publish_many_through_a_server_restart_loses_nothing(nats_server_f
         (s.calls(f"m{i % 5}-0-1"), r.CallRecord(rollout_id=f"m{i % 5}-0-1", seq=i), None)
         for i in range(3000)
     ]
+    send, killed, sends = b.acks.send, asyncio.Event(), [0]  # type: ignore[attr-defined]
+
+    async def kill_midway(*a: Any, **kw: Any) -> Any:
+        sends[0] += 1
+        if sends[0] == 1000:  # a third of the batch sent, acks in flight
+            srv.kill()
+            killed.set()
+        return await send(*a, **kw)
+
+    b.acks.send = kill_midway  # type: ignore[attr-defined]
     task = asyncio.create_task(b.publish_many(items))
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(killed.wait(), 30)
     assert not task.done()
-    srv.kill()
     await asyncio.sleep(0.5)
     srv.start()
     res = await asyncio.wait_for(task, 90)
