@@ -77,6 +77,12 @@ def write_result(
     return path
 
 
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def target(value: float, bound: float, *, at_least: bool = True) -> dict[str, Any]:
     """A target entry: ``value >= bound`` (or ``<=`` with ``at_least=False``)."""
     met = value >= bound if at_least else value <= bound

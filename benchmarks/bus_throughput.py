@@ -24,11 +24,10 @@ import os
 import statistics
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 
-from benchmarks._common import parse_args, print_table, target, write_result
+from benchmarks._common import parse_args, print_table, proc_cpu_s, target, write_result
 from common import records as r
 from common.bus import connect
 from common.natsd import NatsServer
@@ -82,12 +81,6 @@ def json_encoding(rec: r.CallRecord) -> bytes:
 
 
 ROUNDS = 3
-
-
-def proc_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) a process has used so far, from ``/proc``."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def cpu_of(coro, server_pid: int) -> tuple[float, float, float]:
@@ -153,18 +146,16 @@ async def bench(n: int, nats_url: str, server_pid: int) -> dict:
     wire = sum(len(b) for b in encoded)
     json_bytes = sum(len(json_encoding(x)) for x in recs)
 
-    raw_s, bus_s, bytes_s = [], [], []
+    bytes_s = []
     cpu: dict[str, list[tuple[float, float, float]]] = {"raw": [], "bus": []}
     for k in range(ROUNDS):  # alternate, so that load on the machine hits both alike
         # a fresh run (streams) per pass: a msg id seen before would be a cheap duplicate
         async with await connect(nats_url, f"raw{k}") as b:
             js = b.js  # type: ignore[attr-defined]
             cpu["raw"].append(await cpu_of(raw_publish(js, b.subjects, recs, encoded), server_pid))
-            raw_s.append(cpu["raw"][-1][0])
             await b.purge("CALLS")
         async with await connect(nats_url, f"bus{k}") as b:
             cpu["bus"].append(await cpu_of(bus_publish(b, recs), server_pid))
-            bus_s.append(cpu["bus"][-1][0])
             await b.purge("CALLS")
         async with await connect(nats_url, f"bytes{k}") as b:
             bytes_s.append(await bus_publish(b, recs, encoded))
@@ -199,6 +190,7 @@ async def bench(n: int, nats_url: str, server_pid: int) -> dict:
         got += len(batch)
     cons_s = time.perf_counter() - t0
     await bus.close()
+    raw_s, bus_s = ([wall for wall, _, _ in cpu[k]] for k in ("raw", "bus"))
     ratios = [r_ / b_ for r_, b_ in zip(raw_s, bus_s, strict=True)]
 
     def cpu_row(runs: list[tuple[float, float, float]]) -> dict[str, float]:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing
-import os
 import random
 import statistics
 import subprocess
@@ -51,7 +50,7 @@ import aiohttp
 import msgspec
 import numpy as np
 
-from benchmarks._common import parse_args, print_table, target, write_result
+from benchmarks._common import parse_args, print_table, proc_cpu_s, target, write_result
 from common.bus import connect
 from common.models import load_tokenizer
 from common.natsd import NatsServer
@@ -320,12 +319,6 @@ def _child(target: Any, *args: Any) -> tuple[Any, str]:
     return proc, here.recv()
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 @dataclass
 class Stream:
     """One conversation as each path receives it: chat bodies for the proxy, ``/generate``
@@ -456,7 +449,7 @@ class StreamBench:
         ``proxy_cpu_ms_per_call``: the proxy process's CPU over the phase per call it served
         (one proxy mode per phase, so that the figure is that mode's)."""
         times: dict[str, list[float]] = {m: [] for m in modes}
-        cpu0 = _cpu_s(self.proxy_proc.pid)
+        cpu0 = proc_cpu_s(self.proxy_proc.pid)
         n = 0
         for s in streams:
             for i in range(len(s.chat)):
@@ -464,7 +457,7 @@ class StreamBench:
                 for m in order:
                     times[m].append(await self.send(m, s, i))
                 n += 1
-        cpu = _cpu_s(self.proxy_proc.pid) - cpu0
+        cpu = proc_cpu_s(self.proxy_proc.pid) - cpu0
         others = [m for m in modes if m != "direct"]
         added = {m: [a - d for a, d in zip(times[m], times["direct"], strict=True)] for m in others}
         served = n * sum(m in PROXY_MODES for m in modes)

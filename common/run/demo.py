@@ -32,8 +32,8 @@ of held-out rollouts at temperature 1; GRPO (2 groups of 8 per step, two optimis
 each, lr 2e-4 with cosine decay to 2e-5 over 120 steps, 4.2-4.4 rollouts/s, v120 in 10-11.6
 min) raises that by +0.260 / +0.310 / +0.310 over seeds 0 / 1 / 2, PPO (turn baseline, 4
 groups of 4 per step, 280 steps in 11-12 min at 6.4-7.1 rollouts/s) by +0.240 / +0.290 /
-+0.240 (+0.195 / +0.185 / +0.215 on 2 groups of 8 for 120 steps). Eval pairs each rollout of the two policies on the
-same task and sampling seed (``demo.json``'s ``paired``: rollouts fixed and broken by RL). What
++0.240 (+0.195 / +0.185 / +0.215 on 2 groups of 8 for 120 steps). Eval pairs each rollout
+of the two policies on the same task and sampling seed (``demo.json``'s ``paired``: rollouts fixed and broken by RL). What
 RL corrects is what ``tiny-agent`` was shown wrong: half its teacher trajectories ran a
 family's plausible wrong one-liner (``harnessrl pretrain --near-miss``), a family-level mistake
 that generalises to held-out tasks once unlearned. What it cannot fix in minutes is copying
@@ -281,7 +281,7 @@ ALGO_DEFAULTS: dict[str, dict[str, int]] = {
 """The RL shape each algorithm trains with where its field is 0, chosen from measured runs
 (``benchmarks/results/demo_learning.json``). PPO on groups of 8, 2 a step, 120 steps gained
 +0.195 / +0.185 / +0.215 held-out success on seeds 0 / 1 / 2 in ~9.5 min; on groups of 4,
-4 a step (twice the distinct tasks per step), 280 steps, +0.240 / +0.290 on seeds 0 / 1 in
+4 a step (twice the distinct tasks per step), 280 steps, +0.240 / +0.290 / +0.240 in
 11.7-13.1 min."""
 
 
@@ -358,7 +358,8 @@ def sft_run_file(cfg: DemoConfig, name: str, suite: str = "toy") -> dict[str, An
 
 def rl_run_file(cfg: DemoConfig, name: str, policy: Path, suite: str = "toy") -> dict[str, Any]:
     """Phase 2: the SFT policy in the engine and the learner; GRPO/PPO."""
-    run = _run(cfg, name, rl_shape(cfg, "steps"), cfg.rl_minutes)
+    steps = rl_shape(cfg, "steps")
+    run = _run(cfg, name, steps, cfg.rl_minutes)
     if cfg.engines:
         run["engines"] = cfg.engines
         if cfg.engine_api_key_file:
@@ -386,7 +387,7 @@ def rl_run_file(cfg: DemoConfig, name: str, policy: Path, suite: str = "toy") ->
                 "ds": {
                     "lr": cfg.lr,
                     "lr_warmup_steps": cfg.lr_warmup_steps,
-                    "lr_decay_steps": rl_shape(cfg, "steps") if cfg.lr_min_ratio < 1 else 0,
+                    "lr_decay_steps": steps if cfg.lr_min_ratio < 1 else 0,
                     "lr_min_ratio": cfg.lr_min_ratio,
                     "seed": cfg.seed,
                     **({"value_lr_scale": cfg.value_lr_scale} if cfg.algo == "ppo" else {}),
@@ -511,14 +512,15 @@ class Demo:
                 sft_policy = resolve_model(cfg.model)
             if cfg.engines:
                 load_into_engines(cfg.engines, sft_policy, cfg.engine_api_key_file)
+            steps = rl_shape(cfg, "steps")
             self.say(
-                f"phase {n - 1}/{n}: {cfg.algo.upper()} from {sft_policy} ({rl_shape(cfg, 'steps')} steps, "
+                f"phase {n - 1}/{n}: {cfg.algo.upper()} from {sft_policy} ({steps} steps, "
                 f"at most {cfg.rl_minutes:g} min)"
             )
             rl_file = self.write("rl", rl_run_file(cfg, f"{self.tag}-rl", sft_policy, suite))
             self.phase("rl", ["run", str(rl_file), "--out", str(self.dir / "rl")])
             try:
-                rl_policy: Path | None = final_weights(self.dir / "rl", rl_shape(cfg, "steps"))
+                rl_policy: Path | None = final_weights(self.dir / "rl", steps)
             except RuntimeError:
                 rl_policy = None
                 self.say("the RL phase took no step: every group it saw had equal rewards")
