@@ -397,6 +397,9 @@ class TreeCounters(msgspec.Struct, kw_only=True):
     false_forks: int = 0
     """Calls that continue an earlier call's conversation but keep only part of its sampled
     output (the rest re-rendered): each leaves a dead-end branch."""
+    truncated_calls: int = 0
+    """Successful calls whose reply ran into the token limit (``finish_reason == "length"``):
+    a reply cut off mid-tool-call, often junk repeated until the limit."""
 
 
 class TreeSample(Record, kw_only=True):

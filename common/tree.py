@@ -30,7 +30,9 @@ Definitions the filters use (``path(c) = input(c) + output(c)``):
   sample (a separate sample per side conversation would break the learner's invariant that every
   issued rollout ends as exactly one sample or tombstone).
 * **candidate**: a call of a track with ``status == "ok"``, ``finish_reason != "abort"`` and at
-  least one output token; otherwise dropped as ``error``, ``aborted`` or ``empty_output``.
+  least one output token; otherwise dropped as ``error``, ``aborted`` or ``empty_output``. With
+  ``drop_truncated``, a reply cut off at the token limit (``finish_reason == "length"``) is
+  dropped too (``truncated``; DAPO's overlong filtering, per reply).
 * **segment**: a call whose input has no earlier call *of its track* (any status) as a prefix is
   a compaction point / new root and starts a segment; any other call joins the segment of the
   earlier same-track call with the longest such input. Segments are separate trees (roots)
@@ -143,6 +145,9 @@ class AssembleOptions:
     """Drop a rollout whose retained leaves exceed this (``too_many_branches``)."""
     export_side_calls: bool = False
     """Keep ``subagent``/``compaction``/``aux`` calls as extra roots instead of dropping them."""
+    drop_truncated: bool = False
+    """Drop calls whose reply ran into the token limit (``truncated``): their tokens are not
+    trained; where a later call continued from one, they are its context (loss mask 0)."""
 
 
 class _Reject(Exception):
@@ -371,6 +376,8 @@ def drop_reason(rec: CallRecord, opts: AssembleOptions) -> str | None:
         return "aborted"
     if not rec.output_ids:
         return "empty_output"
+    if opts.drop_truncated and rec.finish_reason == "length":
+        return "truncated"
     return None
 
 
@@ -606,6 +613,9 @@ def assemble_detailed(
         recs = _dedupe(mine)
         counters.n_calls = len(recs)
         counters.tito_misses = _tito_misses(recs)
+        counters.truncated_calls = sum(
+            c.status == "ok" and c.finish_reason == "length" for c in recs
+        )
         if not recs:
             raise _Reject("no_calls")
         have = {c.seq for c in recs}

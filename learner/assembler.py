@@ -104,7 +104,9 @@ class Assembler:
         self.bus = bus
         self.cfg = cfg
         self.opts = AssembleOptions(
-            max_branches=cfg.max_branches, export_side_calls=cfg.export_side_calls
+            max_branches=cfg.max_branches,
+            export_side_calls=cfg.export_side_calls,
+            drop_truncated=cfg.drop_truncated,
         )
         self._done: OrderedDict[str, None] = OrderedDict()
         self._busy: set[str] = set()

@@ -274,6 +274,8 @@ class BatchRules:
     """PPO: batch whole groups and drop those whose rewards are all equal, as GRPO always does
     (``zero_variance``); ``batch_groups`` groups per step instead of ``batch_rollouts``
     rollouts in arrival order."""
+    truncated_reward: float | None = None
+    """Cap on the reward of a sample with truncated calls (``LearnerConfig.truncated_reward``)."""
     vocab_size: int = 0
     """Token ids must be below this (0: unchecked); a sample that is not a well-formed tree
     would fail every step it is in, so it is dropped on arrival (``malformed``)."""
@@ -316,6 +318,8 @@ class Batcher:
         self.queue: deque[Item] = deque()
         self.eval_results: list[TreeSample] = []
         self.lost_members = 0
+        self.reward_capped = 0
+        """Samples whose reward ``truncated_reward`` lowered."""
         self.version = 0
         """The learner version the last call was made at (staleness reference)."""
 
@@ -387,6 +391,10 @@ class Batcher:
         if reason == "eval":
             self.eval_results.append(s)
         if reason is None:
+            cap = self.rules.truncated_reward
+            if cap is not None and s.counters.truncated_calls and s.reward > cap:
+                s.reward = cap
+                self.reward_capped += 1
             item = Item(s, deliveries)
             self.items[s.rollout_id] = item
             self._group(s).members[k] = item
@@ -616,4 +624,5 @@ class Batcher:
             "queued": len(self.queue),
             "partial_samples": len(self.parts),
             "lost_members": self.lost_members,
+            "reward_capped": self.reward_capped,
         }

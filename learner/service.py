@@ -189,6 +189,7 @@ class Learner:
             adv_eps=c.loss.adv_eps,
             adv_scale_by_std=c.loss.adv_scale_by_std,
             filter_groups=c.filter_groups,
+            truncated_reward=c.truncated_reward,
             vocab_size=int(self.engine.policy.lm.config.get_text_config().vocab_size),
         )
 
@@ -502,6 +503,9 @@ class Learner:
         busy_s: float,
         will_commit: bool,
     ) -> None:
+        if batch.samples:  # replies cut off at the token limit: the junk-until-the-limit signal
+            cut = sum(s.counters.truncated_calls > 0 for s in batch.samples)
+            m["rollouts/truncated_frac"] = cut / len(batch.samples)
         wall = self._totals["wall_s"] + time.monotonic() - self._t_start
         self._totals["idle_s"] += wait_s
         self._totals["samples"] += len(batch.samples)

@@ -154,6 +154,31 @@ async def test_zero_variance_groups_skipped(bus: Bus) -> None:
     assert h.ledger.counts["zero_variance"] == 4 and "flat" in h.ledger.closed
 
 
+async def test_truncated_reward_caps_rollouts_with_cut_off_replies(bus: Bus) -> None:
+    """With ``truncated_reward`` a rollout with a reply cut off at the token limit trains at
+    most that reward: a group whose only successes were truncated has no variance left, and the
+    advantages see the capped rewards. Without it the verifier's reward stands."""
+    flat = group("flat", [1, 1, 0, 0])
+    for s in flat[:2]:
+        s.counters.truncated_calls = 1
+    mixed = group("mixed", [1, 1, 0, 0])
+    mixed[0].counters.truncated_calls = 3
+    h = Harness(bus, batch_groups=1, truncated_reward=0.0)
+    await h.deliver(flat + mixed)
+    assert h.ledger.counts["zero_variance"] == 4
+    batch = h.batcher.take(0)
+    assert batch is not None and [s.reward for s in batch.samples] == [0, 1, 0, 0]
+    exp, _ = grpo_advantages([0, 1, 0, 0])
+    assert list(batch.advantages) == pytest.approx(list(exp))
+    assert h.batcher.stats()["reward_capped"] == 3
+    kept = Harness(bus, batch_groups=1)
+    again = group("flat2", [1, 1, 0, 0])
+    again[0].counters.truncated_calls = 1
+    await kept.deliver(again)
+    batch = kept.batcher.take(0)
+    assert batch is not None and [s.reward for s in batch.samples] == [1, 1, 0, 0]
+
+
 async def test_staleness_dropped_on_arrival_and_before_training(bus: Bus) -> None:
     """A sample more than max_staleness behind is dropped when it arrives and when its group
     is about to be trained."""

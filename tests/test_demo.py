@@ -91,6 +91,17 @@ def test_phase_run_files_are_valid_run_configs(tmp_path: Path) -> None:
     assert sections["learner"]["ds"]["value_lr_scale"] == 2.0
     learner = rl_run_file(grpo, "d-rl", policy)["learner"]
     assert "value_baseline" not in learner["loss"] and "value_lr_scale" not in learner["ds"]
+    # the KL to the warm start: PPO's measured default 0.1, GRPO none; a value set by hand wins
+    assert sections["learner"]["loss"]["kl_coef"] == 0.1 and learner["loss"]["kl_coef"] == 0.0
+    mine = cfg.model_copy(update={"kl_coef": 0.0})
+    assert rl_run_file(mine, "d-rl", policy)["learner"]["loss"]["kl_coef"] == 0.0
+    # replies cut off at the token limit: kept and paid as scored unless asked otherwise
+    assert "truncated_reward" not in sections["learner"]
+    assert sections["assembler"].get("drop_truncated", False) is False
+    cut = cfg.model_copy(update={"truncated_reward": 0.0, "drop_truncated": True})
+    _, sections = _resolve(tmp_path, "cut", rl_run_file(cut, "d-rl", policy))
+    assert sections["learner"]["truncated_reward"] == 0.0
+    assert sections["assembler"]["drop_truncated"] is True
 
     external = DemoConfig(engines=["http://gpu-0:30000"], nats="nats://n:4222")
     run, _ = _resolve(tmp_path, "ext", rl_run_file(external, "d-rl", policy))

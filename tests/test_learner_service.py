@@ -59,6 +59,7 @@ async def fake_actors(bus: Bus, learner: Learner, seen: list[TaskRequest], outst
                 group_size=t.group_size,
                 weight_version=learner.version,
             )
+            s.counters.truncated_calls = int(t.k == 0)  # one member of each group: a cut-off reply
             await bus.publish(bus.subjects.samples, s)
             await d.ack()
 
@@ -97,6 +98,7 @@ async def test_in_process_feeder_learner_broadcast_and_resume(tmp_path: Path) ->
         assert all(m.in_flight <= capacity for m in steps)
         assert all(int(k) <= cfg.max_staleness for m in steps for k in m.staleness)
         assert all(m.metrics["tokens_computed"] > 0 for m in steps)
+        assert all(m.metrics["rollouts/truncated_frac"] == 0.5 for m in steps)
         ready = await bus.read_subject(bus.subjects.weights_ready, WeightsReady)
         assert [r.version for r in ready] == [1, 2, 3]
         assert {t.task_id for t in seen} and all(not t.is_eval for t in seen)

@@ -315,6 +315,38 @@ def test_false_forks_and_tito_misses_are_counted_apart() -> None:
     assert c.tito_misses == 0  # the first main call is its track's first, not a miss
 
 
+def test_truncated_calls_are_counted() -> None:
+    """Successful replies cut off at the token limit are counted, retained or not; a failed
+    call's finish reason is not the model's."""
+    specs = [
+        Spec(X, A, finish="length"),
+        Spec(X + A + E, B),
+        Spec(X + A + E + B + E, C, finish="length"),
+        Spec(X + A + E + B + E + C + E, [], status="error", finish="length"),
+    ]
+    s = assemble(make_calls(specs), result_for(4))
+    assert s.counters.truncated_calls == 2
+    assert assemble(make_calls(specs[1:2]), result_for(1)).counters.truncated_calls == 0
+
+
+def test_drop_truncated_keeps_cut_off_replies_as_context_only() -> None:
+    """With ``drop_truncated`` a reply cut off at the token limit is not trained: continued
+    from, its tokens are the next call's context (mask 0); a truncated leaf disappears."""
+    specs = [
+        Spec(X, A, finish="length"),
+        Spec(X + A + E, B),
+        Spec(X + A + E + B + E, C, finish="length"),
+    ]
+    opts = AssembleOptions(drop_truncated=True)
+    s = assemble(make_calls(specs), result_for(3), opts)
+    assert node_view(s) == [(-1, X + A + E, [0] * 6, -1), (0, B, [1, 1], 0)]
+    assert s.counters.dropped == {"truncated": 2} and s.counters.truncated_calls == 2
+    kept = assemble(make_calls(specs), result_for(3))
+    assert kept.counters.dropped == {} and kept.counters.model_tokens == len(A + B + C)
+    only = assemble(make_calls(specs[:1]), result_for(1), opts)
+    assert only.is_tombstone and only.dropped_reason == "no_model_tokens"
+
+
 def test_continuation_credits_earliest_generator() -> None:
     """A later call prefilled with part of an earlier reply: shared tokens keep the first call's
     log-probs; only the new tail belongs to the continuation."""

@@ -27,12 +27,12 @@ the RL phase's rollouts/s and the plot's path; ``<out>/demo.json`` keeps the num
 phase timings.
 
 What to expect on a 2-core CPU (measured; ``benchmarks/results/demo_learning.json``): the
-defaults take 11-13 min (RL 10-12, eval 1.3). The warm start succeeds on 0.295
+defaults take 10-13 min (RL 9-12, eval 0.7-1.3). The warm start succeeds on 0.295
 of held-out rollouts at temperature 1; GRPO (2 groups of 8 per step, two optimiser steps on
 each, lr 2e-4 with cosine decay to 2e-5 over 120 steps, 4.2-4.4 rollouts/s, v120 in 10-11.6
 min) raises that by +0.260 / +0.310 / +0.310 over seeds 0 / 1 / 2, PPO (turn baseline, 4
-groups of 4 per step, 280 steps in 11-12 min at 6.4-7.1 rollouts/s) by +0.240 / +0.290 /
-+0.240 (+0.195 / +0.185 / +0.215 on 2 groups of 8 for 120 steps). Eval pairs each rollout
+groups of 4 per step, KL 0.1 to the warm start, 280 steps in 9.2-9.9 min at 8.1-8.6
+rollouts/s) by +0.330 / +0.280 / +0.325 (+0.240 / +0.290 / +0.240 without the KL). Eval pairs each rollout
 of the two policies on the same task and sampling seed (``demo.json``'s ``paired``: rollouts fixed and broken by RL). What
 RL corrects is what ``tiny-agent`` was shown wrong: half its teacher trajectories ran a
 family's plausible wrong one-liner (``harnessrl pretrain --near-miss``), a family-level mistake
@@ -87,6 +87,12 @@ class DemoConfig(HrlModel):
     filter_groups: bool = False
     """PPO: train on whole groups and drop those whose rewards are all equal (the learner's
     ``filter_groups``, as GRPO always does)."""
+    truncated_reward: float = Field(1.0, ge=0.0, le=1.0)
+    """Cap on the trained reward of a rollout with a reply cut off at the token limit (the
+    learner's ``truncated_reward``); 1: no cap."""
+    drop_truncated: bool = False
+    """Do not train on replies cut off at the token limit (the assembler's
+    ``drop_truncated``)."""
     bound_values: bool = False
     """PPO: clamp the critic's ``V(t)`` into the reward's range [0, 1] where it enters the
     advantage ``R - V(t)`` (the learner's ``loss.value_bounds``)."""
@@ -163,8 +169,9 @@ class DemoConfig(HrlModel):
     +0.255) in the same 12 minutes, though it reached only v92-v107 of its 120 steps; with
     pi_old from the first update's forward (no no-grad pass), +0.260 / +0.310 / +0.310 at
     v120 in 10-11.6 minutes."""
-    kl_coef: float = Field(0.0, ge=0.0, le=100.0)
-    """Weight of the KL penalty to the starting policy (the learner's ``loss.kl_coef``)."""
+    kl_coef: float | None = Field(None, ge=0.0, le=100.0)
+    """Weight of the KL penalty to the starting policy (the learner's ``loss.kl_coef``); unset:
+    the algorithm's measured default (``KL_COEF``: 0 for GRPO, 0.1 for PPO)."""
     reward_weights: dict[str, float] = {"written": 0.0}
     """Weight per checker metric in the RL reward, over the tasks' own (the actor's
     ``reward_weights``; ``{}`` keeps the tasks' weights). The default drops the toy suites'
@@ -282,13 +289,33 @@ ALGO_DEFAULTS: dict[str, dict[str, int]] = {
 (``benchmarks/results/demo_learning.json``). PPO on groups of 8, 2 a step, 120 steps gained
 +0.195 / +0.185 / +0.215 held-out success on seeds 0 / 1 / 2 in ~9.5 min; on groups of 4,
 4 a step (twice the distinct tasks per step), 280 steps, +0.240 / +0.290 / +0.240 in
-11.7-13.1 min."""
+11.7-13.1 min; with the KL of ``KL_COEF`` as well, +0.330 / +0.280 / +0.325 in 9.9-10.6 min."""
 
 
 def rl_shape(cfg: DemoConfig, field: str) -> int:
     """``cfg.<field>`` (``steps``, ``group_size``, ``batch_groups``, ``updates_per_batch``), or
     the algorithm's measured default (``ALGO_DEFAULTS``) when it is 0."""
     return getattr(cfg, field) or ALGO_DEFAULTS[cfg.algo][field]
+
+
+KL_COEF: dict[str, float] = {"grpo": 0.0, "ppo": 0.1}
+"""The KL weight each algorithm trains with where ``kl_coef`` is unset. PPO without it drifts,
+in some runs, into replies of ``<tool_call>`` repeated up to the token limit after the task is
+done (the share of rollouts with such a reply went from 0 to ~1.0 within 25-55 steps on seed 0
+in three runs, with or without capping their reward or masking those replies); with 0.1 it
+stayed near 0 on seeds 0 / 1 / 2 and PPO gained +0.330 / +0.280 / +0.325 held-out success in
+9.9-10.6 min (``benchmarks/results/demo_learning.json``). GRPO's group baseline never drifted
+so, and keeps none."""
+
+
+def kl_coef(cfg: DemoConfig) -> float:
+    """``cfg.kl_coef``, or the algorithm's measured default (``KL_COEF``) when unset."""
+    return KL_COEF[cfg.algo] if cfg.kl_coef is None else cfg.kl_coef
+
+
+def truncated_reward(cfg: DemoConfig) -> float | None:
+    """The learner's ``truncated_reward``: None where the cap is 1 (no cap)."""
+    return None if cfg.truncated_reward >= 1.0 else cfg.truncated_reward
 
 
 def sft_steps(cfg: DemoConfig) -> int:
@@ -373,7 +400,7 @@ def rl_run_file(cfg: DemoConfig, name: str, policy: Path, suite: str = "toy") ->
                 "threads": cfg.engine_threads,
             },
             "actor": {**_actor(cfg), "model": str(policy), "reward_weights": cfg.reward_weights},
-            "assembler": {},
+            "assembler": {"drop_truncated": cfg.drop_truncated},
             "learner": {
                 "model": str(policy),
                 "algo": cfg.algo,
@@ -381,6 +408,7 @@ def rl_run_file(cfg: DemoConfig, name: str, policy: Path, suite: str = "toy") ->
                 "min_group_size": 2,
                 "batch_groups": rl_shape(cfg, "batch_groups"),
                 "filter_groups": cfg.filter_groups and cfg.algo == "ppo",
+                "truncated_reward": truncated_reward(cfg),
                 "updates_per_batch": rl_shape(cfg, "updates_per_batch"),
                 "max_staleness": cfg.max_staleness,
                 "threads": cfg.learner_threads,
@@ -394,7 +422,7 @@ def rl_run_file(cfg: DemoConfig, name: str, policy: Path, suite: str = "toy") ->
                 },
                 "loss": {
                     "norm": cfg.norm,
-                    "kl_coef": cfg.kl_coef,
+                    "kl_coef": kl_coef(cfg),
                     **(
                         {"value_bounds": [0.0, 1.0]}
                         if cfg.bound_values and cfg.algo == "ppo"

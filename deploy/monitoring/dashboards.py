@@ -142,6 +142,7 @@ FAILED = 'status!~"ok|timeout"'
 ``timeout``, which may be scored)."""
 LOSS_TERMS = 'name=~"loss/.*"'
 OFF_POLICY_STATS = 'name=~"mismatch/.*|is/.*|ppo/.*"'
+POLICY_HEALTH = 'name=~"entropy|rollouts/truncated_frac|value/explained_variance"'
 """``hrl_learner_step_metric`` names of the loss terms and of the off-policy statistics."""
 CACHE_HIT = 'result="hit"'
 
@@ -441,6 +442,13 @@ def learner() -> dashboard.Dashboard:
             "Off-policy statistics",
             "Rollout/learner mismatch (mean |dlogp|, KL), importance weights and clip fractions.",
             q(f"hrl_learner_step_metric{sel(OFF_POLICY_STATS)}", "{{name}}"),
+        ),
+        graph(
+            "Policy health",
+            "Mean entropy of the scored tokens; share of the step's rollouts with a reply cut off"
+            " at the token limit (a policy drifting into junk repeated to the limit shows here"
+            " first); PPO: the critic's explained variance of the return.",
+            q(f"hrl_learner_step_metric{sel(POLICY_HEALTH)}", "{{name}}"),
         ),
         graph(
             "Eval reward",
