@@ -16,12 +16,17 @@ Baselines measured in the same run:
   engine; the scripted engine itself costs no CPU while it waits); the same conversations again,
   streamed (pseudo-streaming: SSE events), against direct: added latency and the proxy process's
   CPU per call, streamed vs. whole;
+* **engine request body** along an agent loop at 4k-120k context: the ids encoded whole on
+  every call vs. only the ids new since the rollout's last call (``IdsJson``);
 * **bytes recorded**: the stored CallRecords of one 20-call rollout (deltas) vs. the same
   records each carrying its full input;
 * **CPU per call along a long conversation** (50 turns, ~20k tokens, the tiny model's real
   tokenizer and template, tool outputs of random length): the in-process proxy path (JSON
   body -> request -> TITO -> engine stub -> parse -> record -> JSON reply) fitted as
-  ``cpu = a + b_ctx * context + b_add * added``, beside a full render + encode of every call.
+  ``cpu = a + b_ctx * context + b_add * added``, beside a full render + encode of every call;
+  with the CPU of its encode, render and record steps;
+* **floor budget**: the least a proxy that records token ids can add (the floor's hop plus
+  encoding each call's new text) beside what this one adds (``floor_budget``).
 
 Targets (reported, not asserted): TITO at the longest conversation <= 1.5x a full render;
 TITO per call at 40 turns <= 1.5x its cost at 10 turns;
@@ -221,6 +226,32 @@ async def bench_client(n: int, prompt_len: int) -> dict[str, float]:
                 client += time.perf_counter() - t1
         bare, client = bare / n, client / n
     return {"bare_post_ms": bare * 1e3, "client_ms": client * 1e3, "prompt_len": prompt_len}
+
+
+PAYLOAD_CONTEXTS = (4_000, 14_000, 50_000, 120_000)
+
+
+def bench_payload(contexts: tuple[int, ...] = PAYLOAD_CONTEXTS, calls: int = 20) -> list[dict]:
+    """CPU of building a ``/generate`` body along an agent loop (each call's ids extend the
+    last's by 400): the ids encoded whole every call vs. keyed (``IdsJson``: only the new ids)."""
+    c = EngineClient("http://unused")
+    rng = np.random.default_rng(0)
+    out = []
+    for ctx in contexts:
+        ids = rng.integers(0, 8192, ctx + 400 * calls).astype(np.int32)
+        steps = [ids[: ctx + 400 * k] for k in range(calls)]
+
+        def per_call(key: str | None, steps: list[np.ndarray] = steps) -> float:
+            c.forget("k")
+            t0 = time.process_time()
+            for x in steps:
+                msgspec.json.encode(c.generate_payload(x, {}, "r", key))
+            return (time.process_time() - t0) / calls * 1e3
+
+        whole = min(per_call(None) for _ in range(3))
+        keyed = min(per_call("k") for _ in range(3))
+        out.append({"context": ctx, "whole_ms": whole, "incremental_ms": keyed})
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -449,7 +480,8 @@ class StreamBench:
         ``proxy_cpu_ms_per_call``: the proxy process's CPU over the phase per call it served
         (one proxy mode per phase, so that the figure is that mode's)."""
         times: dict[str, list[float]] = {m: [] for m in modes}
-        cpu0 = proc_cpu_s(self.proxy_proc.pid)
+        floor_pid = self.children[1].pid
+        cpu0, floor0 = proc_cpu_s(self.proxy_proc.pid), proc_cpu_s(floor_pid)
         n = 0
         for s in streams:
             for i in range(len(s.chat)):
@@ -458,10 +490,13 @@ class StreamBench:
                     times[m].append(await self.send(m, s, i))
                 n += 1
         cpu = proc_cpu_s(self.proxy_proc.pid) - cpu0
+        floor_cpu = proc_cpu_s(floor_pid) - floor0
         others = [m for m in modes if m != "direct"]
         added = {m: [a - d for a, d in zip(times[m], times["direct"], strict=True)] for m in others}
         served = n * sum(m in PROXY_MODES for m in modes)
         out: dict[str, Any] = {"calls": n, "proxy_cpu_ms_per_call": cpu / max(1, served) * 1e3}
+        if "floor" in modes:  # what the same HTTP hop costs with no work in it
+            out["floor_cpu_ms_per_call"] = floor_cpu / n * 1e3
         for m in modes:
             out[f"{m}_p50_ms"] = _pct(times[m], 0.5) * 1e3
         for m in others:
@@ -562,7 +597,9 @@ async def bench_stream(quick: bool) -> dict[str, Any]:
             await b.send("stream", make_stream(r, "swarm", 1, 0), 0)
             phases = [await b.latency(rep, ["direct", "floor", "proxy"]) for rep in lat_reps]
             latency = {**phases[0], "reps": phases}
-            for key in ("proxy_added_p50_ms", "floor_added_p50_ms"):  # median over the phases
+            medians = ("proxy_added_p50_ms", "floor_added_p50_ms")
+            medians += ("proxy_cpu_ms_per_call", "floor_cpu_ms_per_call")
+            for key in medians:  # median over the phases
                 latency[key] = statistics.median(p[key] for p in phases)
             streamed = await b.latency(slat, ["direct", "stream"])
             direct, proxy = [], []
@@ -601,6 +638,19 @@ class _StubEngine:
         return GenerateResult(list(self.out), [-0.5] * len(self.out), "stop", 0, 0)
 
 
+def _timed(fn: Any, acc: dict[str, float], key: str) -> Any:
+    """``fn``, adding its CPU time to ``acc[key]`` (set on an instance, shadowing the method)."""
+
+    def timed(*a: Any, **kw: Any) -> Any:
+        t0 = time.process_time()
+        try:
+            return fn(*a, **kw)
+        finally:
+            acc[key] += time.process_time() - t0
+
+    return timed
+
+
 def _fit(x_ctx: list[float], x_add: list[float], y: list[float]) -> tuple[float, float, float]:
     """Least squares ``y = a + b_ctx * x_ctx + b_add * x_add``."""
     a = np.column_stack([np.ones(len(y)), x_ctx, x_add])
@@ -618,6 +668,10 @@ async def bench_cpu_per_call(turns: int = 50, seed: int = 3) -> dict[str, Any]:
     out = r.encode(REPLY) + r.stop_ids[:1]
     bus = await connect("memory://bench-cpu", "benchcpu")
     rec = await Recorder(bus, capacity=10_000).start()
+    parts = {"render": 0.0, "encode": 0.0, "record": 0.0}
+    """CPU of the essential pieces over the steady-state calls (the first call excluded)."""
+    for obj, name in ((r, "render"), (r, "encode"), (rec, "record")):
+        setattr(obj, name, _timed(getattr(obj, name), parts, name))
     caller = ModelCaller(_StubEngine(out), r, HermesParser(), rec)
     msgs: list[dict[str, Any]] = [
         {"role": "system", "content": _text(rng, 300)},
@@ -627,6 +681,8 @@ async def bench_cpu_per_call(turns: int = 50, seed: int = 3) -> dict[str, Any]:
     prev = 0
     for i in range(turns):
         raw = json.dumps({"model": "m", "messages": msgs, "tools": TOOLS}).encode()
+        if i == 1:
+            parts.update(dict.fromkeys(parts, 0.0))
         t0 = time.process_time()
         req = chat_request(json.loads(raw), "cpu-0-1", {})
         reply = await caller.call(req)
@@ -637,8 +693,10 @@ async def bench_cpu_per_call(turns: int = 50, seed: int = 3) -> dict[str, Any]:
         added.append((n - prev) / 1e3)
         prev = n + len(out)
         t0 = time.process_time()
+        saved = dict(parts)  # the full render below is the baseline's, not the proxy's
         r.encode(r.render(req.messages, req.tools, True))
         full.append(time.process_time() - t0)
+        parts.update(saved)
         call = {**reply.message, "tool_calls": [{**reply.message["tool_calls"][0], "id": f"c{i}"}]}
         tool = {
             "role": "tool",
@@ -658,6 +716,8 @@ async def bench_cpu_per_call(turns: int = 50, seed: int = 3) -> dict[str, Any]:
         "cpu_ms_turn10": cpu[9] * 1e3,
         "cpu_ms_last": cpu[-1] * 1e3,
         "cpu_ms_mean": sum(cpu[1:]) / (turns - 1) * 1e3,
+        **{f"cpu_ms_{k}_mean": v / (turns - 1) * 1e3 for k, v in parts.items()},
+        "added_tokens_mean": sum(added[1:]) / (turns - 1) * 1e3,
         "full_render_ms_last": full[-1] * 1e3,
         "slope_ms_per_1k_context": b_ctx,
         "slope_ms_per_1k_added": b_add,
@@ -673,6 +733,7 @@ def main(argv: list[str] | None = None) -> int:
     tito = [bench_tito(r, n) for n in TITO_TURNS]
     recd = asyncio.run(bench_recorder(30 if args.quick else 100, 2000))
     client = asyncio.run(bench_client(100 if args.quick else 400, 4000))
+    payload = bench_payload()
     stream = asyncio.run(bench_stream(args.quick))
     cpu = asyncio.run(bench_cpu_per_call())
 
@@ -714,12 +775,26 @@ def main(argv: list[str] | None = None) -> int:
         ],
         ("metric", "value"),
     )
+    print_table(
+        "Engine request body per call along an agent loop (ids +400 a call), CPU ms",
+        [
+            (
+                str(r["context"]),
+                f"{r['whole_ms']:.3f}",
+                f"{r['incremental_ms']:.3f}",
+                f"{r['whole_ms'] / r['incremental_ms']:.1f}x",
+            )
+            for r in payload
+        ],
+        ("context", "whole ids", "new ids only", "speedup"),
+    )
     lat, thr, nbytes = stream["latency"], stream["throughput"], stream["bytes"]
     slat = stream["streaming"]
     print_table(
         f"Request stream: {lat['calls']} calls (20-call conversations), per call, ms",
         [
-            *[(m, f"{lat[f'{m}_p50_ms']:.2f}", *added(lat, m)) for m in ("direct", "floor")],
+            ("direct", f"{lat['direct_p50_ms']:.2f}", *added(lat, "direct")),
+            ("floor", f"{lat['floor_p50_ms']:.2f}", *added(lat, "floor"), cpu_ms(lat, "floor")),
             ("proxy", f"{lat['proxy_p50_ms']:.2f}", *added(lat, "proxy"), cpu_ms(lat)),
             (
                 "proxy, streaming",
@@ -728,7 +803,7 @@ def main(argv: list[str] | None = None) -> int:
                 cpu_ms(slat),
             ),
         ],
-        ("path", "p50", "added p50", "added p99", "proxy cpu / call"),
+        ("path", "p50", "added p50", "added p99", "cpu / call"),
     )
     print_table(
         f"Throughput: {thr['concurrency']} concurrent conversations, engine "
@@ -782,6 +857,13 @@ def main(argv: list[str] | None = None) -> int:
         ],
         ("metric", "value"),
     )
+    floor = floor_budget(lat, cpu)
+    print_table(
+        "Floor budget, ms per call: the least a proxy that records ids adds (hop + encode), "
+        f"then this proxy's parts ({cpu['added_tokens_mean']:.0f} new tokens a call)",
+        [(k.removesuffix("_ms").replace("_", " "), f"{v:.3f}") for k, v in floor.items()],
+        ("part", "ms"),
+    )
     longest = tito[-1]
     tito_ratio = longest["tito_cpu_ms"] / longest["full_render_ms"]
     by_turns = {t["turns"]: t["tito_cpu_ms"] for t in tito}
@@ -797,8 +879,10 @@ def main(argv: list[str] | None = None) -> int:
             "tito": tito,
             "recorder": recd,
             "client_ms": client["client_ms"],
+            "payload": payload,
             "stream": stream,
             "cpu_per_call": cpu,
+            "floor_budget": floor,
         },
         {
             "full_render_ms": [t["full_render_ms"] for t in tito],
@@ -828,9 +912,13 @@ def main(argv: list[str] | None = None) -> int:
             "client_vs_bare_post": client_ratio,
             "added_p50_vs_floor": added_vs_floor,
             "stream_vs_whole_reply_cpu": stream_cpu,
+            "proxy_cpu_vs_floor_cpu": lat["proxy_cpu_ms_per_call"]
+            / max(lat["floor_cpu_ms_per_call"], 1e-3),
             "throughput_vs_direct": thr["ratio"],
             "bytes_full_vs_delta": nbytes["ratio"],
             "cpu_slope_vs_full_render": slope_share,
+            "payload_whole_vs_incremental_120k": payload[-1]["whole_ms"]
+            / payload[-1]["incremental_ms"],
         },
         quick=args.quick,
         out=args.out,
@@ -839,15 +927,33 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def floor_budget(lat: dict[str, Any], cpu: dict[str, Any]) -> dict[str, float]:
+    """What a proxy that records token ids adds to a call at the least: the floor's HTTP hop
+    (one more hop with no work in it, measured in the request stream) plus encoding the call's
+    new text into ids (the Rust tokenizer, measured on the long conversation); then what this
+    proxy also spends in process on the same calls: rendering the new messages (the window is
+    rendered twice: with and without them) and building the record."""
+    out = {
+        "floor_hop_added_p50_ms": lat["floor_added_p50_ms"],
+        "encode_new_text_ms": cpu["cpu_ms_encode_mean"],
+    }
+    out["least_added_ms"] = sum(out.values())
+    out["render_window_twice_ms"] = cpu["cpu_ms_render_mean"]
+    out["build_record_ms"] = cpu["cpu_ms_record_mean"]
+    out["in_process_cpu_ms"] = cpu["cpu_ms_mean"]
+    out["proxy_added_p50_ms"] = lat["proxy_added_p50_ms"]
+    return out
+
+
 def added(lat: dict[str, Any], mode: str) -> tuple[str, ...]:
     if mode == "direct":
         return "-", "-", "-"
     p50, p99 = f"{lat[f'{mode}_added_p50_ms']:.2f}", f"{lat[f'{mode}_added_p99_ms']:.2f}"
-    return (p50, p99) if mode in PROXY_MODES else (p50, p99, "-")
+    return p50, p99
 
 
-def cpu_ms(lat: dict[str, Any]) -> str:
-    return f"{lat['proxy_cpu_ms_per_call']:.2f}"
+def cpu_ms(lat: dict[str, Any], who: str = "proxy") -> str:
+    return f"{lat[f'{who}_cpu_ms_per_call']:.2f}"
 
 
 if __name__ == "__main__":

@@ -180,6 +180,7 @@ class TrackingRouter(EngineRouter):
         return dataclasses.replace(o) if o is not None else EngineOutcome()
 
     def forget(self, key: str) -> None:
+        super().forget(key)
         self._outcomes.pop(key, None)
 
 

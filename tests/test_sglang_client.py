@@ -9,7 +9,11 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from common.files import free_port
 from common.models import load_tokenizer
@@ -21,6 +25,7 @@ from proxy.sglang import (
     EngineRouter,
     EngineUnavailable,
     GenerateResult,
+    IdsJson,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,6 +66,47 @@ async def test_length_finish_and_cached_tokens() -> None:
         b = await c.generate([1, 2, 3, 5, 6, 4], {"max_new_tokens": 2})
     assert (a.output_ids, a.finish_reason) == ([5, 6], "length")
     assert b.cached_tokens == 5
+
+
+async def test_keyed_calls_send_the_ids_they_are_given() -> None:
+    """A rollout's calls (``key``) reuse the text of the ids the last call sent where the new
+    ids extend them; the engine receives exactly each call's ids all the same, forks included,
+    and ``forget`` drops the key."""
+    calls = [[1, 2, 3], [1, 2, 3, 5, 6, 4], [1, 2, 3, 5, 6, 4], [1, 2, 9], [1, 2, 9, 10]]
+    async with ScriptedEngine(TOK, [[7]] * 6) as eng, EngineClient(eng.url) as c:
+        for ids in calls:
+            await c.generate(np.asarray(ids, np.int32), SAMPLING, key="r")
+        assert [r["input_ids"] for r in eng.requests] == calls
+        assert c.ids_json.reused == 3  # the 2nd, the 3rd (same ids) and the 5th
+        c.forget("r")
+        await c.generate([1, 2, 9, 10, 11], SAMPLING, key="r")
+        assert eng.requests[-1]["input_ids"] == [1, 2, 9, 10, 11]
+    assert c.ids_json.reused == 3
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 4), st.lists(st.integers(0, 2**31 - 1), max_size=6)),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_ids_json_is_the_json_of_the_ids(steps: list[tuple[int, list[int]]]) -> None:
+    """Whatever a key's calls do (extend, repeat, cut back and fork, start empty), each encoded
+    text decodes to that call's ids; a byte bound evicts old keys without changing a text."""
+    cache = IdsJson(max_bytes=200)
+    last: dict[str, list[int]] = {}
+    for i, (cut, new) in enumerate(steps):
+        key = "ab"[i % 2] if i % 3 else "c"
+        prev = last.get(key, [])
+        ids = prev[: max(0, len(prev) - cut)] + new
+        raw = cache.encode(np.asarray(ids, np.int32), key)
+        assert isinstance(raw, msgspec.Raw)
+        assert json.loads(bytes(raw)) == ids
+        last[key] = ids
+    assert cache._bytes == sum(a.nbytes + len(b) for a, b in cache._last.values())
+    assert cache._bytes <= 200 or len(cache._last) == 1  # the newest key is always kept
 
 
 async def test_weight_version_start_reported_when_it_changed() -> None:
@@ -235,7 +281,11 @@ async def test_router_is_sticky_per_key() -> None:
                 }
                 assert len(urls) == 1
                 served[rollout] = urls.pop()
+            reused = sum(s.client.ids_json.reused for s in router.slots)
+            router.forget("a")
+            assert sum("a" in s.client.ids_json._last for s in router.slots) == 0
         assert set(served.values()) == {e.url for e in engines}
+        assert reused == 8  # the 2nd and 3rd call of each rollout
     finally:
         await _stop(engines)
 
