@@ -418,8 +418,8 @@ class StreamBench:
         self.nats = NatsServer(self.workdir / "nats").start()
         engine_proc, self.engine = _child(_serve_engine, ENGINE_MS / 1e3)
         self.children.append(engine_proc)
-        floor_proc, self.floor = _child(_serve_floor, self.engine)
-        self.children.append(floor_proc)
+        self.floor_proc, self.floor = _child(_serve_floor, self.engine)
+        self.children.append(self.floor_proc)
         tokens = {f"{TOKEN}-{r}": r for r in self.rollouts}
         argv = [sys.executable, "-m", "proxy.proxy_cmd", "--engines", self.engine]
         argv += ["--nats", self.nats.url, "--run", self.run_name, "--port", "0"]
@@ -480,7 +480,7 @@ class StreamBench:
         ``proxy_cpu_ms_per_call``: the proxy process's CPU over the phase per call it served
         (one proxy mode per phase, so that the figure is that mode's)."""
         times: dict[str, list[float]] = {m: [] for m in modes}
-        floor_pid = self.children[1].pid
+        floor_pid = self.floor_proc.pid
         cpu0, floor0 = proc_cpu_s(self.proxy_proc.pid), proc_cpu_s(floor_pid)
         n = 0
         for s in streams:
@@ -670,6 +670,7 @@ async def bench_cpu_per_call(turns: int = 50, seed: int = 3) -> dict[str, Any]:
     rec = await Recorder(bus, capacity=10_000).start()
     parts = {"render": 0.0, "encode": 0.0, "record": 0.0}
     """CPU of the essential pieces over the steady-state calls (the first call excluded)."""
+    render, encode = r.render, r.encode  # the baseline's full render, untimed in ``parts``
     for obj, name in ((r, "render"), (r, "encode"), (rec, "record")):
         setattr(obj, name, _timed(getattr(obj, name), parts, name))
     caller = ModelCaller(_StubEngine(out), r, HermesParser(), rec)
@@ -693,10 +694,8 @@ async def bench_cpu_per_call(turns: int = 50, seed: int = 3) -> dict[str, Any]:
         added.append((n - prev) / 1e3)
         prev = n + len(out)
         t0 = time.process_time()
-        saved = dict(parts)  # the full render below is the baseline's, not the proxy's
-        r.encode(r.render(req.messages, req.tools, True))
+        encode(render(req.messages, req.tools, True))
         full.append(time.process_time() - t0)
-        parts.update(saved)
         call = {**reply.message, "tool_calls": [{**reply.message["tool_calls"][0], "id": f"c{i}"}]}
         tool = {
             "role": "tool",

@@ -93,8 +93,8 @@ class IdsJson:
         else:
             body = _json_encode(ids.tolist())[1:-1]
         if key and len(ids):
-            self._last[key] = (ids, body)
-            self._bytes += _entry_bytes(self._last[key])
+            self._last[key] = entry = (ids, body)
+            self._bytes += _entry_bytes(entry)
             while self._bytes > self.max_bytes and len(self._last) > 1:
                 self._bytes -= _entry_bytes(self._last.popitem(last=False)[1])
         return msgspec.Raw(b"[" + body + b"]")
