@@ -16,7 +16,7 @@ import logging
 import signal
 from typing import Any
 
-from actors.config import ActorConfig
+from harnessrl.actors.config import ActorConfig
 
 CONFIG = ActorConfig
 SECTION = "actor"
@@ -37,11 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 async def serve(cfg: ActorConfig, stop: asyncio.Event | None = None, *, backend: Any = None) -> int:
     """Run the actor until ``stop`` (or SIGTERM/SIGINT). ``backend``: a sandbox backend to use
     instead of the configured one (``benchmarks/fleet.py`` passes its no-op backend)."""
-    from actors.rollout import RolloutDeps, default_actor_name
-    from actors.service import ActorService
-    from common import metrics
-    from common.bus import connect_service
-    from common.procs import raise_open_files_limit
+    from harnessrl.actors.rollout import RolloutDeps, default_actor_name
+    from harnessrl.actors.service import ActorService
+    from harnessrl.common import metrics
+    from harnessrl.common.bus import connect_service
+    from harnessrl.common.procs import raise_open_files_limit
 
     raise_open_files_limit()  # a few descriptors per rollout in flight: see its docstring
     stop = stop or asyncio.Event()
@@ -71,13 +71,13 @@ async def serve(cfg: ActorConfig, stop: asyncio.Event | None = None, *, backend:
 
 
 def main(cfg: ActorConfig, args: argparse.Namespace | None = None) -> int:
-    from common.aio import run, setup_logging
+    from harnessrl.common.aio import run, setup_logging
 
     setup_logging(cfg.log_level, "actor")
     return int(run(serve(cfg), subprocesses=True))
 
 
-if __name__ == "__main__":  # ``python -m actors.actor_cmd`` is ``harnessrl actor``
-    from common.cli import run_module
+if __name__ == "__main__":  # ``python -m harnessrl.actors.actor_cmd`` is ``harnessrl actor``
+    from harnessrl.common.cli import run_module
 
     run_module("actor")

@@ -13,11 +13,11 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from actors.verifier import JudgeConfig
-from common.config import NatsClientSettings, ServiceConfig, nats_urls
-from common.records import check_token
-from common.tasks.model import non_negative_weights
-from proxy.proxy_config import ProxySettings
+from harnessrl.actors.verifier import JudgeConfig
+from harnessrl.common.config import NatsClientSettings, ServiceConfig, nats_urls
+from harnessrl.common.records import check_token
+from harnessrl.common.tasks.model import non_negative_weights
+from harnessrl.proxy.proxy_config import ProxySettings
 
 HARNESS_NAME_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789-_"
 
@@ -92,7 +92,7 @@ class RolloutSettings(ProxySettings):
     toy suites on exact correctness alone, without their partial credit for a written output.
     Success (reward 1.0) is unchanged by it."""
     judge: dict[str, Any] = {}
-    """Rubric judge for tasks with rubric rules, as the fields of ``actors.verifier.JudgeConfig``
+    """Rubric judge for tasks with rubric rules, as the fields of ``harnessrl.actors.verifier.JudgeConfig``
     (JSON / a TOML table: ``url``, ``model``, ``api_key``, ...); empty scores code checkers
     alone."""
 

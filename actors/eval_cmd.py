@@ -7,7 +7,7 @@ For each policy it starts its own engine (``harnessrl engine --model PATH``, or
 ``harnessrl engine --kind teacher``, the scripted toy teacher, for ``teacher`` — a ceiling and a
 sanity check) as a child process, then runs every
 (task, harness) ``n`` times through the same rollout pipeline an actor uses
-(``actors.rollout.run_rollout``: sandbox, harness, proxy, verifier), in this process, with
+(``harnessrl.actors.rollout.run_rollout``: sandbox, harness, proxy, verifier), in this process, with
 ``concurrency`` rollouts at once per policy. CallRecords go to an in-memory bus unless
 ``--nats`` is given (nothing here is trained on, so nothing needs to outlive the command).
 
@@ -31,8 +31,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from actors.config import RolloutSettings
-from common.config import NatsClientSettings
+from harnessrl.actors.config import RolloutSettings
+from harnessrl.common.config import NatsClientSettings
 
 TEACHER = "teacher"
 """Policy name of the scripted toy teacher."""
@@ -130,7 +130,7 @@ class Item:
 
 def task_pool(suites: list[str], limit: int = 0) -> list[Any]:
     """The tasks of ``suites`` sorted by (suite, id); ``limit`` picks that many, evenly spread."""
-    from common.tasks import list_tasks
+    from harnessrl.common.tasks import list_tasks
 
     tasks = sorted((t for s in suites for t in list_tasks(s)), key=lambda t: (t.suite, t.id))
     if limit and limit < len(tasks):
@@ -205,8 +205,8 @@ def per_task_table(results: list[dict[str, Any]], policies: list[str]) -> str:
 
 def engine_spec(name: str, policy: str, cfg: EvalConfig, port: int) -> Any:
     """The child that serves ``policy``."""
-    from common.run.plan import command_prefix
-    from common.run.supervisor import ChildSpec
+    from harnessrl.common.run.plan import command_prefix
+    from harnessrl.common.run.supervisor import ChildSpec
 
     py = sys.executable
     if policy == TEACHER:
@@ -238,9 +238,9 @@ async def evaluate(cfg: EvalConfig, urls: list[str], *, progress: Any = None) ->
     """Run the pool against one engine URL per policy; one dict per rollout."""
     import contextlib
 
-    from actors.rollout import RolloutDeps, run_rollout
-    from common.bus import connect
-    from common.records import TaskRequest
+    from harnessrl.actors.rollout import RolloutDeps, run_rollout
+    from harnessrl.common.bus import connect
+    from harnessrl.common.records import TaskRequest
 
     tasks = task_pool(cfg.suites, cfg.limit)
     run = "eval" + secrets.token_hex(4)
@@ -310,7 +310,7 @@ async def evaluate(cfg: EvalConfig, urls: list[str], *, progress: Any = None) ->
                 *(one(pi, deps, sem, it, i // cfg.n) for i, it in enumerate(items))
             )
 
-    from common.models import load_tokenizer
+    from harnessrl.common.models import load_tokenizer
 
     for p in cfg.policies:  # one at a time: transformers' lazy imports race across threads
         await asyncio.to_thread(load_tokenizer, tokenizer_of(p, cfg))
@@ -326,9 +326,9 @@ def run_eval(cfg: EvalConfig, out: Any = None) -> dict[str, Any]:
     """Start the engines, evaluate, stop the engines; return the report (also printed)."""
     import tempfile
 
-    from common import aio
-    from common.files import free_port
-    from common.run.supervisor import Supervisor
+    from harnessrl.common import aio
+    from harnessrl.common.files import free_port
+    from harnessrl.common.run.supervisor import Supervisor
 
     out = out or sys.stdout
     log_dir = cfg.log_dir or Path(tempfile.mkdtemp(prefix="hrl-eval-"))
@@ -376,8 +376,8 @@ def run_eval(cfg: EvalConfig, out: Any = None) -> dict[str, Any]:
 
 
 def main(cfg: EvalConfig, args: argparse.Namespace | None = None) -> int:
-    from common.aio import setup_logging
-    from common.run.supervisor import ChildFailed
+    from harnessrl.common.aio import setup_logging
+    from harnessrl.common.run.supervisor import ChildFailed
 
     setup_logging(cfg.log_level, "eval")
     try:
@@ -388,7 +388,7 @@ def main(cfg: EvalConfig, args: argparse.Namespace | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":  # ``python -m actors.eval_cmd`` is ``harnessrl eval``
-    from common.cli import run_module
+if __name__ == "__main__":  # ``python -m harnessrl.actors.eval_cmd`` is ``harnessrl eval``
+    from harnessrl.common.cli import run_module
 
     run_module("eval")

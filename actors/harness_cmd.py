@@ -21,7 +21,7 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from actors.harnesses import ADAPTERS
+    from harnessrl.actors.harnesses import ADAPTERS
 
     names = ", ".join(ADAPTERS)
     parser.epilog = f"Harnesses: {names}."
@@ -55,7 +55,7 @@ def _cache_arg(p: argparse.ArgumentParser) -> None:
 
 
 def main(cfg: object, args: argparse.Namespace) -> int:
-    from actors.harnesses import default_cache_dir
+    from harnessrl.actors.harnesses import default_cache_dir
 
     cache_dir = getattr(args, "cache_dir", None) or default_cache_dir()
     action = args.harness_action
@@ -67,7 +67,7 @@ def main(cfg: object, args: argparse.Namespace) -> int:
 
 
 def _rows(cache_dir: Path) -> list[dict]:
-    from actors.harnesses import list_adapters
+    from harnessrl.actors.harnesses import list_adapters
 
     rows = []
     for a in list_adapters():
@@ -100,7 +100,7 @@ def _list(cache_dir: Path, *, as_json: bool) -> int:
 
 
 async def _install(names: list[str], cache_dir: Path, version: str | None, force: bool) -> int:
-    from actors.harnesses import HarnessInstallError, get_adapter
+    from harnessrl.actors.harnesses import HarnessInstallError, get_adapter
 
     status = 0
     for name in names:
@@ -127,7 +127,7 @@ async def _install(names: list[str], cache_dir: Path, version: str | None, force
 
 
 def _show(name: str) -> int:
-    from actors.harnesses import get_adapter
+    from harnessrl.actors.harnesses import get_adapter
 
     try:
         adapter = get_adapter(name)

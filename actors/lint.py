@@ -56,10 +56,16 @@ from typing import Any
 
 from pydantic import Field
 
-from actors.sandbox.base import Sandbox, SandboxError, SandboxSpec
-from actors.verifier import CheckerError, VerifyResult, run_solution, verify, weighted_score
-from common.config import HrlModel
-from common.tasks.model import Task
+from harnessrl.actors.sandbox.base import Sandbox, SandboxError, SandboxSpec
+from harnessrl.actors.verifier import (
+    CheckerError,
+    VerifyResult,
+    run_solution,
+    verify,
+    weighted_score,
+)
+from harnessrl.common.config import HrlModel
+from harnessrl.common.tasks.model import Task
 
 SandboxFactory = Callable[[Task, Path | None], Awaitable[Sandbox]]
 """Makes a fresh sandbox for ``task`` whose workspace starts as a copy of the given host dir

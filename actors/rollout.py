@@ -20,7 +20,7 @@ What must stay true:
   destroyed (every process in it killed), the proxy's socket closed and removed, the rollout's
   TITO state, recorder state and engine outcome dropped.
 * **One status per outcome** (``RolloutResult.status``, the taxonomy of
-  ``common.records.RolloutStatus``: ``ok`` is scored, every other status is an infrastructure
+  ``harnessrl.common.records.RolloutStatus``: ``ok`` is scored, every other status is an infrastructure
   outcome, tombstoned and never trained). Every failed status comes with a ``reason`` (the
   label of ``hrl_actor_failures_total``) and the cause in ``error``:
 
@@ -47,18 +47,18 @@ What must stay true:
     the failed result;
   - ``verifier_error`` (``verifier``, ``verifier_timeout``, ``verifier_killed``,
     ``verifier_environment``, ``verifier_bug``): the verifier produced no score for reasons
-    not the workspace's (see ``actors.verifier``). A checker that crashes or exits non-zero
+    not the workspace's (see ``harnessrl.actors.verifier``). A checker that crashes or exits non-zero
     on the workspace is not one: the rollout is ``ok`` with reward 0 (ClawGym semantics), the
     checker's traceback in ``error`` and the failure metric counted as ``checker_failed``;
   - ``engine_error`` (``engine_unreachable``, ``engine_unavailable``, ``engine_failed``): a
     model call failed for infrastructure reasons (engine refused or unreachable, 5xx, an
-    unexpected reply; see ``proxy.stack.failure_reason``) and no call generated after the last
+    unexpected reply; see ``harnessrl.proxy.stack.failure_reason``) and no call generated after the last
     such failure, whatever the harness did then. A transient failure followed by calls that
     generate is not one; neither is a 400 the harness caused nor a call it abandoned. This is
     judged first, before the harness's exit or timeout: a harness that gave up (or hung) on a
     dead engine is never scored.
 
-Shared state: one `RolloutDeps` per process (the proxy stack of ``proxy.stack`` — engine
+Shared state: one `RolloutDeps` per process (the proxy stack of ``harnessrl.proxy.stack`` — engine
 router, renderer, ModelCaller, Recorder — the sandbox backend and the judge); one `ProxyServer`
 per rollout, listening on its own unix socket, which the sandbox's forwarder exposes at
 ``127.0.0.1:<proxy_port>`` inside.
@@ -80,22 +80,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from actors.config import RolloutSettings
-from actors.harnesses import (
+from harnessrl.actors.config import RolloutSettings
+from harnessrl.actors.harnesses import (
     HarnessContext,
     HarnessNotInstalled,
     LaunchSpec,
     get_adapter,
     harness_version,
 )
-from actors.harnesses.base import HarnessAdapter, default_cache_dir, write_launch_files
-from actors.sandbox import Limits, Sandbox, SandboxBackend, SandboxError, SandboxSpec
-from actors.sandbox.base import ExecResult, MiB
-from common import metrics
-from common.bus import Bus
-from common.procs import pid_alive
-from common.records import RolloutResult, TaskRequest, rollout_id
-from common.tasks import Task, TaskError, load_task
+from harnessrl.actors.harnesses.base import HarnessAdapter, default_cache_dir, write_launch_files
+from harnessrl.actors.sandbox import Limits, Sandbox, SandboxBackend, SandboxError, SandboxSpec
+from harnessrl.actors.sandbox.base import ExecResult, MiB
+from harnessrl.common import metrics
+from harnessrl.common.bus import Bus
+from harnessrl.common.procs import pid_alive
+from harnessrl.common.records import RolloutResult, TaskRequest, rollout_id
+from harnessrl.common.tasks import Task, TaskError, load_task
 
 log = logging.getLogger("harnessrl.actor.rollout")
 
@@ -156,19 +156,19 @@ class RolloutDeps:
 
     bus: Bus
     proxy: Any
-    """``proxy.stack.ProxyStack``: engine router, renderer, ModelCaller, Recorder."""
+    """``harnessrl.proxy.stack.ProxyStack``: engine router, renderer, ModelCaller, Recorder."""
     backend: SandboxBackend
     settings: RolloutSettings
     socket_dir: Path
     """This process's folder of per-rollout proxy sockets."""
     judge: Any = None
-    """``actors.verifier.RubricJudge`` or None."""
+    """``harnessrl.actors.verifier.RubricJudge`` or None."""
     actor: str = ""
     """Name put in results and sandbox owners."""
 
     @property
     def caller(self) -> Any:
-        """``proxy.calls.ModelCaller`` over the engine router, renderer, parser and recorder."""
+        """``harnessrl.proxy.calls.ModelCaller`` over the engine router, renderer, parser and recorder."""
         return self.proxy.caller
 
     @property
@@ -177,7 +177,7 @@ class RolloutDeps:
 
     @property
     def router(self) -> Any:
-        """``proxy.stack.TrackingRouter``: the engines, and each rollout's engine outcome."""
+        """``harnessrl.proxy.stack.TrackingRouter``: the engines, and each rollout's engine outcome."""
         return self.proxy.router
 
     @property
@@ -200,7 +200,7 @@ class RolloutDeps:
         backend: SandboxBackend | None = None,
     ) -> AsyncIterator[RolloutDeps]:
         """Start the shared parts (engines checked, sandboxes swept); close them on exit."""
-        from proxy.stack import open_proxy_stack
+        from harnessrl.proxy.stack import open_proxy_stack
 
         async with contextlib.AsyncExitStack() as stack:
             proxy = await stack.enter_async_context(
@@ -217,7 +217,7 @@ class RolloutDeps:
             stack.push_async_callback(backend.close)
             judge = None
             if settings.judge_config is not None:
-                from actors.verifier import RubricJudge
+                from harnessrl.actors.verifier import RubricJudge
 
                 judge = RubricJudge(settings.judge_config)
                 stack.push_async_callback(judge.close)
@@ -241,7 +241,7 @@ def default_actor_name() -> str:
 
 def make_sandbox_backend(settings: RolloutSettings) -> SandboxBackend:
     """The configured sandbox backend (not started)."""
-    from actors.sandbox import make_backend
+    from harnessrl.actors.sandbox import make_backend
 
     kw: dict[str, Any] = {}
     if settings.sandbox_root is not None:
@@ -488,7 +488,7 @@ class _Rollout:
         )
 
     async def _start_proxy(self) -> None:
-        from proxy.server import ProxyServer
+        from harnessrl.proxy.server import ProxyServer
 
         self.sock = self.deps.socket_dir / f"{secrets.token_hex(6)}.sock"
         self.deps.caller.seed_rollout(self.rid, self.req.seed)
@@ -604,7 +604,7 @@ class _Rollout:
         return True
 
     async def _verify(self, task: Task, sandbox: Sandbox) -> None:
-        from actors.verifier import verify
+        from harnessrl.actors.verifier import verify
 
         if self.settings.reward_weights:
             weights = {**task.metric_weights, **self.settings.reward_weights}
@@ -667,7 +667,7 @@ class _Rollout:
 
     async def _flush(self) -> int:
         """Wait until the bus stored every record of the rollout; their number."""
-        from proxy.recorder import RecordLost
+        from harnessrl.proxy.recorder import RecordLost
 
         t0 = time.monotonic()
         try:
@@ -699,7 +699,7 @@ class _Rollout:
 
 
 def _load_path(task_id: str) -> Task:
-    from common.tasks import load_task_path
+    from harnessrl.common.tasks import load_task_path
 
     return load_task_path(task_id)
 

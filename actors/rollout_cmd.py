@@ -4,9 +4,9 @@
                       [--nats URL] [--sandbox bwrap|docker] [--keep-workspace DIR] [--json]
 
 ``--task`` may be a task folder path (then ``--suite`` is not needed). The rollout runs exactly
-as an actor runs it (``actors.rollout.run_rollout``, same settings); without ``--nats`` an
+as an actor runs it (``harnessrl.actors.rollout.run_rollout``, same settings); without ``--nats`` an
 embedded nats-server is started in a temp dir for the CallRecords. The calls are then read back
-from the bus and assembled with ``common.tree.assemble``, as the assembler would.
+from the bus and assembled with ``harnessrl.common.tree.assemble``, as the assembler would.
 
 While it runs, a progress line goes to stderr every 2 s (elapsed, model calls, tokens
 generated, the last call's prompt/output size and finish reason); ``--quiet`` turns them off.
@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from actors.config import RolloutConfig
+from harnessrl.actors.config import RolloutConfig
 
 CONFIG = RolloutConfig
 SECTION = "rollout"
@@ -97,7 +97,7 @@ def _harness(args: argparse.Namespace) -> str:
 def bad_arguments(args: argparse.Namespace) -> str:
     """Why the arguments can never make a rollout ("" when they can): checked before anything
     starts. Names the bad value and what exists."""
-    from actors.harnesses import ADAPTERS, unknown_harness
+    from harnessrl.actors.harnesses import ADAPTERS, unknown_harness
 
     if not args.task:
         return "--task ID (or a task folder) is required"
@@ -116,7 +116,7 @@ def bad_arguments(args: argparse.Namespace) -> str:
 
 def _task_problem(suite: str, task_id: str) -> str:
     """Why ``task_id`` (of ``suite``, or a folder) cannot be loaded, as the rollout loads it."""
-    from common.tasks import TaskError, load_task, load_task_path, suite_dir
+    from harnessrl.common.tasks import TaskError, load_task, load_task_path, suite_dir
 
     try:
         load_task(suite, task_id) if suite else load_task_path(task_id)
@@ -136,7 +136,7 @@ def _task_problem(suite: str, task_id: str) -> str:
 
 
 def _request(args: argparse.Namespace) -> Any:
-    from common.records import TaskRequest
+    from harnessrl.common.records import TaskRequest
 
     harness = _harness(args)
     return TaskRequest(
@@ -155,7 +155,7 @@ def _request(args: argparse.Namespace) -> Any:
 def progress_line(elapsed: float, calls: list[Any]) -> str:
     """One progress line: elapsed time, model calls so far, tokens in the last prompt and
     generated in all, and how the last call ended."""
-    from common.records import unpack_ids
+    from harnessrl.common.records import unpack_ids
 
     done = [c for c in calls if c.status == "ok"]
     out = sum(len(unpack_ids(c.output_ids)) for c in done)
@@ -170,7 +170,7 @@ def progress_line(elapsed: float, calls: list[Any]) -> str:
 async def progress(bus: Any, rid: str, every: float = 2.0, out: Any = None) -> None:
     """Print `progress_line` to stderr every ``every`` seconds while the rollout runs (reads
     the rollout's CallRecords back from the bus, as the assembler would)."""
-    from common.records import CallRecord
+    from harnessrl.common.records import CallRecord
 
     out = out or sys.stderr
     t0 = time.monotonic()
@@ -183,11 +183,11 @@ async def progress(bus: Any, rid: str, every: float = 2.0, out: Any = None) -> N
 
 async def rollout(cfg: RolloutConfig, args: argparse.Namespace) -> dict[str, Any]:
     """Run the rollout and assemble its tree; the report as a JSON-able dict."""
-    from actors.rollout import RolloutDeps, RolloutReport, run_rollout
-    from common.bus import connect
-    from common.natsd import NatsServer
-    from common.records import CallRecord, rollout_id
-    from common.tree import assemble
+    from harnessrl.actors.rollout import RolloutDeps, RolloutReport, run_rollout
+    from harnessrl.common.bus import connect
+    from harnessrl.common.natsd import NatsServer
+    from harnessrl.common.records import CallRecord, rollout_id
+    from harnessrl.common.tree import assemble
 
     req = _request(args)
     with contextlib.ExitStack() as stack:
@@ -298,7 +298,7 @@ async def engines_down(urls: list[str], timeout: float = 5.0) -> list[str]:
     call against a dead engine for minutes)."""
     import asyncio
 
-    from proxy.sglang import EngineClient
+    from harnessrl.proxy.sglang import EngineClient
 
     async def down(url: str) -> bool:
         async with EngineClient(url) as client:
@@ -309,7 +309,7 @@ async def engines_down(urls: list[str], timeout: float = 5.0) -> list[str]:
 
 
 def main(cfg: RolloutConfig, args: argparse.Namespace) -> int:
-    from common.aio import run, setup_logging
+    from harnessrl.common.aio import run, setup_logging
 
     bad = bad_arguments(args)
     if bad:
@@ -335,7 +335,7 @@ def main(cfg: RolloutConfig, args: argparse.Namespace) -> int:
     return 0
 
 
-if __name__ == "__main__":  # ``python -m actors.rollout_cmd`` is ``harnessrl rollout``
-    from common.cli import run_module
+if __name__ == "__main__":  # ``python -m harnessrl.actors.rollout_cmd`` is ``harnessrl rollout``
+    from harnessrl.common.cli import run_module
 
     run_module("rollout")

@@ -2,7 +2,7 @@
 
 Loop (durable pull consumer ``actors`` on the TASKS work queue, shared by every actor of the
 run): fetch as many tasks as there are free slots; run each through
-``actors.rollout.run_rollout`` while a heartbeat (``in_progress``) keeps its message from being
+``harnessrl.actors.rollout.run_rollout`` while a heartbeat (``in_progress``) keeps its message from being
 redelivered; publish the RolloutResult (msg id ``rollout:<id>``), and only then ack the task.
 
 What must stay true:
@@ -39,11 +39,11 @@ import logging
 import time
 from typing import get_args
 
-from actors.config import ActorConfig
-from actors.rollout import M_FAILURES, M_ROLLOUTS, RolloutDeps, RolloutReport, run_rollout
-from common import metrics
-from common.bus import Bus, Consumer, Delivery
-from common.records import RolloutResult, RolloutStatus, TaskRequest, rollout_id
+from harnessrl.actors.config import ActorConfig
+from harnessrl.actors.rollout import M_FAILURES, M_ROLLOUTS, RolloutDeps, RolloutReport, run_rollout
+from harnessrl.common import metrics
+from harnessrl.common.bus import Bus, Consumer, Delivery
+from harnessrl.common.records import RolloutResult, RolloutStatus, TaskRequest, rollout_id
 
 log = logging.getLogger("harnessrl.actor")
 

@@ -143,7 +143,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(cfg: Any, args: argparse.Namespace) -> int:
-    from common.tasks import TaskError
+    from harnessrl.common.tasks import TaskError
 
     try:
         return _ACTIONS[args.tasks_command](args)
@@ -156,7 +156,7 @@ def main(cfg: Any, args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from common.tasks import list_suites, list_tasks
+    from harnessrl.common.tasks import list_suites, list_tasks
 
     suites = args.suite or list(list_suites())
     tasks = [t for s in suites for t in list_tasks(s, split=args.split)]
@@ -172,7 +172,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _suites(args: argparse.Namespace) -> int:
-    from common.tasks import list_suites, list_tasks
+    from harnessrl.common.tasks import list_suites, list_tasks
 
     suites = list_suites()
     if args.json:
@@ -184,7 +184,7 @@ def _suites(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from common.tasks import resolve_task
+    from harnessrl.common.tasks import resolve_task
 
     t = resolve_task(args.task)
     if args.json:
@@ -221,7 +221,7 @@ def _env_line(env: Any) -> str:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from common.tasks import import_any
+    from harnessrl.common.tasks import import_any
 
     try:
         rep = import_any(args.source, args.out, split=args.split, force=args.force)
@@ -243,9 +243,9 @@ def _import(args: argparse.Namespace) -> int:
 def _lint(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from actors.lint import LintConfig
-    from common.aio import run
-    from common.tasks import list_suites, resolve_tasks
+    from harnessrl.actors.lint import LintConfig
+    from harnessrl.common.aio import run
+    from harnessrl.common.tasks import list_suites, resolve_tasks
 
     given = {"threshold": args.threshold, "mutations": args.mutations}
     given["max_outputs"] = args.max_outputs
@@ -277,8 +277,8 @@ def _lint(args: argparse.Namespace) -> int:
 
 
 async def _lint_all(tasks: list, jobs: int, sandbox: str, cfg: Any) -> list | None:
-    from actors.lint import backend_factory, lint_tasks
-    from actors.sandbox import SandboxError, make_backend
+    from harnessrl.actors.lint import backend_factory, lint_tasks
+    from harnessrl.actors.sandbox import SandboxError, make_backend
 
     backend = make_backend(sandbox)
     try:

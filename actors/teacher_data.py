@@ -5,13 +5,13 @@
 Warm-start SFT data for the ``tiny-agent`` recipe (``harnessrl pretrain``). Each trajectory is
 the reference harness's own agent loop (``actors/harnesses/reference_agent.py``: its system
 prompt, tool schema, message echoing and tool implementations on a real workspace folder)
-with the scripted toy teacher (``common.tasks.teacher.teacher_step``) in place of the model's
+with the scripted toy teacher (``harnessrl.common.tasks.teacher.teacher_step``) in place of the model's
 HTTP endpoint. So the messages are exactly those the harness sends through the proxy in a
 sandbox, with the workspace shown at the sandbox's mount (``/workspace``), and the policy
 trained on them sees the prompts and stop tokens it will see in RL — without a proxy, an
 engine or a sandbox per trajectory (~1 ms each instead of ~1 s).
 
-Tasks are fresh draws of the toy generator (``common.tasks.toy.train_tasks``): never equal to a
+Tasks are fresh draws of the toy generator (``harnessrl.common.tasks.toy.train_tasks``): never equal to a
 held-out ``toy-eval`` task. With ``--split eval`` it writes the held-out tasks' trajectories
 instead (for a teacher-forced held-out loss; never trained on).
 
@@ -35,11 +35,11 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from common.config import HrlModel
-from common.files import atomic_write
-from common.tasks.model import DEFAULT_MOUNT, Task
-from common.tasks.teacher import teacher_step
-from common.tasks.toy import (
+from harnessrl.common.config import HrlModel
+from harnessrl.common.files import atomic_write
+from harnessrl.common.tasks.model import DEFAULT_MOUNT, Task
+from harnessrl.common.tasks.teacher import teacher_step
+from harnessrl.common.tasks.toy import (
     FAMILY,
     ToyTask,
     generate,
@@ -64,10 +64,10 @@ class TeacherDataConfig(HrlModel):
     """Toy families to include (``--family``, repeat); empty: all."""
     vary_names: float = Field(0.5, ge=0.0, le=1.0)
     """Share of training tasks whose input, output and folder names are redrawn from the toy
-    word list (``common.tasks.toy.vary_names``), so a policy must copy names from the
+    word list (``harnessrl.common.tasks.toy.vary_names``), so a policy must copy names from the
     instruction rather than guess among the six built-in ones (``--split eval``: never)."""
     style: Literal["edit", "shell"] = "shell"
-    """Teacher style (``common.tasks.teacher.STYLES``): ``shell`` runs the family's one-line
+    """Teacher style (``harnessrl.common.tasks.teacher.STYLES``): ``shell`` runs the family's one-line
     shell solution and finishes (what the ``tiny-agent`` recipe trains on); ``edit`` reads the
     inputs and writes the answer with ``write_file``."""
     near_miss: float = Field(0.0, ge=0.0, le=1.0)
@@ -117,7 +117,7 @@ def as_task(t: ToyTask) -> Task:
 
 def trajectory(t: ToyTask, max_turns: int = 12, style: str = "shell") -> dict[str, Any]:
     """One teacher trajectory for ``t`` through the reference agent's loop and tools."""
-    from actors.harnesses import reference_agent as ra
+    from harnessrl.actors.harnesses import reference_agent as ra
 
     with tempfile.TemporaryDirectory(prefix="hrl-teacher-") as tmp:
         for rel, text in t.files.items():

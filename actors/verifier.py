@@ -67,9 +67,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from actors.sandbox.base import Sandbox
-from common.config import HrlModel
-from common.tasks.model import RUBRIC_SCORES, Task
+from harnessrl.actors.sandbox.base import Sandbox
+from harnessrl.common.config import HrlModel
+from harnessrl.common.tasks.model import RUBRIC_SCORES, Task
 
 STAGE_SLACK_S = 10.0
 """Seconds added to the checker's timeout for unpacking the reward files."""

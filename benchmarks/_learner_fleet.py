@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common.records import TreeNode, TreeSample, pack_f32, pack_ids, pack_u8
-from learner.ds_engine import DeepSpeedConfig, LearnerEngine
-from learner.losses import LossConfig, group_advantages
-from learner.packing import PackConfig, pack
+from harnessrl.common.records import TreeNode, TreeSample, pack_f32, pack_ids, pack_u8
+from harnessrl.learner.ds_engine import DeepSpeedConfig, LearnerEngine
+from harnessrl.learner.losses import LossConfig, group_advantages
+from harnessrl.learner.packing import PackConfig, pack
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,8 +66,8 @@ def rows_for(samples: list[TreeSample], budget: int = 64):
 def launch(mode: str, out: Path, spec: dict, world: int) -> list[subprocess.Popen]:
     """``world`` ranks of this module with a launcher's environment (as torchrun sets it);
     rank r logs to ``OUT.log<r>``."""
-    from common.files import free_port
-    from common.procs import popen_child
+    from harnessrl.common.files import free_port
+    from harnessrl.common.procs import popen_child
 
     port = str(free_port("127.0.0.1"))
     procs = []

@@ -4,7 +4,7 @@ Synthetic agent rollouts (a system prompt, then turns of ~100 environment + ~50 
 with retries from the same prefix, forks back to earlier calls and a compaction restart), delta-
 encoded the way the proxy sends them. Measured in the same run:
 
-* ``common.tree.assemble`` on 50-call rollouts: calls/s, unique tree tokens/s and input tokens/s
+* ``harnessrl.common.tree.assemble`` on 50-call rollouts: calls/s, unique tree tokens/s and input tokens/s
   (the sum of every call's full input: what a non-delta design would have to process);
 * the same against a **naive baseline**: materialise every call's full input, hash it, and find
   its attach point by a longest-prefix scan over every earlier call's input+output (no tree
@@ -22,8 +22,15 @@ from collections.abc import Callable
 import numpy as np
 
 from benchmarks._common import parse_args, print_table, target, write_result
-from common.records import CallRecord, RolloutResult, ids_hash, pack_f32, pack_ids, unpack_ids
-from common.tree import AssembleOptions, assemble
+from harnessrl.common.records import (
+    CallRecord,
+    RolloutResult,
+    ids_hash,
+    pack_f32,
+    pack_ids,
+    unpack_ids,
+)
+from harnessrl.common.tree import AssembleOptions, assemble
 
 VOCAB = 150_000
 SYSTEM = 300

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import parse_args, print_table, target, write_result
-from common.layout import StepLine, SummaryLine, read_metrics
+from harnessrl.common.layout import StepLine, SummaryLine, read_metrics
 
 NAME = "async_vs_sync"
 MODES = {"sync": 0, "async": 4}
@@ -86,7 +86,7 @@ class ModeRun:
     """One ``harnessrl run`` child, billed from the moment all its processes are ready."""
 
     def __init__(self, mode: str, root: Path, quick: bool) -> None:
-        from common.config import toml_text
+        from harnessrl.common.config import toml_text
 
         self.mode = mode
         self.dir = root / mode
@@ -96,10 +96,18 @@ class ModeRun:
         self.t_start: float | None = None
 
     def start(self) -> None:
-        from common.procs import popen_child
+        from harnessrl.common.procs import popen_child
 
         self.proc = popen_child(
-            [sys.executable, "-m", "common.cli", "run", str(self.file), "--out", str(self.dir)],
+            [
+                sys.executable,
+                "-m",
+                "harnessrl.common.cli",
+                "run",
+                str(self.file),
+                "--out",
+                str(self.dir),
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -28,9 +28,9 @@ import time
 import numpy as np
 
 from benchmarks._common import parse_args, print_table, proc_cpu_s, target, write_result
-from common import records as r
-from common.bus import connect
-from common.natsd import NatsServer
+from harnessrl.common import records as r
+from harnessrl.common.bus import connect
+from harnessrl.common.natsd import NatsServer
 
 SUFFIX, OUTPUT = 2000, 300
 

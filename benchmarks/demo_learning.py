@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import RESULTS_DIR, print_table, target, write_result
-from common.layout import StepLine, read_metrics
+from harnessrl.common.layout import StepLine, read_metrics
 
 NAME = "demo_learning"
 BUDGET_S = 15 * 60
@@ -87,7 +87,16 @@ def wilson(k: float, n: int, z: float = 1.96) -> tuple[float, float]:
 
 
 def run_demo(algo: str, seed: int, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "common.cli", "demo", "--algo", algo, "--out", str(folder)]
+    argv = [
+        sys.executable,
+        "-m",
+        "harnessrl.common.cli",
+        "demo",
+        "--algo",
+        algo,
+        "--out",
+        str(folder),
+    ]
     argv += ["--no-dashboard", "--seed", str(seed)]
     if args.steps:
         argv += ["--steps", str(args.steps)]
@@ -180,8 +189,8 @@ def summarise(folder: Path, wall: float | None = None) -> dict[str, Any]:
 
 def quick(out: Path) -> int:
     """One SFT step through the whole pipeline, then eval teacher vs the result."""
-    from common.config import toml_text
-    from common.run.demo import DemoConfig, final_weights, sft_run_file
+    from harnessrl.common.config import toml_text
+    from harnessrl.common.run.demo import DemoConfig, final_weights, sft_run_file
 
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hrl-demo-quick-") as tmp:
@@ -190,7 +199,7 @@ def quick(out: Path) -> int:
         tables = sft_run_file(cfg, "demoquick")
         tables["run"].update(dashboard=False, plot_interval_s=0.0)
         (root / "sft.toml").write_text(toml_text(tables))
-        cmd = [sys.executable, "-m", "common.cli", "run", str(root / "sft.toml")]
+        cmd = [sys.executable, "-m", "harnessrl.common.cli", "run", str(root / "sft.toml")]
         sft = subprocess.run(
             [*cmd, "--out", str(root / "sft")], capture_output=True, text=True, timeout=300
         )
@@ -200,7 +209,7 @@ def quick(out: Path) -> int:
             return 1
         policy = final_weights(root / "sft", 1)
         ev = subprocess.run(
-            [sys.executable, "-m", "common.cli", "eval", "--policy", "teacher"]
+            [sys.executable, "-m", "harnessrl.common.cli", "eval", "--policy", "teacher"]
             + ["--policy", str(policy), "--suite", "toy-eval", "--limit", "2"]
             + ["--max-turns", "7", "--max-new-tokens", "200", "--out", str(root / "eval.json")]
             + ["--rollout.model", "tiny-1m"],
@@ -326,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def warm_start_record() -> dict[str, Any]:
     """What the shipped warm start's recipe recorded (held-out success, steps, minutes)."""
-    from common.models import resolve_model
+    from harnessrl.common.models import resolve_model
 
     try:
         doc = json.loads((resolve_model("tiny-agent") / "harnessrl_recipe.json").read_text())

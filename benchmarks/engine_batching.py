@@ -74,8 +74,8 @@ async def _lean_vs_hf(
     core; CPU time mostly does not)."""
     import aiohttp
 
-    from proxy.config import EngineConfig
-    from proxy.engine import EngineServer
+    from harnessrl.proxy.config import EngineConfig
+    from harnessrl.proxy.engine import EngineServer
 
     best: dict[str, dict[int, dict[str, float]]] = {"lean": {}, "hf": {}}
     async with contextlib.AsyncExitStack() as stack:
@@ -110,8 +110,8 @@ async def _lean_vs_hf(
 async def run(quick: bool, model: str, threads: int) -> dict[str, Any]:
     import aiohttp
 
-    from proxy.config import EngineConfig
-    from proxy.engine import EngineServer
+    from harnessrl.proxy.config import EngineConfig
+    from harnessrl.proxy.engine import EngineServer
 
     max_new = 48 if quick else 128
     repeats = 2 if quick else 4
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     extra.add_argument("--threads", type=int, default=1, help="torch threads (0 = all cores)")
     known, rest = extra.parse_known_args(argv)
     args = parse_args(__doc__.splitlines()[0], rest)
-    from common.aio import run as run_loop
+    from harnessrl.common.aio import run as run_loop
 
     r = run_loop(run(args.quick, known.model, known.threads))
     print_table(

@@ -4,9 +4,9 @@
 
 Everything between the task queue and the samples is the real thing, each in its own process
 where it would be in production: a nats-server (JetStream, ephemeral port), 4 actor processes
-(``actors.actor_cmd.serve``: the actor service, one proxy per rollout on its own unix socket,
+(``harnessrl.actors.actor_cmd.serve``: the actor service, one proxy per rollout on its own unix socket,
 the shared recorder publishing CallRecords, heartbeats, the verifier), the assembler process
-(``harnessrl assembler``) and a scripted engine process (``proxy.scripted.ScriptedEngine``
+(``harnessrl assembler``) and a scripted engine process (``harnessrl.proxy.scripted.ScriptedEngine``
 speaking SGLang's native API). This process is the feeder (TaskRequests, keeping the queue
 ahead of the free slots) and the learner's side of SAMPLES (it consumes and counts every
 sample and tombstone). Only two things are scripted:
@@ -60,15 +60,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from actors.sandbox import _fs
-from actors.sandbox.base import (
+from benchmarks._common import parse_args, print_table, target, write_result
+from harnessrl.actors.sandbox import _fs
+from harnessrl.actors.sandbox.base import (
     ExecResult,
     SandboxBase,
     SandboxError,
     SandboxSpec,
     workspace_relpath,
 )
-from benchmarks._common import parse_args, print_table, target, write_result
 
 FLEET_HARNESS = "hrl-fleet-harness"
 """The ``command`` harness line that `NoopSandbox` runs as `scripted_harness`."""
@@ -143,7 +143,7 @@ def engine_script(phases: dict[str, dict[str, Any]]):
     """The engine's answer to a call: ``run sleep S`` until the rollout's last call, then
     ``finish``, as its phase says. The proxy names each engine request ``<rollout id>-<seq>-
     <random>``, and the feeder names each group ``<phase>_<n>``."""
-    from proxy.scripted import Reply
+    from harnessrl.proxy.scripted import Reply
 
     def reply(input_ids: list[int], body: dict[str, Any]) -> Reply:
         rollout, seq, _ = str(body.get("rid", "x-0-0")).rsplit("-", 2)
@@ -158,7 +158,7 @@ def engine_script(phases: dict[str, dict[str, Any]]):
 
 
 async def serve_engine(phases: dict[str, dict[str, Any]]) -> None:
-    from proxy.scripted import ScriptedEngine
+    from harnessrl.proxy.scripted import ScriptedEngine
 
     fn = engine_script(phases)
     eng = await ScriptedEngine("tiny-1m", fn).start()
@@ -387,8 +387,8 @@ async def _complete(http: Any, body: dict[str, Any]) -> dict[str, Any] | None:
 
 
 async def serve_actor(spec: dict[str, Any]) -> int:
-    from actors.actor_cmd import serve
-    from actors.config import ActorConfig
+    from harnessrl.actors.actor_cmd import serve
+    from harnessrl.actors.config import ActorConfig
 
     noop_root = spec.pop("noop_root", None)
     cfg = ActorConfig(**spec)
@@ -515,7 +515,7 @@ async def start(
 ) -> Proc:
     """Start a child (it dies with us) and wait for its line containing ``ready`` (on stdout,
     or stderr); both streams end up in ``log``."""
-    from common.procs import popen_child
+    from harnessrl.common.procs import popen_child
 
     logf = log.open("ab")
     pipe = subprocess.PIPE
@@ -628,7 +628,7 @@ class Fleet:
 
     async def start(self) -> None:
         py, logs = sys.executable, self.tmp
-        asm = [py, "-m", "learner.assembler_cmd", "--nats", self.url, "--run", self.run]
+        asm = [py, "-m", "harnessrl.learner.assembler_cmd", "--nats", self.url, "--run", self.run]
         asm += ["--metrics-port", "0", "--log-level", "warning"]
         log = logs / f"{self.run}-assembler.log"
         starting = [start("assembler", asm, "metrics on", log, on_stderr=True)]
@@ -653,7 +653,7 @@ class Fleet:
 
     async def feed(self, bus: Any) -> None:
         """Keep ``slots + margin`` members outstanding (issued, no sample yet) while feeding."""
-        from common.records import TaskRequest
+        from harnessrl.common.records import TaskRequest
 
         ph, n, group = self.ph, 0, 8
         margin = max(16, self.slots // 8)
@@ -685,7 +685,7 @@ class Fleet:
 
     async def consume(self, bus: Any) -> None:
         """The learner's side of SAMPLES: count each member's outcomes, ack everything."""
-        from common.records import TreeSample
+        from harnessrl.common.records import TreeSample
 
         consumer = await bus.consumer("SAMPLES", "learner", TreeSample, ack_wait=30.0)
         while True:
@@ -772,7 +772,7 @@ class Fleet:
 
     async def _audit(self, bus: Any) -> None:
         """Count the members still missing whose task is still on the queue (`Ledger.unfinished`)."""
-        from common.records import TaskRequest, decode
+        from harnessrl.common.records import TaskRequest, decode
 
         missing = self.ledger.issued - self.ledger.outcomes.keys()
         if not missing:
@@ -878,14 +878,14 @@ class Fleet:
 
 async def bwrap_usable(tmp: Path) -> str | None:
     """None when bubblewrap runs here, else why not."""
-    from actors.sandbox.bwrap import BwrapBackend
+    from harnessrl.actors.sandbox.bwrap import BwrapBackend
 
     return await BwrapBackend(tmp / "probe").probe()
 
 
 async def main(quick: bool) -> dict[str, Any]:
-    from common.bus import connect
-    from common.natsd import NatsServer
+    from harnessrl.common.bus import connect
+    from harnessrl.common.natsd import NatsServer
 
     phases = QUICK if quick else FULL
     out: dict[str, Any] = {}
@@ -970,8 +970,8 @@ def report(res: dict[str, Any], quick: bool, out: Path) -> Path:
 
 def run(argv: list[str] | None = None) -> None:
     if argv is None and len(sys.argv) > 2 and sys.argv[1] in ("--serve-engine", "--serve-actor"):
-        from common.aio import run as aio_run
-        from common.aio import setup_logging
+        from harnessrl.common.aio import run as aio_run
+        from harnessrl.common.aio import setup_logging
 
         spec = json.loads(sys.argv[2])
         if sys.argv[1] == "--serve-engine":

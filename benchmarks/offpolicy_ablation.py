@@ -27,10 +27,10 @@ import numpy as np
 import torch
 
 from benchmarks._common import parse_args, print_table, target, write_result
-from common.records import TreeNode, TreeSample, pack_f32, pack_ids, pack_u8
-from learner.ds_engine import DeepSpeedConfig, LearnerEngine
-from learner.losses import LossConfig, group_advantages
-from learner.packing import PackConfig, pack
+from harnessrl.common.records import TreeNode, TreeSample, pack_f32, pack_ids, pack_u8
+from harnessrl.learner.ds_engine import DeepSpeedConfig, LearnerEngine
+from harnessrl.learner.losses import LossConfig, group_advantages
+from harnessrl.learner.packing import PackConfig, pack
 
 VOCAB = 8192
 PROMPT, T = 6, 10

@@ -10,7 +10,7 @@ Baselines measured in the same run:
 * **request stream**: the same conversations (20 calls each) sent straight to a fast scripted
   engine (``POST /generate`` with the ids the proxy would send), through a minimal aiohttp
   pass-through proxy (the floor: one extra HTTP hop, no work), and through the real proxy
-  process (``python -m proxy.proxy_cmd``: chat completions, TITO, parsing, CallRecords on a real
+  process (``python -m harnessrl.proxy.proxy_cmd``: chat completions, TITO, parsing, CallRecords on a real
   nats-server), interleaved call by call: added latency p50/p99 per call over direct, and
   throughput at a fixed concurrency with the engine taking ``ENGINE_MS`` per call (a fast GPU
   engine; the scripted engine itself costs no CPU while it waits); the same conversations again,
@@ -56,16 +56,16 @@ import msgspec
 import numpy as np
 
 from benchmarks._common import parse_args, print_table, proc_cpu_s, target, write_result
-from common.bus import connect
-from common.models import load_tokenizer
-from common.natsd import NatsServer
-from common.records import CallRecord, RolloutResult, encode, pack_ids, unpack_ids
-from common.tree import assemble
-from proxy.parsers import HermesParser
-from proxy.recorder import Recorder
-from proxy.scripted import ScriptedEngine
-from proxy.sglang import EngineClient, GenerateResult
-from proxy.tito import ChatRenderer, TitoSession, normalize_messages
+from harnessrl.common.bus import connect
+from harnessrl.common.models import load_tokenizer
+from harnessrl.common.natsd import NatsServer
+from harnessrl.common.records import CallRecord, RolloutResult, encode, pack_ids, unpack_ids
+from harnessrl.common.tree import assemble
+from harnessrl.proxy.parsers import HermesParser
+from harnessrl.proxy.recorder import Recorder
+from harnessrl.proxy.scripted import ScriptedEngine
+from harnessrl.proxy.sglang import EngineClient, GenerateResult
+from harnessrl.proxy.tito import ChatRenderer, TitoSession, normalize_messages
 
 TOOLS = [
     {
@@ -293,8 +293,8 @@ def _pct(values: list[float], q: float) -> float:
 def _serve_engine(conn: Any, delay_s: float) -> None:
     """Child process: a scripted engine answering REPLY; rids starting ``paced`` wait
     ``delay_s`` first (the throughput phase), others answer at once."""
-    from common.models import eos_token_ids
-    from proxy.scripted import Reply
+    from harnessrl.common.models import eos_token_ids
+    from harnessrl.proxy.scripted import Reply
 
     async def serve() -> None:
         tok = load_tokenizer("tiny-1m")
@@ -421,7 +421,7 @@ class StreamBench:
         self.floor_proc, self.floor = _child(_serve_floor, self.engine)
         self.children.append(self.floor_proc)
         tokens = {f"{TOKEN}-{r}": r for r in self.rollouts}
-        argv = [sys.executable, "-m", "proxy.proxy_cmd", "--engines", self.engine]
+        argv = [sys.executable, "-m", "harnessrl.proxy.proxy_cmd", "--engines", self.engine]
         argv += ["--nats", self.nats.url, "--run", self.run_name, "--port", "0"]
         argv += ["--tokens", json.dumps(tokens), "--model", "tiny-1m", "--max-context", "1000000"]
         argv += ["--metrics-port", "-1", "--log-level", "warning", "--health-interval-s", "30"]
@@ -660,8 +660,8 @@ def _fit(x_ctx: list[float], x_add: list[float], y: list[float]) -> tuple[float,
 
 async def bench_cpu_per_call(turns: int = 50, seed: int = 3) -> dict[str, Any]:
     """Proxy CPU per call (in-process, HTTP excluded) at each turn of one long conversation."""
-    from proxy.calls import ModelCaller
-    from proxy.server import chat_request, chat_response
+    from harnessrl.proxy.calls import ModelCaller
+    from harnessrl.proxy.server import chat_request, chat_response
 
     r = ChatRenderer(load_tokenizer("tiny-1m"))
     rng = random.Random(seed)

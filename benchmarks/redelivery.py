@@ -44,8 +44,8 @@ DURABLE = "actors"
 
 async def hold(url: str, run: str, ack_wait: float, heartbeat: float) -> None:
     """The consumer process: take one task, keep it alive; SIGTERM nak's it and exits."""
-    from common.bus import connect
-    from common.records import TaskRequest
+    from harnessrl.common.bus import connect
+    from harnessrl.common.records import TaskRequest
 
     bus = await connect(url, run)
     consumer = await bus.consumer("TASKS", DURABLE, TaskRequest, ack_wait=ack_wait)
@@ -63,8 +63,8 @@ async def hold(url: str, run: str, ack_wait: float, heartbeat: float) -> None:
 
 async def trial(url: str, ack_wait: float, heartbeat: float, sig: int) -> float:
     """Seconds from killing a consumer that holds a task to its redelivery."""
-    from common.bus import connect
-    from common.records import TaskRequest
+    from harnessrl.common.bus import connect
+    from harnessrl.common.records import TaskRequest
 
     run = "b" + uuid.uuid4().hex[:10]
     bus = await connect(url, run)
@@ -103,8 +103,8 @@ def stats(xs: list[float]) -> dict[str, float]:
 
 
 async def main(quick: bool) -> dict[str, dict[str, float]]:
-    from actors.config import ActorConfig
-    from common.natsd import NatsServer
+    from harnessrl.actors.config import ActorConfig
+    from harnessrl.common.natsd import NatsServer
 
     cfg = ActorConfig()
     n = 2 if quick else 5

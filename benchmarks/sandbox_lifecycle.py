@@ -12,7 +12,7 @@ what every run paid before), and whole lifecycles without a pool, and pooled wit
 forwarder (the state before the compiled one).
 
 Target ``lifecycle_vs_bwrap_floor``: a rollout's sandbox with its proxy forwarder, from the warm
-pool (`actors.sandbox.base.SandboxPool`: blanks made ahead, removal in the background; the
+pool (`harnessrl.actors.sandbox.base.SandboxPool`: blanks made ahead, removal in the background; the
 refill runs during the measurement) — create + ``run(["true"])`` through the forwarder +
 destroy, p50 — over the floor's p50; the value is the median of the ratios of 3 rounds (each
 round the floor and the pooled lifecycle in alternating blocks). Reported
@@ -22,7 +22,7 @@ the pool is drained and refilled inside the measured span), against the floor's 
 
 Docker: the same cases on the engine at ``$DOCKER_HOST`` when one answers, else on a private
 dockerd started for the run (root + ``docker.io`` installed); the image is imported from the
-cached rootfs (`actors.sandbox.docker_image`). Target ``docker_pooled_lifecycle_p50_ms``: a
+cached rootfs (`harnessrl.actors.sandbox.docker_image`). Target ``docker_pooled_lifecycle_p50_ms``: a
 rollout's container with its forwarder from the pool (``pool_size`` ``POOL_SIZE``: containers of
 the spec's shape started ahead, removal in the background; refills run during the measurement)
 — create + ``run(["true"])`` through the forwarder + destroy, p50, at most
@@ -43,9 +43,9 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
-from actors.sandbox import SandboxSpec
-from actors.sandbox.bwrap import BwrapBackend
 from benchmarks._common import parse_args, print_table, target, write_result
+from harnessrl.actors.sandbox import SandboxSpec
+from harnessrl.actors.sandbox.bwrap import BwrapBackend
 
 TARGET_RATIO = 2.5
 """Pooled lifecycle with forwarder ÷ bare ``bwrap true`` (issue 19)."""
@@ -96,7 +96,7 @@ class DockerSkipped(Exception):
 @contextlib.asynccontextmanager
 async def docker_engine(tmp: Path) -> AsyncIterator[str]:
     """URL of an engine with the sandbox image: ``$DOCKER_HOST``'s, else a private dockerd."""
-    from actors.sandbox.docker_image import PrivateDockerd, ensure_image
+    from harnessrl.actors.sandbox.docker_image import PrivateDockerd, ensure_image
 
     if reason := os.environ.get("HRL_BENCH_SKIP_DOCKER"):
         raise DockerSkipped(f"HRL_BENCH_SKIP_DOCKER: {reason}")
@@ -123,7 +123,7 @@ async def docker_engine(tmp: Path) -> AsyncIterator[str]:
 
 async def docker_cases(tmp: Path, n: int) -> dict[str, list[float]]:
     """create+run+destroy, run only, run through the forwarder — on docker."""
-    from actors.sandbox.docker import DockerBackend
+    from harnessrl.actors.sandbox.docker import DockerBackend
 
     async with (
         docker_engine(tmp) as url,

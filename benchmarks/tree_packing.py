@@ -40,7 +40,7 @@ def make_rollout(rng: Any, prefix: int, suffix: int, branches: int, k: int) -> A
     continuations of ``suffix`` tokens."""
     import numpy as np
 
-    from common.records import TreeNode, TreeSample, pack_f32, pack_ids, pack_u8
+    from harnessrl.common.records import TreeNode, TreeSample, pack_f32, pack_ids, pack_u8
 
     def node(parent: int, n: int, model: bool) -> TreeNode:
         return TreeNode(
@@ -62,8 +62,8 @@ def make_rollout(rng: Any, prefix: int, suffix: int, branches: int, k: int) -> A
 
 def as_branches(samples: list[Any]) -> list[Any]:
     """Each root-to-leaf branch as its own one-chain sample."""
-    from common.records import TreeNode, TreeSample, pack_f32, pack_ids, pack_u8
-    from common.tree import expand as branches
+    from harnessrl.common.records import TreeNode, TreeSample, pack_f32, pack_ids, pack_u8
+    from harnessrl.common.tree import expand as branches
 
     out = []
     for s in samples:
@@ -120,7 +120,7 @@ def make_chain(rng: Any, system: Any, own: int, k: int) -> Any:
     (task prompt, model turns and tool results alternating)."""
     import numpy as np
 
-    from common.records import TreeNode, TreeSample, pack_f32, pack_ids, pack_u8
+    from harnessrl.common.records import TreeNode, TreeSample, pack_f32, pack_ids, pack_u8
 
     ids = np.concatenate([system, rng.integers(3, 8000, own)])
     mask = np.zeros(len(ids), np.uint8)
@@ -140,7 +140,7 @@ def shared_prefix(args: Any, policy: Any) -> dict[str, Any]:
     """Step time of a batch that shares a system prompt, merged vs laid out per sample."""
     import numpy as np
 
-    from learner.packing import PackConfig, collate, pack
+    from harnessrl.learner.packing import PackConfig, collate, pack
 
     n, system_len, own, reps = (8, 576, 320, 3) if not args.quick else (6, 384, 160, 2)
     rng = np.random.default_rng(1)
@@ -184,8 +184,8 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from learner.packing import PackConfig, collate, pack
-    from learner.policy import load_policy
+    from harnessrl.learner.packing import PackConfig, collate, pack
+    from harnessrl.learner.policy import load_policy
 
     torch.manual_seed(0)
     torch.set_num_threads(1)  # on shared CPUs a second intra-op thread mostly waits at barriers

@@ -11,13 +11,13 @@ Baseline in the same run, on the same server, stream and connection: raw nats-py
 ``publish_async`` of the same bytes in chunks of the same size (msg-id headers, at most the
 bus's ``max_in_flight_bytes`` unacked, acks gathered at the end), then an ephemeral pull
 consumer fetching them back (bytes in hand, neither hashed nor kept). Both run on the event
-loop the updater runs on (``common.aio.run``: uvloop). Raw and stream alternate for ``ROUNDS``
+loop the updater runs on (``harnessrl.common.aio.run``: uvloop). Raw and stream alternate for ``ROUNDS``
 rounds; ``stream_vs_raw_nats`` is the median of the rounds' ratios (raw seconds / stream
 seconds). Also reported: an in-process copy (``bytearray(data)``), the version digest
 (``weights_digest``) of the bytes, the ratio the stream path would reach if its own work (the
 digest on each side) overlapped nothing (``stream_vs_raw_nats_serial_floor``), and the ``disk``
 path (write the folder, read back). The stream path copies no chunk on the publishing side (a
-chunk's msgpack head and its bytes go out as two buffers: ``common.nats_acks.publish_scattered``)
+chunk's msgpack head and its bytes go out as two buffers: ``harnessrl.common.nats_acks.publish_scattered``)
 where raw nats-py joins its command line, headers and payload into one new bytes.
 
 Target (reported, not asserted): ``stream_vs_raw_nats`` >= 0.8.
@@ -36,13 +36,13 @@ import torch
 from nats.js import api
 
 from benchmarks._common import parse_args, print_table, target, write_result
-from common import aio
-from common.bus import Bus, connect
-from common.layout import weights_folder
-from common.natsd import NatsServer
-from common.weights import chunk, serialize, weights_digest, write_hf_folder
-from learner.weights import StreamPublisher
-from proxy.weights_sync import WeightUpdater
+from harnessrl.common import aio
+from harnessrl.common.bus import Bus, connect
+from harnessrl.common.layout import weights_folder
+from harnessrl.common.natsd import NatsServer
+from harnessrl.common.weights import chunk, serialize, weights_digest, write_hf_folder
+from harnessrl.learner.weights import StreamPublisher
+from harnessrl.proxy.weights_sync import WeightUpdater
 
 ROUNDS = 3
 

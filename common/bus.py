@@ -48,9 +48,9 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from common import metrics
-from common.aio import StartupError
-from common.records import (
+from harnessrl.common import metrics
+from harnessrl.common.aio import StartupError
+from harnessrl.common.records import (
     DeadLetter,
     Record,
     RecordDecodeError,
@@ -171,7 +171,7 @@ class PayloadTooLarge(BusError):
 
 class PermissionDenied(BusError):
     """The server's permissions refuse this credential the publish or JetStream call (see
-    ``common.natsauth`` for what each role may do)."""
+    ``harnessrl.common.natsauth`` for what each role may do)."""
 
 
 class BusConnectError(BusError, StartupError):
@@ -515,7 +515,7 @@ async def connect(url: str, run: str, *, create_streams: bool = True, **kw: Any)
     if url.startswith("memory://"):
         bus: Bus = MemoryBus(run, MemoryBroker.named(url))
     else:
-        from common.bus_nats import JetStreamBus
+        from harnessrl.common.bus_nats import JetStreamBus
 
         bus = await JetStreamBus.connect(url, run, **kw)
     if create_streams:
@@ -525,7 +525,7 @@ async def connect(url: str, run: str, *, create_streams: bool = True, **kw: Any)
 
 async def connect_service(cfg: Any, name: str, *, create_streams: bool = True) -> Bus:
     """`connect` with a service config's NATS fields (``nats``, ``run``, ``nats_creds``,
-    ``nats_ca``: ``common.config.NatsClientSettings``); ``name`` names the process in the
+    ``nats_ca``: ``harnessrl.common.config.NatsClientSettings``); ``name`` names the process in the
     server's connection list and in a refused connection's error."""
     return await connect(
         cfg.nats,

@@ -1,4 +1,4 @@
-"""JetStream implementation of ``common.bus.Bus`` (nats-py)."""
+"""JetStream implementation of ``harnessrl.common.bus.Bus`` (nats-py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext, api
 
-from common.bus import (
+from harnessrl.common.bus import (
     M_DUPLICATES,
     M_PUBLISH_RETRIES,
     M_PUBLISHED,
@@ -32,9 +32,9 @@ from common.bus import (
     PubResult,
     R,
 )
-from common.nats_acks import Acks
-from common.nats_guards import Denials, Outage, refusal
-from common.records import (
+from harnessrl.common.nats_acks import Acks
+from harnessrl.common.nats_guards import Denials, Outage, refusal
+from harnessrl.common.records import (
     Record,
     RecordDecodeError,
     Scattered,
@@ -125,16 +125,16 @@ class JetStreamBus(Bus):
 
         ``url`` is one server or a comma-separated list (the nodes of a cluster: the client
         connects to one and fails over to the others). ``creds`` / ``ca`` are file paths
-        (``common.natsauth.client_options``). A server that is not up yet is waited for; one
+        (``harnessrl.common.natsauth.client_options``). A server that is not up yet is waited for; one
         that refuses the credentials or the TLS handshake fails the connect at once with a
         ``BusConnectError`` naming ``name`` and ``url``. ``publish_timeout`` bounds how long one
         publish keeps retrying through an outage. ``replicas``: see `ensure_streams`.
         """
         from nats.aio.client import Client
 
-        from common.config import nats_urls
-        from common.files import SecretFileError
-        from common.natsauth import client_options
+        from harnessrl.common.config import nats_urls
+        from harnessrl.common.files import SecretFileError
+        from harnessrl.common.natsauth import client_options
 
         try:
             servers = nats_urls(url)
@@ -377,7 +377,7 @@ class JetStreamBus(Bus):
         """Pipelined publish at the raw client's cost per record: records are encoded (and
         zstd-framed) in worker threads ``_AHEAD`` batches ahead while a batch is sent (a
         call of a few small records on the loop: `_prepare_soon`), each with its ack inbox
-        (`common.nats_acks.Acks`); at most ``max_in_flight_bytes`` are unacked at a time.
+        (`harnessrl.common.nats_acks.Acks`); at most ``max_in_flight_bytes`` are unacked at a time.
         Acks are awaited together, raced once per call against a permission violation or an
         abandoned outage. A record is reported done only once JetStream acked it: a missing or
         failed ack is retried with ``publish_bytes`` under the same msg id (never a duplicate),

@@ -34,42 +34,48 @@ class Command:
 COMMANDS: dict[str, Command] = {
     "nats": Command(
         "run an embedded nats-server with JetStream (one server, or a node of a cluster)",
-        "common.natsd_cli",
+        "harnessrl.common.natsd_cli",
     ),
     "engine": Command(
-        "serve a model over SGLang's native HTTP API (CPU/embedded)", "proxy.engine_cmd"
+        "serve a model over SGLang's native HTTP API (CPU/embedded)", "harnessrl.proxy.engine_cmd"
     ),
     "proxy": Command(
-        "model-API gateway for one rollout (OpenAI/Anthropic APIs)", "proxy.proxy_cmd"
+        "model-API gateway for one rollout (OpenAI/Anthropic APIs)", "harnessrl.proxy.proxy_cmd"
     ),
-    "actor": Command("run rollouts: sandboxes + harnesses + verifiers", "actors.actor_cmd"),
+    "actor": Command(
+        "run rollouts: sandboxes + harnesses + verifiers", "harnessrl.actors.actor_cmd"
+    ),
     "assembler": Command(
-        "rebuild rollouts' calls into prefix-tree samples", "learner.assembler_cmd"
+        "rebuild rollouts' calls into prefix-tree samples", "harnessrl.learner.assembler_cmd"
     ),
     "learner": Command(
         "train on tree samples (GRPO/PPO, DeepSpeed) and broadcast weights",
-        "learner.learner_cmd",
+        "harnessrl.learner.learner_cmd",
     ),
-    "run": Command("start a whole training run (all processes) from one config", "common.run.run"),
+    "run": Command(
+        "start a whole training run (all processes) from one config", "harnessrl.common.run.run"
+    ),
     "demo": Command(
-        "the built-in end-to-end demo: SFT then RL on the toy suite", "common.run.demo"
+        "the built-in end-to-end demo: SFT then RL on the toy suite", "harnessrl.common.run.demo"
     ),
     "rollout": Command(
-        "run a single rollout by hand and print its score and tree", "actors.rollout_cmd"
+        "run a single rollout by hand and print its score and tree", "harnessrl.actors.rollout_cmd"
     ),
-    "eval": Command("evaluate policies on a task suite across harnesses", "actors.eval_cmd"),
-    "tasks": Command("list, show, import and lint tasks", "actors.tasks_cmd"),
+    "eval": Command(
+        "evaluate policies on a task suite across harnesses", "harnessrl.actors.eval_cmd"
+    ),
+    "tasks": Command("list, show, import and lint tasks", "harnessrl.actors.tasks_cmd"),
     "teacher-data": Command(
         "offline toy-teacher trajectories through the reference agent (SFT data)",
-        "actors.teacher_data",
+        "harnessrl.actors.teacher_data",
     ),
     "pretrain": Command(
         "the warm-start recipe: language warm-up + SFT on teacher data -> tiny-agent",
-        "learner.pretrain_cmd",
+        "harnessrl.learner.pretrain_cmd",
     ),
-    "harness": Command("install and list harness adapters", "actors.harness_cmd"),
+    "harness": Command("install and list harness adapters", "harnessrl.actors.harness_cmd"),
     "weights-sync": Command(
-        "apply broadcast weight versions to an SGLang engine", "proxy.weights_sync_cmd"
+        "apply broadcast weight versions to an SGLang engine", "harnessrl.proxy.weights_sync_cmd"
     ),
 }
 
@@ -96,7 +102,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
             if hasattr(mod, "add_arguments"):
                 mod.add_arguments(p)
             if getattr(mod, "CONFIG", None) is not None:
-                from common.config import add_config_args
+                from harnessrl.common.config import add_config_args
 
                 add_config_args(p, mod.CONFIG)
     return parser
@@ -112,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     mod = importlib.import_module(COMMANDS[args.command].module)
     cfg = None
     if getattr(mod, "CONFIG", None) is not None:
-        from common.config import ConfigError, config_from_args, dump_toml
+        from harnessrl.common.config import ConfigError, config_from_args, dump_toml
 
         try:
             cfg = config_from_args(mod.CONFIG, args, section=getattr(mod, "SECTION", None))
@@ -122,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.print_config:
             sys.stdout.write(dump_toml(cfg))
             return 0
-    from common.aio import StartupError
+    from harnessrl.common.aio import StartupError
 
     try:
         return int(mod.main(cfg, args) or 0)

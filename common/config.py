@@ -35,7 +35,7 @@ from pydantic import (
     model_validator,
 )
 
-from common.records import check_token
+from harnessrl.common.records import check_token
 
 M = TypeVar("M", bound=BaseModel)
 

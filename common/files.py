@@ -9,7 +9,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from common.aio import StartupError
+from harnessrl.common.aio import StartupError
 
 
 def atomic_write(

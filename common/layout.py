@@ -7,7 +7,7 @@ each engine's weights-sync, read by engines on restart and by ``harnessrl run``/
 Learner checkpoints: ``<checkpoint_dir>/latest`` names the newest DeepSpeed checkpoint
 (``step-000000012/``, with the learner state in its ``client_state.json``) and
 ``learner-state.json`` holds the newest learner state (`LearnerState`); written by
-``learner.checkpoint.Checkpointer``, read by it and, without torch, by ``harnessrl run``
+``harnessrl.learner.checkpoint.Checkpointer``, read by it and, without torch, by ``harnessrl run``
 (``checkpoint_version``).
 
 Metrics lines: ``metrics.jsonl`` holds one JSON object per line; `MetricsLine` and its
@@ -290,7 +290,7 @@ class SummaryLine(RunLine, kw_only=True):
     unaccounted: int = 0
     """Issued rollouts (TaskRequests) that are neither pending, nor settled with a result for
     their member, nor dead-lettered: lost. Counted from the streams alone
-    (``common.run.audit``), so process restarts never make it non-zero; 0 when the streams
+    (``harnessrl.common.run.audit``), so process restarts never make it non-zero; 0 when the streams
     could not be read (``accounting`` says so)."""
     pending: int = 0
     """TaskRequests still stored at the end: queued, or running on an actor."""

@@ -11,8 +11,8 @@ from typing import Any
 import msgspec
 import nats.errors
 
-from common.bus import BusError
-from common.records import Scattered
+from harnessrl.common.bus import BusError
+from harnessrl.common.records import Scattered
 
 
 class PubAck(msgspec.Struct):

@@ -1,4 +1,4 @@
-"""What a JetStream connection guards its calls with (``common.bus_nats``): outages a stopping
+"""What a JetStream connection guards its calls with (``harnessrl.common.bus_nats``): outages a stopping
 process gives up on, permission violations the server reports asynchronously, and why a
 connection attempt was refused."""
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import nats.errors
 
-from common.bus import BusUnavailable, PermissionDenied
+from harnessrl.common.bus import BusUnavailable, PermissionDenied
 
 log = logging.getLogger("harnessrl.bus")
 

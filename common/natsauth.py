@@ -1,6 +1,6 @@
 """Trust on the bus: per-role NATS credentials, server permissions, TLS, and the client side.
 
-``harnessrl nats`` (``common.natsd``) writes, into its auth folder (``<store>/auth`` by default):
+``harnessrl nats`` (``harnessrl.common.natsd``) writes, into its auth folder (``<store>/auth`` by default):
 
 * ``<role>.cred`` (0600) for every role in `ROLES`: one line ``user:password``; the user is the
   role's name. Existing files are reused, so a restarted server accepts the clients it had.
@@ -44,7 +44,7 @@ CREATE,INFO,MSG.NEXT}.S.NAME`` and ``$JS.ACK.S.NAME.>``; nobody but admin may cr
 delete streams. Deleting consumers is granted only for the per-subject readers, on the one
 stream whose consumers all belong to that role (CALLS: assembler; WEIGHTS: weights_sync), so no
 role can delete another role's consumer. A refused publish or API call reaches the client
-as an asynchronous ``Permissions Violation`` (``common.bus_nats`` turns it into
+as an asynchronous ``Permissions Violation`` (``harnessrl.common.bus_nats`` turns it into
 ``PermissionDenied`` for the call that caused it).
 """
 
@@ -63,7 +63,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.files import SecretFileError, atomic_write, read_secret
+from harnessrl.common.files import SecretFileError, atomic_write, read_secret
 
 ROLES = ("admin", "learner", "assembler", "actor", "proxy", "weights_sync")
 """Roles with their own credential file (``<auth_dir>/<role>.cred``)."""
@@ -137,7 +137,7 @@ def _run_grants(role: str, run: str) -> list[str]:
 
 
 STREAM_KINDS = ("TASKS", "CALLS", "ROLLOUTS", "SAMPLES", "WEIGHTS", "DEAD")
-"""The stream kinds of ``common.bus.STREAMS`` (a test checks they agree)."""
+"""The stream kinds of ``harnessrl.common.bus.STREAMS`` (a test checks they agree)."""
 
 
 def inbox_prefix(user: str) -> str:
@@ -162,7 +162,7 @@ def role_permissions(role: str, runs: list[str]) -> dict[str, Any]:
 
 @dataclass
 class ServerAuth:
-    """What ``common.natsd.NatsServer`` needs to require credentials (and TLS)."""
+    """What ``harnessrl.common.natsd.NatsServer`` needs to require credentials (and TLS)."""
 
     auth_dir: Path
     """Folder of ``<role>.cred`` files (and ``tls/`` when generated)."""

@@ -5,7 +5,7 @@ has no command-line flag) and ``--ports_file_dir`` so port 0 yields a free port 
 back. ``NatsServer`` is synchronous on purpose: fixtures, the supervisor and ``harnessrl nats``
 all use it outside or before an event loop.
 
-With ``auth`` (a ``common.natsauth.ServerAuth``) the server refuses clients without one of the
+With ``auth`` (a ``harnessrl.common.natsauth.ServerAuth``) the server refuses clients without one of the
 role credentials, enforces each role's permissions, and serves TLS when the auth carries a
 certificate; its config file then holds the passwords and is written 0600. Without ``auth`` the
 server is open: for private loopback servers (tests, ``harnessrl rollout``) and
@@ -33,11 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from common.files import atomic_write, free_port
-from common.procs import popen_child
+from harnessrl.common.files import atomic_write, free_port
+from harnessrl.common.procs import popen_child
 
 if TYPE_CHECKING:
-    from common.natsauth import ServerAuth
+    from harnessrl.common.natsauth import ServerAuth
 
 
 class NatsServerError(RuntimeError):

@@ -5,7 +5,7 @@ role into its auth folder (``<store>/auth/<role>.cred``) and a self-signed CA
 (``<store>/auth/tls/ca.pem``), creates the streams of ``--runs`` with the admin credential
 (no other role may), and prints where the files are. Give each process its own role's file
 (``--nats-creds``) and the CA (``--nats-ca``); the roles and their permissions are listed in
-``common.natsauth``. ``--insecure`` serves without either (private loopback servers only).
+``harnessrl.common.natsauth``. ``--insecure`` serves without either (private loopback servers only).
 
 With ``--cluster-name`` the server is one node of a JetStream cluster (``--cluster-port`` for
 its routes, ``--routes HOST:PORT`` once per node, the same list on every node). Every node uses
@@ -26,19 +26,19 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from common.config import NatsServerConfig
-from common.natsd import Cluster, NatsServer, NatsServerError
+from harnessrl.common.config import NatsServerConfig
+from harnessrl.common.natsd import Cluster, NatsServer, NatsServerError
 
 if TYPE_CHECKING:
-    from common.natsauth import ServerAuth
+    from harnessrl.common.natsauth import ServerAuth
 
 CONFIG = NatsServerConfig
 
 
 def server_auth(cfg: NatsServerConfig) -> ServerAuth | None:
     """The credentials and TLS files ``cfg`` asks for (None with ``insecure``); raises
-    ``common.natsauth.AuthError``."""
-    from common.natsauth import prepare_server_auth
+    ``harnessrl.common.natsauth.AuthError``."""
+    from harnessrl.common.natsauth import prepare_server_auth
 
     if cfg.insecure:
         return None
@@ -66,7 +66,7 @@ async def create_streams(
 ) -> None:
     """Create every stream of ``runs`` as the admin role, with ``replicas`` copies, waiting up
     to ``wait_s`` for JetStream to place them."""
-    from common.bus import connect
+    from harnessrl.common.bus import connect
 
     for run in runs:
         bus = await connect(
@@ -86,8 +86,8 @@ class _Stopped(BaseException):
 
 
 def main(cfg: NatsServerConfig, args: argparse.Namespace) -> int:
-    from common.bus import BusError
-    from common.files import SecretFileError
+    from harnessrl.common.bus import BusError
+    from harnessrl.common.files import SecretFileError
 
     stop = False
     starting = True

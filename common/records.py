@@ -177,7 +177,7 @@ class TaskRequest(Record, kw_only=True):
     """Held-out evaluation rollout: scored and reported, never trained on."""
     seed: int = 0
     """The rollout's seed: its model calls sample with engine ``sampling_seed``s derived from
-    it and their seq (``proxy.calls.call_seed``), so the same task, seed and policy replay the
+    it and their seq (``harnessrl.proxy.calls.call_seed``), so the same task, seed and policy replay the
     same draws (the feeder gives each group member its own; eval gives both policies the
     same)."""
     created_at: float = 0.0
@@ -483,7 +483,7 @@ class WeightsReady(Record, kw_only=True):
     """Size of the serialized weights."""
     digest: str = ""
     """Digest of the concatenated chunk data: ``xxh3-128:<hex>`` (``sha256:<hex>`` and a bare hex
-    digest, blake2b-256, are what earlier learners announced; ``common.weights.weights_hasher``
+    digest, blake2b-256, are what earlier learners announced; ``harnessrl.common.weights.weights_hasher``
     reads all three)."""
     dtype: str = "bfloat16"
     """Dtype of the transferred tensors."""
@@ -522,7 +522,7 @@ class WeightChunk(Record, kw_only=True):
 class DeadLetter(Record, kw_only=True):
     """A message that could not be decoded or processed, kept with the reason instead of retried.
 
-    Producer: any consumer (``common.bus``). Consumer: operators (``harnessrl`` tools, metrics).
+    Producer: any consumer (``harnessrl.common.bus``). Consumer: operators (``harnessrl`` tools, metrics).
     Subject: ``hrl.<run>.dead.<stream kind>``. Idempotency key: ``dead:<stream>:<stream seq>``.
     """
 

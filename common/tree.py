@@ -101,7 +101,7 @@ from typing import Any, NamedTuple
 import msgspec
 import numpy as np
 
-from common.records import (
+from harnessrl.common.records import (
     CallRecord,
     RolloutResult,
     TreeCounters,

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from common.records import WeightChunk, WeightsReady
+from harnessrl.common.records import WeightChunk, WeightsReady
 
 CONFIG_META_KEY = "hrl_config_json"
 """safetensors metadata key holding the model's ``config.json`` (stream transport)."""

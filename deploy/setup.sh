@@ -40,5 +40,5 @@ if [[ ",$EXTRAS," == *",train,"* ]]; then
 fi
 DS_BUILD_OPS=0 "$VENV/bin/python" -m pip install -q -e ".[${EXTRAS}]" 2>&1 \
   | grep -v -e "^WARNING: Location" -e "^  " -e "^!!" || true
-"$VENV/bin/python" -c "import common, proxy, actors, learner" 
+"$VENV/bin/python" -c "import harnessrl.common, harnessrl.proxy, harnessrl.actors, harnessrl.learner"
 echo "harnessrl installed in $VENV ($("$VENV/bin/python" --version))"

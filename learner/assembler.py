@@ -5,7 +5,7 @@ Loop (durable pull consumer ``assembler`` on ROLLOUTS, up to ``concurrency`` rol
 1. a failed rollout (``status != ok``) becomes a ``rollout_<status>`` tombstone at once;
 2. otherwise its CallRecords are read by subject (``hrl.<run>.calls.<rid>``); while a seq below
    ``n_calls`` is missing, the read is repeated every ``straggler_poll_s`` for up to
-   ``straggler_wait_s`` (heartbeats keep the delivery meanwhile), then ``common.tree.assemble``
+   ``straggler_wait_s`` (heartbeats keep the delivery meanwhile), then ``harnessrl.common.tree.assemble``
    runs (in a worker thread: it is CPU work);
 3. the sample is published to SAMPLES with msg id ``sample:<rid>`` (``sample:<rid>:<part>`` for
    the parts of one larger than ``max_part_bytes``), and only then the result is acked.
@@ -31,7 +31,7 @@ What must stay true:
   exception inside ``assemble`` (a bug) still yields an ``assembler_error`` tombstone, so the
   learner's group never waits, and the result is dead-lettered for inspection; bus errors nak
   the result for a retry and the loop goes on.
-* **Oversized samples** are split by nodes (see ``common.tree.split_sample``); if the server still
+* **Oversized samples** are split by nodes (see ``harnessrl.common.tree.split_sample``); if the server still
   refuses a part (its ``max_payload`` is below ``max_part_bytes``), nothing of it was stored —
   sizes are checked before any part is sent — and a ``too_large`` tombstone is published instead.
 """
@@ -44,11 +44,11 @@ import logging
 import time
 from collections import OrderedDict
 
-from common import metrics
-from common.bus import Bus, Delivery, PayloadTooLarge, export_dead_letters
-from common.records import CallRecord, RolloutResult, TreeSample, check_token
-from common.tree import AssembleOptions, assemble, split_sample, tombstone
-from learner.config import AssemblerConfig
+from harnessrl.common import metrics
+from harnessrl.common.bus import Bus, Delivery, PayloadTooLarge, export_dead_letters
+from harnessrl.common.records import CallRecord, RolloutResult, TreeSample, check_token
+from harnessrl.common.tree import AssembleOptions, assemble, split_sample, tombstone
+from harnessrl.learner.config import AssemblerConfig
 
 log = logging.getLogger("harnessrl.assembler")
 

@@ -1,6 +1,6 @@
 """``harnessrl assembler --nats URL --run NAME``: run the tree assembler until SIGTERM or Ctrl-C.
 
-Also runnable as ``python -m learner.assembler_cmd`` with the same flags.
+Also runnable as ``python -m harnessrl.learner.assembler_cmd`` with the same flags.
 """
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ import asyncio
 import signal
 import sys
 
-from learner.config import AssemblerConfig
+from harnessrl.learner.config import AssemblerConfig
 
 CONFIG = AssemblerConfig
 SECTION = "assembler"
 
 
 def main(cfg: AssemblerConfig, args: argparse.Namespace | None = None) -> int:
-    from common import aio
+    from harnessrl.common import aio
 
     aio.setup_logging(cfg.log_level, "assembler")
     return aio.run(serve(cfg))
@@ -27,9 +27,9 @@ async def serve(cfg: AssemblerConfig) -> int:
     """Connect, serve ``/metrics``, run the loop; a signal cancels it (in-flight results are
     nak'ed for the next assembler: nothing is acked before its sample is stored) and interrupts
     the bus (nothing waits for an unreachable NATS)."""
-    from common import metrics
-    from common.bus import connect_service
-    from learner.assembler import Assembler
+    from harnessrl.common import metrics
+    from harnessrl.common.bus import connect_service
+    from harnessrl.learner.assembler import Assembler
 
     bus = await connect_service(cfg, "assembler")
     served = await metrics.start_metrics_server(cfg.metrics_port)
@@ -55,7 +55,9 @@ async def serve(cfg: AssemblerConfig) -> int:
     return 0
 
 
-if __name__ == "__main__":  # ``python -m learner.assembler_cmd`` is ``harnessrl assembler``
-    from common.cli import run_module
+if (
+    __name__ == "__main__"
+):  # ``python -m harnessrl.learner.assembler_cmd`` is ``harnessrl assembler``
+    from harnessrl.common.cli import run_module
 
     run_module("assembler")

@@ -20,7 +20,7 @@ Rules (GRPO, and PPO with ``filter_groups``; plain PPO/SFT batch rollouts in arr
 * duplicates: the same rollout id again (a redelivery, a re-published part) rides along with
   the first; another attempt of a member that already ended is ``duplicate_attempt``; a
   member of a group already decided is ``group_closed``;
-* split samples (``n_parts > 1``) are joined (``common.tree.join_parts``) once every part is in;
+* split samples (``n_parts > 1``) are joined (``harnessrl.common.tree.join_parts``) once every part is in;
   parts that do not make a whole are ``bad_parts``. The wait is bounded: a sample whose parts
   are not all in ``parts_timeout_s`` after its first one arrived (a part lost, or a record that
   merely claims to be part 1 of 1000) is given up: the member ends as ``incomplete_parts`` and
@@ -43,10 +43,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from common import metrics
-from common.bus import Delivery
-from common.records import TreeSample, unpack_ids
-from common.tree import join_parts
+from harnessrl.common import metrics
+from harnessrl.common.bus import Delivery
+from harnessrl.common.records import TreeSample, unpack_ids
+from harnessrl.common.tree import join_parts
 
 M_DROPPED = metrics.counter(
     "hrl_learner_dropped_total", "Rollouts not trained, by reason", ("reason",)
@@ -559,7 +559,7 @@ class Batcher:
         return self._batch(items, adv, len(groups))
 
     def _advantages(self, rewards: list[float]) -> np.ndarray:
-        from learner.losses import grpo_advantages
+        from harnessrl.learner.losses import grpo_advantages
 
         adv, _ = grpo_advantages(
             rewards, eps=self.rules.adv_eps, scale_by_std=self.rules.adv_scale_by_std

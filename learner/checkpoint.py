@@ -20,7 +20,7 @@ or older than the weights it is loaded with.
 The learner state (``LearnerState``) holds the version counter, the ledger of rollout outcomes
 (trained ids with their version, dropped ids with their reason, closed groups), the feeder's
 counters and open groups, and the weight versions whose broadcast data may still be stored.
-The layout, ``LearnerState`` and the reader live in ``common.layout`` (``harnessrl run`` reads
+The layout, ``LearnerState`` and the reader live in ``harnessrl.common.layout`` (``harnessrl run`` reads
 the committed version without torch); this module commits and restores.
 """
 
@@ -29,8 +29,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from common.files import atomic_write_json
-from common.layout import (
+from harnessrl.common.files import atomic_write_json
+from harnessrl.common.layout import (
     LATEST,
     STATE_FILE,
     LearnerState,

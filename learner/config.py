@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from common.config import HrlModel, ServiceConfig
+from harnessrl.common.config import HrlModel, ServiceConfig
 
 
 class AssemblerConfig(ServiceConfig):
@@ -114,11 +114,11 @@ class BroadcastConfig(HrlModel):
 
 def _learner_config() -> type:
     """Build ``LearnerConfig``. Its loss/engine/packing sections are the numerical core's own
-    models, whose modules import torch; building it on first use keeps ``learner.config`` (and
+    models, whose modules import torch; building it on first use keeps ``harnessrl.learner.config`` (and
     so ``harnessrl assembler``) free of torch."""
-    from learner.ds_engine import DeepSpeedConfig
-    from learner.losses import LossConfig
-    from learner.packing import PackConfig
+    from harnessrl.learner.ds_engine import DeepSpeedConfig
+    from harnessrl.learner.losses import LossConfig
+    from harnessrl.learner.packing import PackConfig
 
     class LearnerConfig(ServiceConfig):
         """``harnessrl learner``: TreeSamples -> GRPO/PPO/SFT steps on DeepSpeed -> new weights."""

@@ -6,7 +6,7 @@ accumulate (DeepSpeed's accumulation boundary is set by hand on the last micro-b
 may hold any number of micro-batches). Loss normalisation weights are computed for the whole step
 first, so the accumulated gradient is the gradient of the step's loss however rows were split.
 
-With N data-parallel ranks (``learner.fleet``) rank 0 computes those weights over the whole
+With N data-parallel ranks (``harnessrl.learner.fleet``) rank 0 computes those weights over the whole
 step, splits the rows over the ranks (each row to exactly one rank) and every rank back-props
 N times its share of the step's loss: DeepSpeed's mean of the ranks' gradients is then exactly
 the gradient of the step's loss, as on one rank. Sequence-level IS weights are summed over the
@@ -42,10 +42,10 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from common.config import HrlModel
-from common.files import atomic_write, free_port
-from learner.fleet import Fleet, shard_rows
-from learner.losses import (
+from harnessrl.common.config import HrlModel
+from harnessrl.common.files import atomic_write, free_port
+from harnessrl.learner.fleet import Fleet, shard_rows
+from harnessrl.learner.losses import (
     LossConfig,
     LossStats,
     baseline_values,
@@ -57,8 +57,8 @@ from learner.losses import (
     summarize,
     whiten,
 )
-from learner.packing import PackedRow, collate
-from learner.policy import Policy, load_policy
+from harnessrl.learner.packing import PackedRow, collate
+from harnessrl.learner.policy import Policy, load_policy
 
 
 class DeepSpeedConfig(HrlModel):
@@ -263,7 +263,7 @@ class LearnerEngine:
         return getattr(self, f"_op_{op}")(*args)
 
     def follow(self) -> None:
-        """Ranks > 0: do rank 0's part-commands until it stops (see ``learner.fleet``)."""
+        """Ranks > 0: do rank 0's part-commands until it stops (see ``harnessrl.learner.fleet``)."""
         if self.fleet is None or self.fleet.rank == 0:
             raise RuntimeError("follow() is for learner ranks other than 0")
         self.fleet.serve(self._run)

@@ -43,12 +43,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from common import metrics
-from common.bus import Bus, PermissionDenied
-from common.records import RecordDecodeError, RolloutResult, TaskRequest, decode
-from common.tasks import Task, list_tasks
-from common.tasks.registry import list_suites, suite_dir
-from learner.config import FeederConfig
+from harnessrl.common import metrics
+from harnessrl.common.bus import Bus, PermissionDenied
+from harnessrl.common.records import RecordDecodeError, RolloutResult, TaskRequest, decode
+from harnessrl.common.tasks import Task, list_tasks
+from harnessrl.common.tasks.registry import list_suites, suite_dir
+from harnessrl.learner.config import FeederConfig
 
 log = logging.getLogger("harnessrl.feeder")
 

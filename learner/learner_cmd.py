@@ -3,13 +3,13 @@ train on the run's TreeSamples and broadcast new weights until SIGTERM, Ctrl-C o
 ``--max-steps``. SIGTERM finishes the current step and commits a checkpoint; ``--resume``
 continues from it.
 
-Also runnable as ``python -m learner.learner_cmd`` with the same flags.
+Also runnable as ``python -m harnessrl.learner.learner_cmd`` with the same flags.
 
 A fleet of N data-parallel ranks is started by a launcher that sets ``RANK``/``WORLD_SIZE``/
 ``LOCAL_RANK``/``MASTER_ADDR``/``MASTER_PORT``, e.g.
-``torchrun --standalone --nproc-per-node 2 -m -- common.cli learner ...`` (the ``--`` keeps
+``torchrun --standalone --nproc-per-node 2 -m -- harnessrl.common.cli learner ...`` (the ``--`` keeps
 torchrun from reading ``--run`` as its own ``--run-path``): rank 0 is the learner service, the
-other ranks follow it (``learner.fleet``).
+other ranks follow it (``harnessrl.learner.fleet``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import argparse
 import sys
 from typing import Any
 
-from learner import config as _config
+from harnessrl.learner import config as _config
 
 CONFIG = _config.LearnerConfig
 SECTION = "learner"
@@ -37,13 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(cfg: Any, args: argparse.Namespace | None = None) -> int:
-    from common import aio
-    from learner.fleet import world
-    from learner.service import follow, serve
+    from harnessrl.common import aio
+    from harnessrl.learner.fleet import world
+    from harnessrl.learner.service import follow, serve
 
     rank, size = world()
     if size > 1:
-        from common.procs import die_with_parent
+        from harnessrl.common.procs import die_with_parent
 
         die_with_parent()  # a rank never outlives its launcher
     aio.setup_logging(cfg.log_level, "learner" if rank == 0 else f"learner-rank{rank}")
@@ -56,7 +56,7 @@ def main(cfg: Any, args: argparse.Namespace | None = None) -> int:
         return 2
 
 
-if __name__ == "__main__":  # ``python -m learner.learner_cmd`` is ``harnessrl learner``
-    from common.cli import run_module
+if __name__ == "__main__":  # ``python -m harnessrl.learner.learner_cmd`` is ``harnessrl learner``
+    from harnessrl.common.cli import run_module
 
     run_module("learner")

@@ -1,7 +1,7 @@
 """Losses: GRPO and PPO with off-policy correction, SFT, and the advantages they use.
 
 Everything here works on *targets*: flat ``[N]`` tensors, one entry per scored unique token (see
-``learner.packing``). A loss is a weighted **sum** over targets, ``sum_t norm_weight[t] * l_t``,
+``harnessrl.learner.packing``). A loss is a weighted **sum** over targets, ``sum_t norm_weight[t] * l_t``,
 where ``norm_weight`` is fixed for the whole optimiser step by ``norm_weights`` (token-mean:
 ``1 / N_step``; sequence-mean: ``1 / (S * n_s)``). Summing micro-batch losses therefore gives the
 step's loss exactly, however rows were split into micro-batches.
@@ -55,7 +55,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from common.config import HrlModel
+from harnessrl.common.config import HrlModel
 
 
 class LossConfig(HrlModel):

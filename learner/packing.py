@@ -45,9 +45,9 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from common.config import HrlModel
-from common.records import TreeSample
-from common.tree import node_arrays
+from harnessrl.common.config import HrlModel
+from harnessrl.common.records import TreeSample
+from harnessrl.common.tree import node_arrays
 
 
 class PackConfig(HrlModel):
@@ -572,7 +572,7 @@ class PackedBatch:
         return int(self.target_ids.shape[0])
 
     def model_inputs(self) -> dict[str, Any]:
-        """Keyword arguments of ``learner.policy.Policy.forward``."""
+        """Keyword arguments of ``harnessrl.learner.policy.Policy.forward``."""
         return {
             "input_ids": self.input_ids,
             "position_ids": self.position_ids,

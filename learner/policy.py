@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from common.models import load_model
+from harnessrl.common.models import load_model
 
 TREE_SDPA = "tree_sdpa"
 """``attn_implementation`` name of the block-sparse tree attention below (CPU default)."""
@@ -254,11 +254,11 @@ def load_policy(
     temperature: float = 1.0,
     value_head: bool = False,
 ) -> Policy:
-    """``Policy`` around ``common.models.load_model(spec)`` in train mode.
+    """``Policy`` around ``harnessrl.common.models.load_model(spec)`` in train mode.
 
     ``attn_implementation``: ``tree_sdpa`` (block-sparse sdpa over the dense float tree mask,
     the default), ``eager`` or ``sdpa`` (dense float tree mask, every pair computed), or
-    ``flex_attention`` (CUDA, ``BlockMask`` from ``learner.packing.flex_tree_mask``); None keeps
+    ``flex_attention`` (CUDA, ``BlockMask`` from ``harnessrl.learner.packing.flex_tree_mask``); None keeps
     the model's own.
     """
     lm = load_model(spec, dtype=dtype, device=device)

@@ -1,10 +1,10 @@
 """The warm-start recipe's training: teacher conversations -> tree samples -> the real learner.
 
-``harnessrl pretrain`` (`learner.pretrain_cmd`) turns a tiny random model into ``tiny-agent``,
+``harnessrl pretrain`` (`harnessrl.learner.pretrain_cmd`) turns a tiny random model into ``tiny-agent``,
 a policy that already drives the reference harness on the toy families, so RL starts from
 something that can act. Offline, with both cores for the learner, but through the same code
 as live training: each conversation becomes a one-root `TreeSample` (prompt tokens loss-masked
-out, the assistant's tokens in), `learner.packing.pack` merges the harness's shared system
+out, the assistant's tokens in), `harnessrl.learner.packing.pack` merges the harness's shared system
 prompt and tool schema across a batch (computed once per step, not once per trajectory),
 and `LearnerEngine.train_step` with ``algo = "sft"`` takes the DeepSpeed step.
 
@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from common.models import render_chat
-from common.records import TreeNode, TreeSample
+from harnessrl.common.models import render_chat
+from harnessrl.common.records import TreeNode, TreeSample
 
 IM_END = "<|im_end|>"
 
@@ -118,9 +118,9 @@ def as_sample(enc: Encoded, key: str) -> TreeSample:
 
 
 def corpus_windows(tok: Any, n_chars: int, seq: int, seed: int) -> list[Encoded]:
-    """The synthetic corpus (``common.models.corpus``) cut into ``seq``-token windows, every
+    """The synthetic corpus (``harnessrl.common.models.corpus``) cut into ``seq``-token windows, every
     token a target: the language warm-up's data."""
-    from common.models.corpus import _corpus_documents
+    from harnessrl.common.models.corpus import _corpus_documents
 
     ids: list[int] = []
     for doc in _corpus_documents(n_chars, seed):
@@ -147,7 +147,7 @@ def teacher_forced(engine: Any, items: Sequence[Encoded], pack_cfg: Any) -> dict
     """Held-out loss, token accuracy and exact-match rate (every assistant token the argmax)."""
     import torch
 
-    from learner.packing import collate, pack
+    from harnessrl.learner.packing import collate, pack
 
     samples = [as_sample(e, f"eval-{i}") for i, e in enumerate(items)]
     packing = pack(samples, pack_cfg)

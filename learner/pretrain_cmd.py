@@ -8,7 +8,7 @@
 2. **language warm-up** (``corpus_steps``, optional): next-token loss on windows of the
    synthetic corpus the tokenizer was trained on;
 3. **SFT** (``steps``): the reply tokens of the teacher conversations, through the real learner
-   (`learner.pretrain`: tree packing with the harness prompt shared, ``LearnerEngine`` with
+   (`harnessrl.learner.pretrain`: tree packing with the harness prompt shared, ``LearnerEngine`` with
    ``algo = "sft"``, DeepSpeed, AdamW with linear warmup + cosine decay over both phases);
 4. **export**: the final weights (``export_dtype``) as a Hugging Face folder with the base
    model's tokenizer and chat template, ``harnessrl_recipe.json`` (this config, the data's
@@ -33,8 +33,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from common.config import HrlModel, dump_toml
-from common.files import atomic_write, atomic_write_json
+from harnessrl.common.config import HrlModel, dump_toml
+from harnessrl.common.files import atomic_write, atomic_write_json
 
 
 class PretrainConfig(HrlModel):
@@ -57,7 +57,7 @@ class PretrainConfig(HrlModel):
     (``harnessrl teacher-data --vary-names``): names the policy must copy, not guess."""
     near_miss: float = Field(0.0, ge=0.0, le=1.0)
     """Share of ``shell`` teacher trajectories that demonstrate the family's plausible mistake
-    (``harnessrl teacher-data --near-miss``; ``common.tasks.toy.Family.near_miss``): a warm
+    (``harnessrl teacher-data --near-miss``; ``harnessrl.common.tasks.toy.Family.near_miss``): a warm
     start with family-level errors for RL to correct. 0 for the shipped ``tiny-agent``."""
     teacher_style: Literal["edit", "shell"] = "shell"
     """How the teacher solves a task (``harnessrl teacher-data --style``): ``shell``, one
@@ -152,7 +152,7 @@ def teacher_data(cfg: PretrainConfig, out: Path, split: str) -> Path:
     path = out / ("teacher.jsonl" if split == "train" else "teacher-eval.jsonl")
     if path.exists():
         return path
-    argv = [sys.executable, "-m", "common.cli", "teacher-data", "--out", str(path)]
+    argv = [sys.executable, "-m", "harnessrl.common.cli", "teacher-data", "--out", str(path)]
     argv += ["--split", split, "--seed", str(cfg.seed), "--per-family", str(cfg.per_family)]
     argv += ["--style", cfg.teacher_style, "--vary-names", str(cfg.vary_names)]
     if cfg.near_miss and split == "train":
@@ -167,8 +167,8 @@ def export(cfg: PretrainConfig, engine: Any, folder: Path, meta: dict[str, Any])
     """Write the model folder: weights, config, tokenizer + template, recipe, checksums."""
     import torch
 
-    from common.models import resolve_model
-    from common.weights import serialize, write_hf_folder
+    from harnessrl.common.models import resolve_model
+    from harnessrl.common.weights import serialize, write_hf_folder
 
     dtype = torch.bfloat16 if cfg.export_dtype == "bfloat16" else torch.float32
     lm = engine.policy.lm
@@ -188,7 +188,7 @@ def export(cfg: PretrainConfig, engine: Any, folder: Path, meta: dict[str, Any])
 
 def write_recipe(folder: Path, meta: dict[str, Any]) -> None:
     """``harnessrl_recipe.json`` and the ``SHA256SUMS`` over every file of the folder."""
-    from learner.pretrain import file_sha256
+    from harnessrl.learner.pretrain import file_sha256
 
     atomic_write_json(folder / "harnessrl_recipe.json", meta)
     sums = "".join(
@@ -203,7 +203,7 @@ def held_out_eval(cfg: PretrainConfig, folder: Path, out: Path) -> dict[str, Any
     """``harnessrl eval`` of the exported policy (a child process: the real harness, sandbox,
     proxy and engine); its summary for the reference harness."""
     report = out / "eval.json"
-    argv = [sys.executable, "-m", "common.cli", "eval", "--policy", str(folder)]
+    argv = [sys.executable, "-m", "harnessrl.common.cli", "eval", "--policy", str(folder)]
     argv += ["--suite", cfg.eval_suite, "--harness", "reference", "--n", str(cfg.eval_n)]
     argv += ["--temperature", "1.0", "--out", str(report), "--log-dir", str(out / "eval-logs")]
     subprocess.run(argv, check=True)
@@ -235,11 +235,11 @@ def main(cfg: PretrainConfig, args: argparse.Namespace | None = None) -> int:
     import numpy as np
     import torch
 
-    from common.models import load_tokenizer
-    from learner.ds_engine import DeepSpeedConfig, LearnerEngine
-    from learner.losses import LossConfig
-    from learner.packing import PackConfig, pack
-    from learner.pretrain import (
+    from harnessrl.common.models import load_tokenizer
+    from harnessrl.learner.ds_engine import DeepSpeedConfig, LearnerEngine
+    from harnessrl.learner.losses import LossConfig
+    from harnessrl.learner.packing import PackConfig, pack
+    from harnessrl.learner.pretrain import (
         as_sample,
         batches,
         corpus_windows,

@@ -27,7 +27,7 @@ seen, never one that rollouts were generated with, and a resumed learner never p
 version number again with other weights. (With ``checkpoint_every = 0`` nothing is committed
 and nothing resumes: versions are broadcast right after their step.)
 
-**Fleet** (N ranks under torchrun/deepspeed, ``learner.fleet``): this service runs on rank 0
+**Fleet** (N ranks under torchrun/deepspeed, ``harnessrl.learner.fleet``): this service runs on rank 0
 alone; the other ranks run ``follow`` and take part in every step, broadcast gather and
 checkpoint save that rank 0's engine starts. A rank that dies makes rank 0's next engine call
 raise (while idle, within a ping interval), so the loop fails without committing.
@@ -48,20 +48,20 @@ import time
 from collections import Counter
 from typing import Any
 
-from common import metrics
-from common.bus import Bus, BusUnavailable, Consumer
-from common.layout import (
+from harnessrl.common import metrics
+from harnessrl.common.bus import Bus, BusUnavailable, Consumer
+from harnessrl.common.layout import (
     CommitLine,
     MetricsLine,
     StartLine,
     StepLine,
     encode_line,
 )
-from common.records import TreeSample
-from learner.batching import Batch, Batcher, BatchRules, Ledger
-from learner.checkpoint import Checkpointer, LearnerState
-from learner.feeder import Feeder
-from learner.fleet import FleetBroken
+from harnessrl.common.records import TreeSample
+from harnessrl.learner.batching import Batch, Batcher, BatchRules, Ledger
+from harnessrl.learner.checkpoint import Checkpointer, LearnerState
+from harnessrl.learner.feeder import Feeder
+from harnessrl.learner.fleet import FleetBroken
 
 log = logging.getLogger("harnessrl.learner")
 
@@ -194,8 +194,8 @@ class Learner:
         )
 
     def _publisher(self) -> Any:
-        from common.models import resolve_model
-        from learner.weights import make_publisher
+        from harnessrl.common.models import resolve_model
+        from harnessrl.learner.weights import make_publisher
 
         lm = self.engine.policy.lm
         return make_publisher(
@@ -241,7 +241,9 @@ class Learner:
             finally:
                 if self.publisher is not None:
                     await self.publisher.close()
-                if hasattr(self.engine, "close"):  # release the other ranks (learner.fleet)
+                if hasattr(
+                    self.engine, "close"
+                ):  # release the other ranks (harnessrl.learner.fleet)
                     await asyncio.to_thread(self.engine.close)
         return 0
 
@@ -379,7 +381,7 @@ class Learner:
 
     def _train(self, batch: Batch) -> dict[str, float]:
         """Pack and step (worker thread: touches only the engine and the batch)."""
-        from learner.packing import pack
+        from harnessrl.learner.packing import pack
 
         packing = pack(batch.samples, self.cfg.pack, advantages=batch.advantages)
         k = self.cfg.updates_per_batch
@@ -577,7 +579,7 @@ def build_engine(cfg: Any) -> Any:
     import torch
     import torch.distributed as dist
 
-    from learner.ds_engine import LearnerEngine
+    from harnessrl.learner.ds_engine import LearnerEngine
 
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
@@ -597,12 +599,12 @@ def build_engine(cfg: Any) -> Any:
 
 def follow(cfg: Any) -> int:
     """A learner rank other than 0: no bus, no metrics server; build the engine and do rank 0's
-    part-commands until it stops (``learner.fleet``). SIGTERM and SIGINT are left to rank 0,
+    part-commands until it stops (``harnessrl.learner.fleet``). SIGTERM and SIGINT are left to rank 0,
     which finishes its step and commits with every rank; if rank 0 dies, the next collective
     fails and this rank exits non-zero."""
     import signal
 
-    from learner.fleet import world
+    from harnessrl.learner.fleet import world
 
     rank, size = world()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -618,7 +620,7 @@ async def serve(cfg: Any, bus: Bus | None = None) -> int:
     """Connect, serve ``/metrics``, run the learner until a signal or ``max_steps``."""
     import signal
 
-    from common.bus import connect_service
+    from harnessrl.common.bus import connect_service
 
     own_bus = bus is None
     bus = bus or await connect_service(cfg, "learner")

@@ -7,7 +7,7 @@ Control always travels over the bus: after a step the learner publishes ``Weight
   its metadata), cut into ``WeightChunk`` records of at most ``chunk_bytes`` on
   ``hrl.<run>.weights.data.<version>`` (msg ids ``weights:<version>:<i>:<incarnation>``),
   published *before* the WeightsReady that carries ``n_chunks``, ``total_bytes`` and the
-  ``digest`` (``common.weights.weights_digest``). Only the newest ``keep_versions`` data
+  ``digest`` (``harnessrl.common.weights.weights_digest``). Only the newest ``keep_versions`` data
   subjects are kept; older ones are purged. The msg ids carry a per-process token because a
   learner resumed from a checkpoint publishes the version numbers of its lost steps again,
   with other weights (it purges their stale chunks first); updaters that already applied a
@@ -19,8 +19,8 @@ Control always travels over the bus: after a step the learner publishes ``Weight
   (gloo against the embedded engine, nccl against SGLang on GPUs); the version travels with
   the last bucket. WeightsReady is still published, as a record.
 
-The formats and the group protocol are shared with the engines' side (``common.weights``); the
-engine-side updater is ``proxy.weights_sync`` (``harnessrl weights-sync``).
+The formats and the group protocol are shared with the engines' side (``harnessrl.common.weights``); the
+engine-side updater is ``harnessrl.proxy.weights_sync`` (``harnessrl weights-sync``).
 """
 
 from __future__ import annotations
@@ -35,12 +35,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from common import metrics
-from common.bus import Bus
-from common.files import read_secret
-from common.layout import weights_folder
-from common.records import WeightChunk, WeightsReady
-from common.weights import (
+from harnessrl.common import metrics
+from harnessrl.common.bus import Bus
+from harnessrl.common.files import read_secret
+from harnessrl.common.layout import weights_folder
+from harnessrl.common.records import WeightChunk, WeightsReady
+from harnessrl.common.weights import (
     WeightSender,
     chunk,
     init_weight_group,

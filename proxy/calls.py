@@ -1,7 +1,7 @@
 """One model call, independent of the API it arrived through.
 
 Every HTTP API (OpenAI chat, Anthropic messages, OpenAI responses) converts its request into a
-``CallRequest`` (normalised messages, see ``proxy.tito``), awaits ``ModelCaller.call`` and
+``CallRequest`` (normalised messages, see ``harnessrl.proxy.tito``), awaits ``ModelCaller.call`` and
 converts the ``CallReply`` (or the ``CallError``) back into its own shape. Everything else
 happens here, in this order::
 
@@ -39,12 +39,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from common.records import CallRecord, SamplingParams
-from proxy.labels import DEFAULT_RULES, LabelRules, kept_headers, label_call
-from proxy.parsers import ParsedOutput, Parser
-from proxy.recorder import Recorder, RecorderFull, Ticket
-from proxy.sglang import EngineBadRequest, EngineError, EngineUnavailable, GenerateResult
-from proxy.tito import ChatRenderer, Tito, TitoPrompt
+from harnessrl.common.records import CallRecord, SamplingParams
+from harnessrl.proxy.labels import DEFAULT_RULES, LabelRules, kept_headers, label_call
+from harnessrl.proxy.parsers import ParsedOutput, Parser
+from harnessrl.proxy.recorder import Recorder, RecorderFull, Ticket
+from harnessrl.proxy.sglang import EngineBadRequest, EngineError, EngineUnavailable, GenerateResult
+from harnessrl.proxy.tito import ChatRenderer, Tito, TitoPrompt
 
 __all__ = [
     "BadRequest",
@@ -130,7 +130,7 @@ class CallRequest:
 
     rollout_id: str
     messages: list[dict[str, Any]]
-    """Normalised messages (see ``proxy.tito``)."""
+    """Normalised messages (see ``harnessrl.proxy.tito``)."""
     tools: list[dict[str, Any]] | None = None
     """OpenAI function tools."""
     api: str = "chat"

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from common.config import HrlModel, ServiceConfig
+from harnessrl.common.config import HrlModel, ServiceConfig
 
 
 class EngineConfig(HrlModel):

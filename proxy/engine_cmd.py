@@ -5,7 +5,7 @@ serves, so supervisors and tests can read the port (``--port 0`` picks a free on
 imported only in ``main`` (``--help`` stays instant); ``spawn_engine`` starts it as a child
 process without importing torch here.
 
-``--kind teacher`` serves the scripted toy teacher instead (``proxy.engine.teacher``; no torch
+``--kind teacher`` serves the scripted toy teacher instead (``harnessrl.proxy.engine.teacher``; no torch
 model): ``harnessrl engine --kind teacher --suites toy [--suites toy-eval] --model TOKENIZER``,
 with the same ready line (``engine ready: URL (teacher, ...)``) and the same clean stop.
 """
@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 
-from proxy.config import EngineConfig
+from harnessrl.proxy.config import EngineConfig
 
 CONFIG = EngineConfig
 
@@ -28,14 +28,14 @@ READY_RE = re.compile(r"^engine ready: (http://\S+) ")
 
 
 def main(cfg: EngineConfig, args: argparse.Namespace | None = None) -> int:
-    from common.aio import run, setup_logging
+    from harnessrl.common.aio import run, setup_logging
 
     setup_logging(cfg.log_level, "engine")
     if cfg.kind == "teacher":
-        from proxy.engine.teacher import serve_teacher
+        from harnessrl.proxy.engine.teacher import serve_teacher
 
         return int(run(serve_teacher(cfg)))
-    from proxy.engine import serve
+    from harnessrl.proxy.engine import serve
 
     return int(run(serve(cfg)))
 
@@ -43,13 +43,13 @@ def main(cfg: EngineConfig, args: argparse.Namespace | None = None) -> int:
 def spawn_engine(
     flags: list[str], timeout: float = 120.0, env: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen, str]:
-    """Start ``python -m proxy.engine_cmd FLAGS`` as a child that dies with this process; wait
+    """Start ``python -m harnessrl.proxy.engine_cmd FLAGS`` as a child that dies with this process; wait
     for its ready line and return ``(process, url)``. The child's output keeps accumulating in
     ``process.output_lines``; stop it with ``process.terminate()`` (SIGTERM: clean exit 0)."""
-    from common.procs import popen_child
+    from harnessrl.common.procs import popen_child
 
     proc = popen_child(
-        [sys.executable, "-m", "proxy.engine_cmd", *flags],
+        [sys.executable, "-m", "harnessrl.proxy.engine_cmd", *flags],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -77,7 +77,7 @@ def spawn_engine(
     return proc, found[0]
 
 
-if __name__ == "__main__":  # ``python -m proxy.engine_cmd`` is ``harnessrl engine``
-    from common.cli import run_module
+if __name__ == "__main__":  # ``python -m harnessrl.proxy.engine_cmd`` is ``harnessrl engine``
+    from harnessrl.common.cli import run_module
 
     run_module("engine")

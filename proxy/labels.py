@@ -73,7 +73,7 @@ def label_call(
     headers: Mapping[str, str],
     rules: LabelRules = DEFAULT_RULES,
 ) -> tuple[str, str]:
-    """``(label, reason)`` for a call with normalised ``messages`` (see ``proxy.tito``)."""
+    """``(label, reason)`` for a call with normalised ``messages`` (see ``harnessrl.proxy.tito``)."""
     low = {k.lower(): v for k, v in headers.items()}
     for h in rules.subagent_headers:
         if h in low:

@@ -27,8 +27,8 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.calls import BadRequest, CallError, CallReply, CallRequest
-from proxy.tito import normalize_messages
+from harnessrl.proxy.calls import BadRequest, CallError, CallReply, CallRequest
+from harnessrl.proxy.tito import normalize_messages
 
 __all__ = ["message_events", "message_response", "messages_error", "messages_request"]
 

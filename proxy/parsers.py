@@ -59,7 +59,7 @@ class ParsedOutput:
     """Whether the text ended with an end-of-turn token (else it was cut off)."""
 
     def message(self, call_ids: list[str] | None = None) -> dict[str, Any]:
-        """The assistant message in the normalised format (see ``proxy.tito``)."""
+        """The assistant message in the normalised format (see ``harnessrl.proxy.tito``)."""
         ids = call_ids or [""] * len(self.tool_calls)
         msg: dict[str, Any] = {"role": "assistant", "content": self.content}
         if self.reasoning is not None:

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import signal
 
-from proxy.proxy_config import ProxyConfig
+from harnessrl.proxy.proxy_config import ProxyConfig
 
 CONFIG = ProxyConfig
 
@@ -19,10 +19,10 @@ log = logging.getLogger("harnessrl.proxy")
 
 
 async def serve(cfg: ProxyConfig) -> int:
-    from common import metrics
-    from common.bus import connect_service
-    from proxy.server import ProxyServer
-    from proxy.stack import open_proxy_stack
+    from harnessrl.common import metrics
+    from harnessrl.common.bus import connect_service
+    from harnessrl.proxy.server import ProxyServer
+    from harnessrl.proxy.stack import open_proxy_stack
 
     bus = await connect_service(cfg, "proxy")
     served = None
@@ -69,13 +69,13 @@ async def serve(cfg: ProxyConfig) -> int:
 
 
 def main(cfg: ProxyConfig, args: argparse.Namespace | None = None) -> int:
-    from common.aio import run, setup_logging
+    from harnessrl.common.aio import run, setup_logging
 
     setup_logging(cfg.log_level, "proxy")
     return int(run(serve(cfg)))
 
 
-if __name__ == "__main__":  # ``python -m proxy.proxy_cmd`` is ``harnessrl proxy``
-    from common.cli import run_module
+if __name__ == "__main__":  # ``python -m harnessrl.proxy.proxy_cmd`` is ``harnessrl proxy``
+    from harnessrl.common.cli import run_module
 
     run_module("proxy")

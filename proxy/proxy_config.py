@@ -8,8 +8,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from common.config import HrlModel, ServiceConfig
-from common.records import check_token
+from harnessrl.common.config import HrlModel, ServiceConfig
+from harnessrl.common.records import check_token
 
 DEFAULT_MAX_NEW_TOKENS = 4096
 """Output limit per call when neither the run nor the model says."""
@@ -56,7 +56,7 @@ class ProxySettings(SamplingSettings):
         """``max_new_tokens``, or when 0 the model's own limit (else `DEFAULT_MAX_NEW_TOKENS`)."""
         if self.max_new_tokens:
             return self.max_new_tokens
-        from common.models import model_max_new_tokens
+        from harnessrl.common.models import model_max_new_tokens
 
         return model_max_new_tokens(self.model) or DEFAULT_MAX_NEW_TOKENS
 

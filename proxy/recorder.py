@@ -41,10 +41,10 @@ from typing import Any
 
 import numpy as np
 
-from common import metrics
-from common.bus import Bus, PayloadTooLarge
-from common.records import CallRecord, SamplingParams, ids_hash, pack_f32, pack_ids
-from proxy.sglang import GenerateResult
+from harnessrl.common import metrics
+from harnessrl.common.bus import Bus, PayloadTooLarge
+from harnessrl.common.records import CallRecord, SamplingParams, ids_hash, pack_f32, pack_ids
+from harnessrl.proxy.sglang import GenerateResult
 
 log = logging.getLogger("harnessrl.proxy.recorder")
 

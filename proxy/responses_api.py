@@ -27,8 +27,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from proxy.calls import BadRequest, CallReply, CallRequest
-from proxy.tito import normalize_messages
+from harnessrl.proxy.calls import BadRequest, CallReply, CallRequest
+from harnessrl.proxy.tito import normalize_messages
 
 __all__ = [
     "decode_reasoning",

@@ -15,7 +15,7 @@ In-process::
 
 As a subprocess (prints ``scripted engine ready: URL`` once listening)::
 
-    python -m proxy.scripted --port 0 --script replies.json [--tokenizer tiny-1m]
+    python -m harnessrl.proxy.scripted --port 0 --script replies.json [--tokenizer tiny-1m]
 
 where ``replies.json`` is a list of replies or ``{"tokenizer": ..., "replies": [...],
 "default": reply, "weight_version": N}``. A reply is a string (text), a list of ints (ids) or an
@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from proxy.engine.auth import api_key_middleware
+from harnessrl.proxy.engine.auth import api_key_middleware
 
 __all__ = ["Reply", "ScriptedEngine", "main"]
 
@@ -116,7 +116,7 @@ class ScriptedEngine:
         api_key: str = "",
     ) -> None:
         if isinstance(tokenizer, str | Path):
-            from common.models import load_tokenizer
+            from harnessrl.common.models import load_tokenizer
 
             tokenizer = load_tokenizer(tokenizer)
         self.tokenizer = tokenizer
@@ -127,7 +127,7 @@ class ScriptedEngine:
         self.weight_version = weight_version
         self.model_path = model_path
         if eos_ids is None and tokenizer is not None:
-            from common.models import eos_token_ids
+            from harnessrl.common.models import eos_token_ids
 
             eos_ids = eos_token_ids(tokenizer)
         self.eos_ids = list(eos_ids or [])
@@ -434,13 +434,15 @@ async def _serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m proxy.scripted", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m harnessrl.proxy.scripted", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=0, help="port (0 = free port)")
     p.add_argument("--script", default="", help="JSON file of replies")
     p.add_argument("--tokenizer", default="", help="tokenizer for text replies (tiny-1m, folder)")
     args = p.parse_args(argv)
-    from common.aio import run
+    from harnessrl.common.aio import run
 
     run(_serve(args))
     return 0

@@ -2,13 +2,13 @@
 
 Routes: ``HEAD/GET /`` (health), ``GET /v1/models``, ``POST /v1/chat/completions`` (OpenAI chat),
 ``POST /v1/messages`` (Anthropic, also with ``?beta=true``) and ``POST /v1/responses`` (OpenAI
-Responses, Codex), each streaming and not. Every call goes through ``proxy.calls.ModelCaller``;
+Responses, Codex), each streaming and not. Every call goes through ``harnessrl.proxy.calls.ModelCaller``;
 this module only authenticates, converts between the API's shapes and the normalised call, and
 streams. The three model APIs share one handler (``ProxyServer._serve``: auth -> parse -> call
 -> reply or stream -> errors) driven by a small descriptor per API (``Api``: ``CHAT``,
 ``MESSAGES``, ``RESPONSES``), which names that API's parse, reply, stream and error-shape
-functions (OpenAI chat's below, the others' in ``proxy.messages_api`` and
-``proxy.responses_api``).
+functions (OpenAI chat's below, the others' in ``harnessrl.proxy.messages_api`` and
+``harnessrl.proxy.responses_api``).
 
 What must stay true:
 
@@ -39,7 +39,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from proxy.calls import (
+from harnessrl.proxy.calls import (
     BadRequest,
     CallError,
     CallReply,
@@ -48,7 +48,7 @@ from proxy.calls import (
     ModelCaller,
     PendingCall,
 )
-from proxy.messages_api import (
+from harnessrl.proxy.messages_api import (
     message_events,
     message_response,
     message_start,
@@ -56,7 +56,7 @@ from proxy.messages_api import (
     messages_request,
     new_message_id,
 )
-from proxy.responses_api import (
+from harnessrl.proxy.responses_api import (
     failed_event,
     new_response_id,
     response_created,
@@ -64,7 +64,7 @@ from proxy.responses_api import (
     response_object,
     responses_request,
 )
-from proxy.tito import normalize_messages
+from harnessrl.proxy.tito import normalize_messages
 
 log = logging.getLogger("harnessrl.proxy.server")
 

@@ -37,7 +37,7 @@ import aiohttp
 import msgspec
 import numpy as np
 
-from common import metrics
+from harnessrl.common import metrics
 
 log = logging.getLogger("harnessrl.proxy.sglang")
 

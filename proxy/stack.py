@@ -1,5 +1,5 @@
 """The proxy stack, wired once: engine router, chat renderer, tool-call parser, recorder and
-``ModelCaller``. ``harnessrl proxy`` and every process that runs rollouts (``actors.rollout``)
+``ModelCaller``. ``harnessrl proxy`` and every process that runs rollouts (``harnessrl.actors.rollout``)
 open it the same way and only differ in what serves it::
 
     async with open_proxy_stack(settings, bus, record_buffer=1024) as stack:
@@ -36,22 +36,22 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from common.bus import Bus
-from common.records import SamplingParams
-from proxy.calls import ModelCaller
-from proxy.engine.auth import load_api_key
-from proxy.labels import DEFAULT_RULES, LabelRules
-from proxy.parsers import get_parser
-from proxy.proxy_config import ProxySettings
-from proxy.recorder import Recorder
-from proxy.sglang import (
+from harnessrl.common.bus import Bus
+from harnessrl.common.records import SamplingParams
+from harnessrl.proxy.calls import ModelCaller
+from harnessrl.proxy.engine.auth import load_api_key
+from harnessrl.proxy.labels import DEFAULT_RULES, LabelRules
+from harnessrl.proxy.parsers import get_parser
+from harnessrl.proxy.proxy_config import ProxySettings
+from harnessrl.proxy.recorder import Recorder
+from harnessrl.proxy.sglang import (
     EngineBadRequest,
     EngineError,
     EngineRouter,
     EngineUnavailable,
     GenerateResult,
 )
-from proxy.tito import ChatRenderer
+from harnessrl.proxy.tito import ChatRenderer
 
 __all__ = [
     "HRL_LABEL_HEADER",
@@ -68,7 +68,7 @@ log = logging.getLogger("harnessrl.proxy.stack")
 
 HRL_LABEL_HEADER = "x-hrl-call-label"
 """Header by which harnessrl's own agents label their calls (value ``subagent`` or
-``compaction``); ``actors.harnesses.reference_agent.LABEL_HEADER`` is this header."""
+``compaction``); ``harnessrl.actors.harnesses.reference_agent.LABEL_HEADER`` is this header."""
 
 
 def with_label_header(rules: LabelRules, header: str) -> LabelRules:
@@ -204,7 +204,7 @@ class ProxyStack:
 @functools.lru_cache(maxsize=4)
 def _tokenizer(spec: str) -> Any:
     """The tokenizer of ``spec``, loaded once per process (read-only once loaded)."""
-    from common.models import load_tokenizer
+    from harnessrl.common.models import load_tokenizer
 
     return load_tokenizer(spec)
 

@@ -94,8 +94,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from common import metrics
-from common.models import eos_token_ids, render_chat
+from harnessrl.common import metrics
+from harnessrl.common.models import eos_token_ids, render_chat
 
 log = logging.getLogger("harnessrl.proxy.tito")
 

@@ -7,7 +7,7 @@ engine's ``update_weights_from_disk`` with the version; for ``disk`` it hands th
 itself to the engine; a ``distributed`` version was already pushed by the learner and is only
 recorded. **A version that is not completely and correctly received is never applied** (it is
 counted and skipped; the engine keeps serving the previous weights until a complete newer
-version arrives). The formats are ``common.weights``; the publishers are ``learner.weights``.
+version arrives). The formats are ``harnessrl.common.weights``; the publishers are ``harnessrl.learner.weights``.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from common import metrics
-from common.bus import Bus
-from common.layout import weights_folder
-from common.records import WeightChunk, WeightsReady
-from common.weights import (
+from harnessrl.common import metrics
+from harnessrl.common.bus import Bus
+from harnessrl.common.layout import weights_folder
+from harnessrl.common.records import WeightChunk, WeightsReady
+from harnessrl.common.weights import (
     Blob,
     ChunkJoiner,
     IncompleteVersion,
@@ -111,7 +111,7 @@ class WeightUpdater:
         while the next is on its way)."""
         self.retain_memory = retain_memory
         """Before reading a stream version, have malloc keep a version's worth of freed memory
-        (`common.weights.retain_freed_memory`, process-wide): each version then lands in the
+        (`harnessrl.common.weights.retain_freed_memory`, process-wide): each version then lands in the
         pages of the one before instead of fresh ones (receive 0.34-0.38 s -> 0.25-0.29 s for
         256 MB here)."""
         self._retained = 0

@@ -6,7 +6,7 @@ order, never a partially received one. Runs until SIGTERM or Ctrl-C.
 folder into the engine once (no NATS needed) and exits: 0 once the engine serves it, 1 with a
 one-line error naming the engine and the folder.
 
-Also runnable as ``python -m proxy.weights_sync_cmd`` with the same flags.
+Also runnable as ``python -m harnessrl.proxy.weights_sync_cmd`` with the same flags.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import signal
 import sys
 from typing import Any
 
-from proxy.config import WeightSyncConfig
+from harnessrl.proxy.config import WeightSyncConfig
 
 CONFIG = WeightSyncConfig
 SECTION = "weights_sync"
@@ -28,7 +28,7 @@ log = logging.getLogger("harnessrl.weights_sync")
 
 
 def main(cfg: WeightSyncConfig, args: argparse.Namespace | None = None) -> int:
-    from common import aio
+    from harnessrl.common import aio
 
     aio.setup_logging(cfg.log_level, "weights-sync")
     return aio.run(load(cfg) if cfg.load else serve(cfg))
@@ -47,8 +47,8 @@ async def _wait_healthy(client: Any, cfg: WeightSyncConfig, stop: asyncio.Event)
 
 async def load(cfg: WeightSyncConfig) -> int:
     """Load ``cfg.load`` into the engine as ``cfg.load_version``, once."""
-    from proxy.engine.auth import load_api_key
-    from proxy.sglang import EngineClient, EngineError
+    from harnessrl.proxy.engine.auth import load_api_key
+    from harnessrl.proxy.sglang import EngineClient, EngineError
 
     client = EngineClient(cfg.engine, api_key=load_api_key(key_file=cfg.engine_api_key_file))
     try:
@@ -80,11 +80,11 @@ async def load(cfg: WeightSyncConfig) -> int:
 
 
 async def serve(cfg: WeightSyncConfig) -> int:
-    from common import metrics
-    from common.bus import connect_service
-    from proxy.engine.auth import load_api_key
-    from proxy.sglang import EngineClient
-    from proxy.weights_sync import WeightUpdater, durable_name, engine_apply
+    from harnessrl.common import metrics
+    from harnessrl.common.bus import connect_service
+    from harnessrl.proxy.engine.auth import load_api_key
+    from harnessrl.proxy.sglang import EngineClient
+    from harnessrl.proxy.weights_sync import WeightUpdater, durable_name, engine_apply
 
     key = load_api_key(key_file=cfg.engine_api_key_file)
     bus = await connect_service(cfg, f"weights-sync {cfg.name or cfg.engine}")
@@ -128,7 +128,9 @@ async def serve(cfg: WeightSyncConfig) -> int:
     return 0
 
 
-if __name__ == "__main__":  # ``python -m proxy.weights_sync_cmd`` is ``harnessrl weights-sync``
-    from common.cli import run_module
+if (
+    __name__ == "__main__"
+):  # ``python -m harnessrl.proxy.weights_sync_cmd`` is ``harnessrl weights-sync``
+    from harnessrl.common.cli import run_module
 
     run_module("weights-sync")

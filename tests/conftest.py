@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from actors.sandbox.bwrap import BwrapBackend
-from actors.sandbox.docker_image import DockerdError, PrivateDockerd, ensure_image
-from common.natsd import NatsServer
+from harnessrl.actors.sandbox.bwrap import BwrapBackend
+from harnessrl.actors.sandbox.docker_image import DockerdError, PrivateDockerd, ensure_image
+from harnessrl.common.natsd import NatsServer
 
 
 @pytest.fixture(scope="session")

@@ -32,16 +32,16 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from actors.harnesses import (
+from harnessrl.actors.harnesses import (
     HarnessContext,
     HarnessInstallError,
     default_cache_dir,
     get_adapter,
     launch,
 )
-from common.bus import Bus, connect
-from common.models import load_tokenizer
-from common.records import (
+from harnessrl.common.bus import Bus, connect
+from harnessrl.common.models import load_tokenizer
+from harnessrl.common.records import (
     CallRecord,
     RolloutResult,
     SamplingParams,
@@ -50,14 +50,14 @@ from common.records import (
     ids_hash,
     unpack_ids,
 )
-from common.tree import leaves
-from proxy.calls import ModelCaller
-from proxy.parsers import HermesParser
-from proxy.recorder import Recorder
-from proxy.scripted import Reply, ScriptedEngine
-from proxy.server import ProxyServer
-from proxy.sglang import EngineClient
-from proxy.tito import ChatRenderer
+from harnessrl.common.tree import leaves
+from harnessrl.proxy.calls import ModelCaller
+from harnessrl.proxy.parsers import HermesParser
+from harnessrl.proxy.recorder import Recorder
+from harnessrl.proxy.scripted import Reply, ScriptedEngine
+from harnessrl.proxy.server import ProxyServer
+from harnessrl.proxy.sglang import EngineClient
+from harnessrl.proxy.tito import ChatRenderer
 
 TOKEN = "tok-proxy-harness"
 ROLLOUT = "g-0-1"
@@ -407,7 +407,7 @@ async def run_harness(
 ) -> HarnessRun:
     """Launch ``name`` in a bwrap sandbox whose forwarder reaches ``stack``'s proxy socket;
     return its exit and the workspace files named in ``read`` (None when missing)."""
-    from actors.sandbox.base import SandboxSpec
+    from harnessrl.actors.sandbox.base import SandboxSpec
     from tests.conftest import bwrap_or_skip
 
     cache = await ensure_installed(name)

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from common.records import CallRecord
-from common.tree import assemble
+from harnessrl.common.records import CallRecord
+from harnessrl.common.tree import assemble
 from tests.harness_env import Brain, Prompt, ensure_installed, write_call
 from tests.test_rollout import TASK, request, rollout_env
 
@@ -56,6 +56,6 @@ async def test_real_harness_rollout_through_the_actor(harness, nats_url, run_nam
 
 
 async def run_rollout_for(harness: str, deps):
-    from actors.rollout import run_rollout
+    from harnessrl.actors.rollout import run_rollout
 
     return await run_rollout(request(harness, group_id="greal", k=0, timeout_s=240.0), 1, deps)

@@ -1,6 +1,6 @@
 """The actor service: TaskRequests on a real nats-server in, one RolloutResult per task out.
 
-In-process for the main path; as a subprocess (``python -m actors.actor_cmd``, or ``harnessrl
+In-process for the main path; as a subprocess (``python -m harnessrl.actors.actor_cmd``, or ``harnessrl
 actor`` once registered) for what needs a real process: SIGKILL mid-rollout (the task comes
 back as attempt 2 of the same member) and SIGTERM (graceful shutdown leaves no sandbox).
 """
@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from actors.config import ActorConfig
-from actors.rollout import SOCKET_ROOT, RolloutDeps
-from actors.service import DURABLE, ActorService
-from common import cli, metrics
-from common.bus import Bus, connect
-from common.config import undocumented_fields
-from common.records import DeadLetter, RolloutResult, TaskRequest
-from proxy.scripted import Reply, ScriptedEngine
+from harnessrl.actors.config import ActorConfig
+from harnessrl.actors.rollout import SOCKET_ROOT, RolloutDeps
+from harnessrl.actors.service import DURABLE, ActorService
+from harnessrl.common import cli, metrics
+from harnessrl.common.bus import Bus, connect
+from harnessrl.common.config import undocumented_fields
+from harnessrl.common.records import DeadLetter, RolloutResult, TaskRequest
+from harnessrl.proxy.scripted import Reply, ScriptedEngine
 from tests.test_rollout import SOLVE, TOK, request, toy_solver
 
 REPO = Path(__file__).resolve().parents[1]
@@ -121,9 +121,9 @@ async def test_service_end_to_end(bus: Bus, nats_url, run_name, sandbox_root: Pa
 
 def actor_argv(nats_url: str, run: str, engine: str, root: Path, *extra: str) -> list[str]:
     entry = (
-        ["-m", "common.cli", "actor"]
+        ["-m", "harnessrl.common.cli", "actor"]
         if cli.COMMANDS["actor"].module
-        else ["-m", "actors.actor_cmd"]
+        else ["-m", "harnessrl.actors.actor_cmd"]
     )
     return [
         sys.executable,
@@ -256,8 +256,8 @@ def test_config_fields_documented_and_engine_flag():
     """Every actor config field is documented; ``--engine`` repeats into ``engines``."""
     import argparse
 
-    from actors import actor_cmd
-    from common.config import add_config_args, config_from_args
+    from harnessrl.actors import actor_cmd
+    from harnessrl.common.config import add_config_args, config_from_args
 
     assert undocumented_fields(ActorConfig) == []
     parser = argparse.ArgumentParser()

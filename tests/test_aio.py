@@ -1,4 +1,4 @@
-"""``common.aio.run``: processes that start subprocesses all the time (actors) run on the default
+"""``harnessrl.common.aio.run``: processes that start subprocesses all the time (actors) run on the default
 asyncio loop, whose subprocesses CPython starts with vfork; the rest run on uvloop."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from actors import actor_cmd, eval_cmd, rollout_cmd, tasks_cmd
-from common import aio
+from harnessrl.actors import actor_cmd, eval_cmd, rollout_cmd, tasks_cmd
+from harnessrl.common import aio
 
 
 async def _loop_and_spawn() -> tuple[str, int]:

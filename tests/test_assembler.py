@@ -14,14 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common import metrics
-from common import records as r
-from common.bus import Bus, connect
-from common.config import undocumented_fields
-from common.tree import assemble, expand, join_parts, split_sample
-from learner import assembler as assembler_mod
-from learner.assembler import Assembler
-from learner.config import AssemblerConfig
+from harnessrl.common import metrics
+from harnessrl.common import records as r
+from harnessrl.common.bus import Bus, connect
+from harnessrl.common.config import undocumented_fields
+from harnessrl.common.tree import assemble, expand, join_parts, split_sample
+from harnessrl.learner import assembler as assembler_mod
+from harnessrl.learner.assembler import Assembler
+from harnessrl.learner.config import AssemblerConfig
 
 try:  # `pytest` puts tests/ itself on sys.path (no tests/__init__.py); `python -m pytest` the root
     from test_tree import Spec, make_calls, result_for
@@ -290,7 +290,7 @@ async def test_command_runs_and_stops_on_sigterm(nats_url: str, run_name: str) -
         [
             sys.executable,
             "-m",
-            "learner.assembler_cmd",
+            "harnessrl.learner.assembler_cmd",
             "--nats",
             nats_url,
             "--run",

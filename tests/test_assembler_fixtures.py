@@ -37,9 +37,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from actors.harnesses import default_cache_dir, get_adapter
-from common.records import CallRecord, encode
-from common.tree import AssembleOptions, Assembly, assemble_detailed
+from harnessrl.actors.harnesses import default_cache_dir, get_adapter
+from harnessrl.common.records import CallRecord, encode
+from harnessrl.common.tree import AssembleOptions, Assembly, assemble_detailed
 from tests.harness_env import (
     FIXTURES,
     RENDERER,

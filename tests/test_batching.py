@@ -11,11 +11,11 @@ import uuid
 import numpy as np
 import pytest
 
-from common.bus import Bus, Delivery, connect
-from common.records import TreeNode, TreeSample, pack_f32, pack_ids, pack_u8
-from common.tree import expand, split_sample
-from learner.batching import Batcher, BatchRules, Ledger
-from learner.losses import grpo_advantages
+from harnessrl.common.bus import Bus, Delivery, connect
+from harnessrl.common.records import TreeNode, TreeSample, pack_f32, pack_ids, pack_u8
+from harnessrl.common.tree import expand, split_sample
+from harnessrl.learner.batching import Batcher, BatchRules, Ledger
+from harnessrl.learner.losses import grpo_advantages
 
 VOCAB = 8192
 
@@ -345,7 +345,7 @@ async def test_incomplete_split_samples_are_given_up_after_parts_timeout(bus: Bu
 
     import msgspec
 
-    from common.records import DeadLetter
+    from harnessrl.common.records import DeadLetter
 
     h = Harness(bus, mode="ppo", batch_rollouts=1, parts_timeout_s=5)
     big = synthetic_sample("gi", 0, reward=1, group_size=1, tokens=3000, seed=1)

@@ -10,11 +10,11 @@ import nats
 import numpy as np
 import pytest
 
-from common import bus as busmod
-from common import metrics
-from common import records as r
-from common.bus import Bus, connect
-from common.nats_acks import publish_scattered
+from harnessrl.common import bus as busmod
+from harnessrl.common import metrics
+from harnessrl.common import records as r
+from harnessrl.common.bus import Bus, connect
+from harnessrl.common.nats_acks import publish_scattered
 from tests.test_records import sample_records
 
 
@@ -487,7 +487,7 @@ async def test_denials_wait_races_acks_against_a_violation_and_an_outage() -> No
     once every future is done or the timeout passed; a violation on a matching subject raises
     ``PermissionDenied`` at once, one on another subject does not; an abandoned outage raises
     ``BusUnavailable``; no callback is left on a future that is still pending."""
-    from common.nats_guards import Denials, Outage
+    from harnessrl.common.nats_guards import Denials, Outage
 
     loop = asyncio.get_running_loop()
     d = Denials("actor")

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from learner.batching import Ledger
-from learner.checkpoint import STATE_FILE, Checkpointer, LearnerState
+from harnessrl.learner.batching import Ledger
+from harnessrl.learner.checkpoint import STATE_FILE, Checkpointer, LearnerState
 
 
 class FakeEngine:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from common import cli
-from common.config import (
+from harnessrl.common import cli
+from harnessrl.common.config import (
     ConfigError,
     HrlModel,
     NatsServerConfig,
@@ -23,9 +23,9 @@ from common.config import (
     load_config,
     undocumented_fields,
 )
-from common.procs import pid_alive
+from harnessrl.common.procs import pid_alive
 
-HRL = [sys.executable, "-m", "common.cli"]
+HRL = [sys.executable, "-m", "harnessrl.common.cli"]
 
 
 def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -34,7 +34,7 @@ def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
 
 def test_help_is_fast_and_imports_no_heavy_library() -> None:
     code = (
-        "import sys, time; t=time.perf_counter(); from common import cli\n"
+        "import sys, time; t=time.perf_counter(); from harnessrl.common import cli\n"
         "try: cli.main(['--help'])\nexcept SystemExit: pass\n"
         "heavy=[m for m in ('torch','deepspeed','transformers') if m in sys.modules]\n"
         "print('ELAPSED', time.perf_counter()-t, 'HEAVY', heavy)"

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from common.config import toml_text
-from common.procs import pid_alive
-from common.run.demo import (
+from harnessrl.common.config import toml_text
+from harnessrl.common.procs import pid_alive
+from harnessrl.common.run.demo import (
     DemoConfig,
     final_weights,
     paired,
@@ -27,11 +27,11 @@ from common.run.demo import (
     sft_steps,
     train_suite,
 )
-from common.run.plan import resolve
-from common.tasks.toy import FAMILIES
+from harnessrl.common.run.plan import resolve
+from harnessrl.common.tasks.toy import FAMILIES
 
 REPO = Path(__file__).resolve().parents[1]
-HRL = [sys.executable, "-m", "common.cli"]
+HRL = [sys.executable, "-m", "harnessrl.common.cli"]
 
 
 def _resolve(tmp_path: Path, name: str, tables: dict) -> tuple:
@@ -109,7 +109,7 @@ def test_phase_run_files_are_valid_run_configs(tmp_path: Path) -> None:
 
 
 def test_training_suite_is_generated_once_and_holds_out_toy_eval(tmp_path: Path) -> None:
-    from common.tasks import list_tasks
+    from harnessrl.common.tasks import list_tasks
 
     assert train_suite(DemoConfig(train_per_family=6), tmp_path) == "toy"
     path = train_suite(DemoConfig(train_per_family=8), tmp_path)
@@ -256,7 +256,7 @@ def test_demo_starts_from_the_shipped_warm_start(tmp_path: Path) -> None:
     """The default demo: no SFT phase; RL (PPO here: it steps on any batch) from
     ``tiny-agent`` with live weight sync, then both policies on the held-out tasks; the RL
     phase's rollouts/s is recorded."""
-    from common.models import resolve_model
+    from harnessrl.common.models import resolve_model
 
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap not installed")
@@ -281,7 +281,7 @@ def test_example_run_file_is_valid() -> None:
     against the config of the process that reads it."""
     import importlib
 
-    from common import cli
+    from harnessrl.common import cli
 
     cfg, sections = resolve(
         argparse.Namespace(run_file=str(REPO / "deploy" / "run-toy.toml"), config=None)

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common import natsauth
-from common.files import free_port
+from harnessrl.common import natsauth
+from harnessrl.common.files import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
@@ -97,7 +97,7 @@ def test_chart_auth_folder_is_the_one_harnessrl_nats_makes(tmp_path: Path) -> No
 def test_nats_chart_values_are_generated_from_the_permission_table() -> None:
     """``deploy/k8s/nats-values.yaml`` is exactly what ``nats_chart.py helm-values`` prints for
     its run: 3 nodes, JetStream on file storage, TLS for clients and routes, and every role with
-    the permissions of ``common.natsauth`` (so a change of the table that is not regenerated
+    the permissions of ``harnessrl.common.natsauth`` (so a change of the table that is not regenerated
     fails here)."""
     path = DEPLOY / "k8s" / "nats-values.yaml"
     values = yaml.safe_load(path.read_text())
@@ -148,7 +148,7 @@ def harnessrl_config(argv: list[str], capsys: pytest.CaptureFixture) -> dict:
     container's."""
     import tomllib
 
-    from common.cli import main
+    from harnessrl.common.cli import main
 
     argv = [a.replace("/etc/hrl/run.toml", str(COMPOSE / "run.toml")) for a in argv]
     capsys.readouterr()
@@ -164,7 +164,7 @@ def test_compose_cpu_stack_config(capsys: pytest.CaptureFixture) -> None:
     credential and all three nodes' URLs (every command as harnessrl parses it), actors
     scalable (no fixed name or port), Prometheus reading deploy/monitoring, Grafana only in its
     profile, provisioned with deploy/monitoring's dashboards."""
-    from common.config import nats_urls
+    from harnessrl.common.config import nats_urls
 
     cfg = compose_config("docker-compose.yml")
     services = cfg["services"]
@@ -268,10 +268,10 @@ def test_compose_gpu_variant_config() -> None:
 
 
 RUN_TABLES = {
-    "actor": "actors.config:ActorConfig",
-    "assembler": "learner.config:AssemblerConfig",
-    "learner": "learner.config:LearnerConfig",
-    "weights_sync": "proxy.config:WeightSyncConfig",
+    "actor": "harnessrl.actors.config:ActorConfig",
+    "assembler": "harnessrl.learner.config:AssemblerConfig",
+    "learner": "harnessrl.learner.config:LearnerConfig",
+    "weights_sync": "harnessrl.proxy.config:WeightSyncConfig",
 }
 
 
@@ -291,7 +291,7 @@ def test_run_files_are_valid_process_configs(name: str) -> None:
     import importlib
     import tomllib
 
-    from common.config import load_config
+    from harnessrl.common.config import load_config
 
     tables = tomllib.loads(_run_files()[name])
     assert set(tables) <= set(RUN_TABLES), name

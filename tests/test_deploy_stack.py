@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from actors.sandbox.docker_image import DockerdError, PrivateDockerd
-from common.files import free_port
+from harnessrl.actors.sandbox.docker_image import DockerdError, PrivateDockerd
+from harnessrl.common.files import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = REPO / "deploy" / "compose" / "docker-compose.yml"

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from benchmarks._learner_fleet import make_samples, rows_for
-from learner.ds_engine import DeepSpeedConfig, LearnerEngine
-from learner.losses import LossConfig, norm_weights, sft_loss
-from learner.packing import collate
-from learner.policy import load_policy
+from harnessrl.learner.ds_engine import DeepSpeedConfig, LearnerEngine
+from harnessrl.learner.losses import LossConfig, norm_weights, sft_loss
+from harnessrl.learner.packing import collate
+from harnessrl.learner.policy import load_policy
 
 pytestmark = pytest.mark.slow
 
@@ -298,7 +298,7 @@ def test_single_cpu_rank_needs_no_cxx_compiler(tmp_path) -> None:
     import sys
 
     code = (
-        "from learner.ds_engine import init_distributed; init_distributed(); "
+        "from harnessrl.learner.ds_engine import init_distributed; init_distributed(); "
         "import torch; print('world', torch.distributed.get_world_size())"
     )
     rendezvous = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")

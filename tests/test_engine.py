@@ -20,12 +20,12 @@ import aiohttp
 import pytest
 import torch
 
-from common import metrics
-from common.config import undocumented_fields
-from common.models import load_model, resolve_model
-from common.weights import WeightSender, init_weight_group, push_weights_distributed
-from proxy.config import EngineConfig
-from proxy.engine import (
+from harnessrl.common import metrics
+from harnessrl.common.config import undocumented_fields
+from harnessrl.common.models import load_model, resolve_model
+from harnessrl.common.weights import WeightSender, init_weight_group, push_weights_distributed
+from harnessrl.proxy.config import EngineConfig
+from harnessrl.proxy.engine import (
     EngineServer,
     PrefixCache,
     SamplingParams,
@@ -672,10 +672,10 @@ async def test_info_endpoints_and_metrics(model_dir: Path) -> None:
 
 
 def test_cli_ready_line_and_sigterm(model_dir: Path) -> None:
-    """``python -m proxy.engine_cmd`` prints the ready line with a free port, stops on SIGTERM."""
+    """``python -m harnessrl.proxy.engine_cmd`` prints the ready line with a free port, stops on SIGTERM."""
     import urllib.request
 
-    from proxy.engine_cmd import READY_RE, spawn_engine
+    from harnessrl.proxy.engine_cmd import READY_RE, spawn_engine
 
     proc, url = spawn_engine(["--model", str(model_dir), "--port", "0", "--threads", "1"])
     try:

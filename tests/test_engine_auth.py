@@ -13,12 +13,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from common.files import write_secret
-from common.models import resolve_model
-from proxy.config import EngineConfig
-from proxy.engine import EngineServer
-from proxy.scripted import ScriptedEngine
-from proxy.sglang import EngineClient, EngineError
+from harnessrl.common.files import write_secret
+from harnessrl.common.models import resolve_model
+from harnessrl.proxy.config import EngineConfig
+from harnessrl.proxy.engine import EngineServer
+from harnessrl.proxy.scripted import ScriptedEngine
+from harnessrl.proxy.sglang import EngineClient, EngineError
 
 KEY = "k3y-for-tests"
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,7 +96,16 @@ def test_engine_refuses_an_unreadable_key_file(tmp_path: Path) -> None:
     """``harnessrl engine --api-key-file MISSING`` exits 1 with one line naming the file."""
     missing = tmp_path / "nope"
     res = subprocess.run(
-        [sys.executable, "-m", "common.cli", "engine", "--model", "tiny-1m", "--port", "0"]
+        [
+            sys.executable,
+            "-m",
+            "harnessrl.common.cli",
+            "engine",
+            "--model",
+            "tiny-1m",
+            "--port",
+            "0",
+        ]
         + ["--api-key-file", str(missing)],
         capture_output=True,
         text=True,
@@ -114,7 +123,14 @@ async def test_weights_sync_load_sends_the_key(key_file: Path) -> None:
     new = resolve_model("tiny-1m@seed1")
 
     def weights_sync(*flags: str) -> subprocess.CompletedProcess:
-        argv = [sys.executable, "-m", "proxy.weights_sync_cmd", "--metrics-port", "-1", *flags]
+        argv = [
+            sys.executable,
+            "-m",
+            "harnessrl.proxy.weights_sync_cmd",
+            "--metrics-port",
+            "-1",
+            *flags,
+        ]
         return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
     cfg = EngineConfig(model="tiny-1m", port=0, threads=1, api_key_file=str(key_file))
@@ -135,9 +151,9 @@ async def test_weights_sync_load_sends_the_key(key_file: Path) -> None:
 
 async def test_learner_distributed_publisher_sends_the_key(key_file: Path) -> None:
     """The learner's engine calls (pause/continue around an update) carry the key."""
-    from common.bus import MemoryBus
-    from learner.config import BroadcastConfig
-    from learner.weights import make_publisher
+    from harnessrl.common.bus import MemoryBus
+    from harnessrl.learner.config import BroadcastConfig
+    from harnessrl.learner.weights import make_publisher
 
     cfg = EngineConfig(model="tiny-1m", port=0, threads=1, api_key_file=str(key_file))
     async with EngineServer(cfg) as srv:

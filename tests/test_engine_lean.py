@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.models import load_model
-from proxy.config import EngineConfig
-from proxy.engine.attention import _Segment
-from proxy.engine.lean import LeanForward
-from proxy.engine.scheduler import Engine
+from harnessrl.common.models import load_model
+from harnessrl.proxy.config import EngineConfig
+from harnessrl.proxy.engine.attention import _Segment
+from harnessrl.proxy.engine.lean import LeanForward
+from harnessrl.proxy.engine.scheduler import Engine
 
 TOL = 5e-5  # fp32 logits (of magnitude ~5: the HF forward itself moves by ~5e-6 between layouts)
 VOCAB = 96
@@ -152,7 +152,7 @@ def test_weight_swap_reaches_lean_forward(arch: str, arch_dir: Path, tmp_path: P
     """New weights applied as the engine applies them (``copy_`` into the HF parameters)
     reach the lean forward without a second copy: its fused matrices share the parameters'
     storage, and its logits equal the HF forward with the new weights."""
-    from proxy.engine.weights import load_state_dict
+    from harnessrl.proxy.engine.weights import load_state_dict
 
     eng = load_engine(arch_dir)
     lean = eng.lean

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from actors.eval_cmd import EvalConfig, format_table, summarize, task_pool
-from common.config import undocumented_fields
+from harnessrl.actors.eval_cmd import EvalConfig, format_table, summarize, task_pool
+from harnessrl.common.config import undocumented_fields
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,7 +56,7 @@ def test_eval_teacher_and_random_policy(tmp_path: Path) -> None:
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap not installed")
     out = tmp_path / "eval.json"
-    argv = [sys.executable, "-m", "common.cli", "eval", "--policy", "teacher"]
+    argv = [sys.executable, "-m", "harnessrl.common.cli", "eval", "--policy", "teacher"]
     argv += ["--policy", "tiny-1m", "--suite", "toy-eval", "--limit", "3", "--n", "1"]
     argv += ["--max-turns", "8", "--max-new-tokens", "256", "--out", str(out)]
     argv += ["--rollout.model", "tiny-1m", "--log-dir", str(tmp_path / "logs")]

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from common.bus import Bus, connect
-from common.natsd import NatsServer
-from common.records import RolloutResult, TaskRequest
-from learner.config import FeederConfig
-from learner.feeder import Feeder
+from harnessrl.common.bus import Bus, connect
+from harnessrl.common.natsd import NatsServer
+from harnessrl.common.records import RolloutResult, TaskRequest
+from harnessrl.learner.config import FeederConfig
+from harnessrl.learner.feeder import Feeder
 
 
 @pytest.fixture
@@ -184,8 +184,8 @@ async def test_suite_given_as_a_folder_is_sent_as_its_path(bus: Bus, tmp_path) -
     and resolve every issued task with it (a name alone was 'task not found' for all)."""
     import shutil
 
-    from common.tasks import load_task
-    from common.tasks.registry import suite_dir
+    from harnessrl.common.tasks import load_task
+    from harnessrl.common.tasks.registry import suite_dir
 
     folder = tmp_path / "my-suite"
     shutil.copytree(suite_dir("toy"), folder)

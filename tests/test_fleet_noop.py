@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from actors.harnesses.base import LaunchSpec, write_launch_files
-from actors.sandbox import SandboxSpec
-from actors.verifier import verify
 from benchmarks.fleet import NoopBackend
-from common.tasks import load_task
+from harnessrl.actors.harnesses.base import LaunchSpec, write_launch_files
+from harnessrl.actors.sandbox import SandboxSpec
+from harnessrl.actors.verifier import verify
+from harnessrl.common.tasks import load_task
 
 TASK = load_task("toy", "copy_01")
 
@@ -49,12 +49,12 @@ def test_actor_raises_its_open_files_limit() -> None:
     limit (the fleet benchmark measured 1,034 descriptors in one actor at 260 rollouts)."""
     code = (
         "import resource, asyncio\n"
-        "from actors import actor_cmd\n"
+        "from harnessrl.actors import actor_cmd\n"
         "class Stop(Exception): pass\n"
         "async def connect(*a, **k): raise Stop\n"
-        "import common.bus\n"
-        "common.bus.connect_service = connect\n"
-        "from actors.config import ActorConfig\n"
+        "import harnessrl.common.bus\n"
+        "harnessrl.common.bus.connect_service = connect\n"
+        "from harnessrl.actors.config import ActorConfig\n"
         "try: asyncio.run(actor_cmd.serve(ActorConfig(metrics_port=-1)))\n"
         "except Stop: pass\n"
         "print(*resource.getrlimit(resource.RLIMIT_NOFILE))\n"

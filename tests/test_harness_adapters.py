@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.harnesses import (
+from harnessrl.actors.harnesses import (
     ADAPTERS,
     HarnessContext,
     HarnessNotInstalled,
@@ -24,8 +24,8 @@ from actors.harnesses import (
     get_adapter,
     list_adapters,
 )
-from actors.harnesses._platform import npm_arch, rust_triple
-from actors.harnesses.base import MANIFEST, locked_install, read_manifest
+from harnessrl.actors.harnesses._platform import npm_arch, rust_triple
+from harnessrl.actors.harnesses.base import MANIFEST, locked_install, read_manifest
 
 TOKEN = "tok-SECRET-rollout"
 ARCH = npm_arch()
@@ -451,7 +451,7 @@ def test_concurrent_installs_from_two_processes_build_once(tmp_path: Path):
         """
         import asyncio, sys, os
         from pathlib import Path
-        from actors.harnesses.base import locked_install
+        from harnessrl.actors.harnesses.base import locked_install
 
         async def build(tmp):
             with open(sys.argv[2], "a") as f:
@@ -483,9 +483,9 @@ def test_concurrent_installs_from_two_processes_build_once(tmp_path: Path):
 
 
 def run_cli(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> int:
-    from common import cli
+    from harnessrl.common import cli
 
-    cmd = dataclasses.replace(cli.COMMANDS["harness"], module="actors.harness_cmd")
+    cmd = dataclasses.replace(cli.COMMANDS["harness"], module="harnessrl.actors.harness_cmd")
     monkeypatch.setitem(cli.COMMANDS, "harness", cmd)
     return cli.main(argv)
 

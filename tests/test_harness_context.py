@@ -1,7 +1,7 @@
 """The context window and output limit real harnesses see, and where they compact (issue 13).
 
 Every harness is told the engine's window ``W`` and the run's ``max_new_tokens`` ``O`` (see the
-table in ``actors.harnesses``). Measured here through the real proxy (enforcing ``W``, with
+table in ``harnessrl.actors.harnesses``). Measured here through the real proxy (enforcing ``W``, with
 ``O`` as the run's limit) and a scripted model:
 
 * Claude Code, whose context grows by ~3k tokens of tool output a turn, asks for
@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from actors.harnesses import HarnessContext
-from common.records import CallRecord
+from harnessrl.actors.harnesses import HarnessContext
+from harnessrl.common.records import CallRecord
 from tests.harness_env import (
     CLAUDE_SUMMARY,
     CODEX_SUMMARY,

@@ -41,10 +41,10 @@ from typing import Any
 
 import pytest
 
-from actors.harnesses import default_cache_dir, get_adapter
-from common.records import CallRecord, encode, unpack_ids
-from common.tree import AssembleOptions, Assembly, assemble_detailed
-from proxy.scripted import Reply
+from harnessrl.actors.harnesses import default_cache_dir, get_adapter
+from harnessrl.common.records import CallRecord, encode, unpack_ids
+from harnessrl.common.tree import AssembleOptions, Assembly, assemble_detailed
+from harnessrl.proxy.scripted import Reply
 from tests.harness_env import (
     FIXTURES,
     RENDERER,

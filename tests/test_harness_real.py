@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from actors.harnesses import (
+from harnessrl.actors.harnesses import (
     HarnessContext,
     HarnessInstallError,
     default_cache_dir,
@@ -278,7 +278,7 @@ async def serve_unix(app: web.Application, sock: Path) -> web.AppRunner:
 
 async def run_in_sandbox(name: str, cache: Path, fake: Recorder, tmp_path: Path):
     """prepare → bwrap sandbox bound to the fake's socket → launch; returns (ExecResult, ws)."""
-    from actors.sandbox.base import SandboxSpec
+    from harnessrl.actors.sandbox.base import SandboxSpec
     from tests.conftest import bwrap_or_skip
 
     backend = await bwrap_or_skip(tmp_path / "sandboxes")

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from actors.harnesses import HarnessContext, get_adapter, launch
-from actors.harnesses.base import host_python
-from actors.harnesses.reference import SCRIPT
-from actors.harnesses.reference_agent import COMPACTION_PROMPT, LABEL_HEADER
+from harnessrl.actors.harnesses import HarnessContext, get_adapter, launch
+from harnessrl.actors.harnesses.base import host_python
+from harnessrl.actors.harnesses.reference import SCRIPT
+from harnessrl.actors.harnesses.reference_agent import COMPACTION_PROMPT, LABEL_HEADER
 
 TOKEN = "tok-rollout-123"
 
@@ -321,12 +321,12 @@ async def test_run_tool_timeout_kills_the_command(fake, tmp_path: Path):
 
 
 def test_runs_as_module_help():
-    """``python -m actors.harnesses.reference_agent --help`` works (the package entry)."""
+    """``python -m harnessrl.actors.harnesses.reference_agent --help`` works (the package entry)."""
     import subprocess
     import sys
 
     res = subprocess.run(
-        [sys.executable, "-m", "actors.harnesses.reference_agent", "--help"],
+        [sys.executable, "-m", "harnessrl.actors.harnesses.reference_agent", "--help"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -368,7 +368,7 @@ async def fake_unix(tmp_path: Path):
 
 async def test_reference_adapter_in_bwrap_sandbox(fake_unix, tmp_path: Path):
     """The reference LaunchSpec runs in a real sandbox and talks to the proxy's socket."""
-    from actors.sandbox.base import SandboxSpec
+    from harnessrl.actors.sandbox.base import SandboxSpec
     from tests.conftest import bwrap_or_skip
 
     chat, sock = fake_unix

@@ -1,4 +1,4 @@
-"""The learner as a fleet of data-parallel ranks (``learner.fleet``), world size 2 on CPU/gloo.
+"""The learner as a fleet of data-parallel ranks (``harnessrl.learner.fleet``), world size 2 on CPU/gloo.
 
 * A step on two ranks equals a step on one rank on the same batch (loss terms, gradient norm,
   post-step weights, within 1e-5 relative in fp32), with every scored token of the batch
@@ -25,8 +25,8 @@ import pytest
 import torch
 
 from benchmarks._learner_fleet import finish, launch
-from common.run.config import RunConfig
-from learner.fleet import shard_rows
+from harnessrl.common.run.config import RunConfig
+from harnessrl.learner.fleet import shard_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -144,8 +144,8 @@ def test_killing_a_rank_stops_the_other_without_a_half_commit(tmp_path: Path, ki
 
 def test_run_starts_the_learner_ranks_with_torchrun(tmp_path: Path) -> None:
     """``[run] learner_ranks = 2``: the learner child is ``torchrun --nproc-per-node 2 -m
-    common.cli learner ...`` with its usual flags, given time to commit when stopped."""
-    from common.run.plan import SECTIONS, Paths, Plan, display_command
+    harnessrl.common.cli learner ...`` with its usual flags, given time to commit when stopped."""
+    from harnessrl.common.run.plan import SECTIONS, Paths, Plan, display_command
 
     sections = {s: {} for s in SECTIONS}
     one = Plan(RunConfig(name="r1"), sections, Paths(tmp_path / "a"))
@@ -153,7 +153,7 @@ def test_run_starts_the_learner_ranks_with_torchrun(tmp_path: Path) -> None:
     argv = two.learner_argv()
     shown = display_command(argv)
     assert shown.startswith("torchrun --standalone --nproc-per-node 2 --max-restarts 0 -m -- ")
-    assert "common.cli learner --config" in shown
+    assert "harnessrl.common.cli learner --config" in shown
     tail = argv[argv.index("learner") + 1 :]
     assert tail[tail.index("--max-steps") + 1] == "20" and "--run-dir" in tail
     assert display_command(one.learner_argv()).startswith("harnessrl learner --config")
@@ -166,11 +166,11 @@ def test_run_starts_the_learner_ranks_with_torchrun(tmp_path: Path) -> None:
 async def test_learner_under_torchrun_trains_commits_and_stops(
     nats_url: str, run_name: str, tmp_path: Path
 ) -> None:
-    """``torchrun --nproc-per-node 2 -m learner.learner_cmd`` on a real nats-server: both
+    """``torchrun --nproc-per-node 2 -m harnessrl.learner.learner_cmd`` on a real nats-server: both
     ranks train every step, rank 0 commits and acks every sample once, SIGTERM stops both."""
-    from common.bus import connect
-    from common.layout import StepLine, read_metrics
-    from learner.checkpoint import Checkpointer
+    from harnessrl.common.bus import connect
+    from harnessrl.common.layout import StepLine, read_metrics
+    from harnessrl.learner.checkpoint import Checkpointer
     from tests.test_learner_service import grpo_group, publish, start_learner, wait_for
 
     run_dir = tmp_path / "run"

@@ -3,7 +3,7 @@
 * In process, with its feeder and fake actors answering TaskRequests with synthetic samples:
   versions advance, admission control holds, weights are broadcast, metrics.jsonl is written,
   and a resumed learner continues the version counter and the group ids.
-* As a subprocess (``python -m learner.learner_cmd``) on a real nats-server: the test publishes
+* As a subprocess (``python -m harnessrl.learner.learner_cmd``) on a real nats-server: the test publishes
   its own numbered samples and keeps a ledger, SIGKILLs the learner mid-run, restarts it with
   ``--resume``, and checks that the version continues and every ledger sample was trained
   exactly once or dropped with the expected reason.
@@ -23,14 +23,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from common.bus import Bus, connect
-from common.layout import StartLine, StepLine, effective_steps, read_metrics
-from common.procs import popen_child
-from common.records import TaskRequest, WeightsReady
-from learner.checkpoint import Checkpointer
-from learner.config import LearnerConfig
-from learner.service import Learner
-from proxy.weights_sync import WeightUpdater
+from harnessrl.common.bus import Bus, connect
+from harnessrl.common.layout import StartLine, StepLine, effective_steps, read_metrics
+from harnessrl.common.procs import popen_child
+from harnessrl.common.records import TaskRequest, WeightsReady
+from harnessrl.learner.checkpoint import Checkpointer
+from harnessrl.learner.config import LearnerConfig
+from harnessrl.learner.service import Learner
+from harnessrl.proxy.weights_sync import WeightUpdater
 from tests.test_batching import synthetic_sample
 
 pytestmark = pytest.mark.slow
@@ -171,7 +171,7 @@ class _Untrained:
 async def test_stopped_learner_hands_back_what_it_holds(tmp_path: Path) -> None:
     """A learner stopped while it holds a sample of an incomplete group nak's it: the next
     learner gets it at once instead of after ``ack_wait``."""
-    from common.records import TreeSample
+    from harnessrl.common.records import TreeSample
 
     bus = await connect(f"memory://{uuid.uuid4().hex}", "t")
     cfg = in_process_config(tmp_path, feeder={"enabled": False}, broadcast={"transport": "none"})
@@ -218,8 +218,8 @@ async def test_incomplete_split_sample_is_dead_lettered_not_held(tmp_path: Path)
     ``parts_timeout_s`` passed in the running learner, instead of being held unacked forever."""
     import msgspec
 
-    from common import metrics
-    from common.records import DeadLetter
+    from harnessrl.common import metrics
+    from harnessrl.common.records import DeadLetter
 
     bus = await connect(f"memory://{uuid.uuid4().hex}", "t")
     cfg = in_process_config(tmp_path, parts_timeout_s=1, ack_wait=1, feeder={"enabled": False})
@@ -254,7 +254,7 @@ def start_learner(
 ) -> subprocess.Popen:
     """``harnessrl learner`` on the test's samples; with ``ranks`` > 1 under torchrun."""
     argv = [
-        sys.executable, "-m", "learner.learner_cmd",
+        sys.executable, "-m", "harnessrl.learner.learner_cmd",
         "--nats", nats_url, "--run", run, "--model", "tiny-1m", "--algo", "grpo",
         "--no-feeder.enabled", "--group-size", "4", "--min-group-size", "2",
         "--batch-groups", "1", "--max-staleness", "2", "--run-dir", str(run_dir),

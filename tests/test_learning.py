@@ -1,10 +1,10 @@
 """Learning regression: the real learner code must *learn*, from stale samples, and must fail
 when its advantage sign or its importance weights are broken.
 
-The loop is the production path minus the network: the embedded engine (``proxy.engine``'s
+The loop is the production path minus the network: the embedded engine (``harnessrl.proxy.engine``'s
 scheduler, in-process) samples at temperature 1 with log-probs; samples become TreeSamples
 (prompt node + model node carrying the engine's log-probs); GRPO advantages per group
-(``learner.losses.group_advantages``); ``learner.packing.pack``; ``LearnerEngine.train_step``
+(``harnessrl.learner.losses.group_advantages``); ``harnessrl.learner.packing.pack``; ``LearnerEngine.train_step``
 (DeepSpeed, ZeRO-0, token-level TIS); the new weights go back into the engine with
 ``Engine.apply_weights``, **two versions late**, so every trained sample is >= 2 versions stale.
 
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from common.records import TreeNode, TreeSample, pack_f32, pack_ids, pack_u8
+from harnessrl.common.records import TreeNode, TreeSample, pack_f32, pack_ids, pack_u8
 
 pytestmark = pytest.mark.slow
 
@@ -33,8 +33,8 @@ GROUP, GROUPS, STEPS, LAG = 8, 4, 24, 2
 
 @pytest.fixture(scope="module")
 def engine() -> Any:
-    from proxy.config import EngineConfig
-    from proxy.engine import Engine
+    from harnessrl.proxy.config import EngineConfig
+    from harnessrl.proxy.engine import Engine
 
     eng = Engine(EngineConfig(model=MODEL, max_batch_size=64, threads=1))
     eng.load()
@@ -46,7 +46,7 @@ def engine() -> Any:
 @pytest.fixture(scope="module")
 def setup(engine: Any) -> dict[str, Any]:
     """The prompt ids, the initial weights and the good-token set (~12 % of the mass)."""
-    from common.models import load_tokenizer
+    from harnessrl.common.models import load_tokenizer
 
     ids = list(load_tokenizer(MODEL).encode(PROMPT, add_special_tokens=False))
     with torch.no_grad():
@@ -66,8 +66,8 @@ def setup(engine: Any) -> dict[str, Any]:
 
 def sample(engine: Any, ids: list[int], n: int, tag: str) -> list[tuple[int, float, str]]:
     """``n`` one-token samples: (token, engine log-prob, engine weight version)."""
-    from proxy.engine.requests import SamplingParams
-    from proxy.engine.scheduler import Request
+    from harnessrl.proxy.engine.requests import SamplingParams
+    from harnessrl.proxy.engine.scheduler import Request
 
     params = SamplingParams(max_new_tokens=1, temperature=1.0, ignore_eos=True)
     futs = [
@@ -100,9 +100,9 @@ def train(
 ) -> tuple[float, float, list[int]]:
     """RL from the initial weights; returns (success before, success after, staleness of
     every trained sample)."""
-    from learner.ds_engine import DeepSpeedConfig, LearnerEngine
-    from learner.losses import LossConfig, group_advantages
-    from learner.packing import pack
+    from harnessrl.learner.ds_engine import DeepSpeedConfig, LearnerEngine
+    from harnessrl.learner.losses import LossConfig, group_advantages
+    from harnessrl.learner.packing import pack
 
     engine.apply_weights(list(s["init"].items()), "0").result(timeout=60)
     before = success(engine, s, "before")

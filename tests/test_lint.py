@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from actors.lint import LintConfig, backend_factory, infer_outputs, lint_task, lint_tasks
-from actors.sandbox import SandboxSpec
-from actors.sandbox.bwrap import BwrapBackend
-from actors.verifier import verify
-from common import cli
-from common.tasks import CLAWGYM_MOUNT, Task, load_task_path
+from harnessrl.actors.lint import LintConfig, backend_factory, infer_outputs, lint_task, lint_tasks
+from harnessrl.actors.sandbox import SandboxSpec
+from harnessrl.actors.sandbox.bwrap import BwrapBackend
+from harnessrl.actors.verifier import verify
+from harnessrl.common import cli
+from harnessrl.common.tasks import CLAWGYM_MOUNT, Task, load_task_path
 from tests.treefiles import write
 
 M = CLAWGYM_MOUNT
@@ -372,7 +372,7 @@ async def test_lint_problems(backend: BwrapBackend, tmp_path: Path, checker, sol
 def test_cli_lint(tmp_path: Path, monkeypatch, capsys):
     """``tasks lint`` exits 1 on a flawed task and 0 on a clean one; ``--json`` gives task, ok,
     problems (rule, metric, probe, detail) and the probe scores; ``--threshold`` applies."""
-    monkeypatch.setitem(cli.COMMANDS, "tasks", cli.Command("tasks", "actors.tasks_cmd"))
+    monkeypatch.setitem(cli.COMMANDS, "tasks", cli.Command("tasks", "harnessrl.actors.tasks_cmd"))
     q, c, i, _ = CORPUS["exists_empty"]
     clawgym(tmp_path / "flawed", q, c, **i)
     clawgym(tmp_path / "fixed", CORRECT[0], CORRECT[1], **CORRECT[2])
@@ -418,7 +418,7 @@ print(json.dumps({"a": float(text("a.txt") == "A\\n"), "b": float(text("b.txt") 
 def test_cli_lint_mutations_and_max_outputs(tmp_path: Path, monkeypatch, capsys):
     """``--no-mutations`` skips the reference solution and its mutations; ``--max-outputs``
     caps the probed outputs; out-of-range values exit 2 naming the flag."""
-    monkeypatch.setitem(cli.COMMANDS, "tasks", cli.Command("tasks", "actors.tasks_cmd"))
+    monkeypatch.setitem(cli.COMMANDS, "tasks", cli.Command("tasks", "harnessrl.actors.tasks_cmd"))
     task = native(
         tmp_path / "t",
         TWO_OUTPUTS,
@@ -445,7 +445,7 @@ def test_cli_lint_mutations_and_max_outputs(tmp_path: Path, monkeypatch, capsys)
 
 
 def test_lint_config_is_documented():
-    from common.config import undocumented_fields
+    from harnessrl.common.config import undocumented_fields
 
     assert undocumented_fields(LintConfig) == []
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from common.records import TreeNode, TreeSample, pack_f32, pack_ids, pack_u8
-from common.tree import expand as branches
-from learner.losses import (
+from harnessrl.common.records import TreeNode, TreeSample, pack_f32, pack_ids, pack_u8
+from harnessrl.common.tree import expand as branches
+from harnessrl.learner.losses import (
     LossConfig,
     gae,
     group_advantages,
@@ -23,8 +23,8 @@ from learner.losses import (
     summarize,
     whiten,
 )
-from learner.packing import PackConfig, collate, pack
-from learner.policy import load_policy
+from harnessrl.learner.packing import PackConfig, collate, pack
+from harnessrl.learner.policy import load_policy
 
 
 @pytest.fixture(autouse=True, scope="module")

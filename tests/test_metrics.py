@@ -7,9 +7,9 @@ import importlib
 import aiohttp
 import pytest
 
-from common import metrics
-from common import records as r
-from common.bus import connect
+from harnessrl.common import metrics
+from harnessrl.common import records as r
+from harnessrl.common.bus import connect
 
 
 async def test_metrics_endpoint_exports_bus_counters(nats_url: str, run_name: str) -> None:
@@ -48,7 +48,10 @@ async def test_metrics_disabled_with_minus_one() -> None:
 def test_every_metric_is_in_one_namespace() -> None:
     """A metric outside ``hrl_*`` is refused when created; the engine's (once
     ``harnessrl_engine_*``) are inside it like every other process's."""
-    for mod in ("proxy.engine.cache", "proxy.engine.scheduler"):  # register their metrics
+    for mod in (
+        "harnessrl.proxy.engine.cache",
+        "harnessrl.proxy.engine.scheduler",
+    ):  # register their metrics
         importlib.import_module(mod)
 
     with pytest.raises(ValueError, match="outside the hrl_"):

@@ -1,4 +1,4 @@
-"""Tests for the common.models package: tiny model/tokenizer factory, chat template, loaders."""
+"""Tests for the harnessrl.common.models package: tiny model/tokenizer factory, chat template, loaders."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from common import models as m
+from harnessrl.common import models as m
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -124,7 +124,7 @@ def tok(tiny_dir: Path):
 
 def test_import_does_not_import_torch() -> None:
     code = (
-        "import sys, common.models; "
+        "import sys, harnessrl.common.models; "
         "bad = [n for n in ('torch', 'transformers', 'tokenizers', 'jinja2') if n in sys.modules]; "
         "assert not bad, bad"
     )

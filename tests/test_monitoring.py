@@ -30,8 +30,8 @@ from typing import Any
 import pytest
 import yaml
 
-from common.files import free_port
-from common.procs import popen_child
+from harnessrl.common.files import free_port
+from harnessrl.common.procs import popen_child
 
 REPO = Path(__file__).resolve().parents[1]
 MONITORING = REPO / "deploy" / "monitoring"
@@ -132,8 +132,8 @@ def test_every_query_reads_metrics_the_code_creates() -> None:
 def test_run_writes_prometheus_targets_for_every_process(tmp_path: Path) -> None:
     """`Plan.scrape_targets`: one job per role, every metrics port and embedded engine listed
     once, labelled with the run and the process (what prometheus.yml's file_sd reads)."""
-    from common.run.config import RunConfig
-    from common.run.plan import SECTIONS, Paths, Plan
+    from harnessrl.common.run.config import RunConfig
+    from harnessrl.common.run.plan import SECTIONS, Paths, Plan
 
     plan = Plan(RunConfig(name="m1", actors=2), {s: {} for s in SECTIONS}, Paths(tmp_path))
     for phase in plan.specs().values():  # assigns every metrics port, as write_commands does
@@ -480,7 +480,7 @@ def test_prometheus_evaluates_dashboards_and_alerts_against_a_run(tmp_path: Path
     t0 = time.monotonic()
     with open(run_log, "wb") as f:
         run = popen_child(  # stops its processes on SIGTERM, also if this process dies
-            [sys.executable, "-m", "common.cli", "run", str(run_file), "--out", str(out)],
+            [sys.executable, "-m", "harnessrl.common.cli", "run", str(run_file), "--out", str(out)],
             stdout=f,
             stderr=subprocess.STDOUT,
             cwd=REPO,

@@ -1,6 +1,6 @@
 """Trust on the bus against a real nats-server with role credentials, permissions and TLS:
 anonymous and wrong clients are refused with one clear error, each role does its own work and
-nothing else (``common.natsauth``'s table)."""
+nothing else (``harnessrl.common.natsauth``'s table)."""
 
 from __future__ import annotations
 
@@ -17,15 +17,15 @@ from pathlib import Path
 import nats
 import pytest
 
-from common import bus as busmod
-from common import natsauth
-from common import records as r
-from common.bus import STREAMS, Bus, BusConnectError, PermissionDenied
-from common.natsd import NatsServer
+from harnessrl.common import bus as busmod
+from harnessrl.common import natsauth
+from harnessrl.common import records as r
+from harnessrl.common.bus import STREAMS, Bus, BusConnectError, PermissionDenied
+from harnessrl.common.natsd import NatsServer
 from tests.test_records import sample_records
 
 RUNS = [f"sec{i}" for i in range(12)]
-HRL = [sys.executable, "-m", "common.cli"]
+HRL = [sys.executable, "-m", "harnessrl.common.cli"]
 _next_run = itertools.count()
 
 
@@ -61,8 +61,8 @@ def test_credential_files_are_private_and_the_table_matches_the_code(
 ) -> None:
     """Credential files and the server config are 0600; the permission table names the real
     streams and durable consumers."""
-    from actors import service as actor_service
-    from learner import assembler, service
+    from harnessrl.actors import service as actor_service
+    from harnessrl.learner import assembler, service
 
     for role in natsauth.ROLES:
         mode = stat.S_IMODE(os.stat(secure_server.creds(role)).st_mode)
@@ -397,7 +397,7 @@ async def test_nats_command_insecure_accepts_anyone(tmp_path: Path) -> None:
 async def test_credentials_never_enter_a_sandbox(backend, tmp_path: Path) -> None:
     """A command in a bubblewrap sandbox (where harnesses run) cannot read a credential file
     that the actor process itself reads."""
-    from actors.sandbox import SandboxSpec
+    from harnessrl.actors.sandbox import SandboxSpec
 
     passwords = natsauth.ensure_credentials(tmp_path / "auth")
     cred = tmp_path / "auth" / "actor.cred"

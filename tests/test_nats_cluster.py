@@ -20,14 +20,14 @@ import nats.errors
 import nats.js.errors
 import pytest
 
-from common import bus as busmod
-from common import natsauth
-from common import records as r
-from common.bus import Bus, BusError
-from common.config import ConfigError, NatsServerConfig, load_config
-from common.files import free_port
-from common.natsd import Cluster, NatsServer, cluster_urls, start_cluster
-from common.run.config import RunConfig
+from harnessrl.common import bus as busmod
+from harnessrl.common import natsauth
+from harnessrl.common import records as r
+from harnessrl.common.bus import Bus, BusError
+from harnessrl.common.config import ConfigError, NatsServerConfig, load_config
+from harnessrl.common.files import free_port
+from harnessrl.common.natsd import Cluster, NatsServer, cluster_urls, start_cluster
+from harnessrl.common.run.config import RunConfig
 from tests.test_nats_auth import ready_line, spawn_nats_cli, stop_nats_cli
 
 RUN = "clu"

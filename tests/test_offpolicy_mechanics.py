@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from benchmarks.offpolicy_ablation import Run, train
-from learner.ds_engine import DeepSpeedConfig, LearnerEngine
+from harnessrl.learner.ds_engine import DeepSpeedConfig, LearnerEngine
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from common.records import (
+from harnessrl.common.records import (
     TreeNode,
     TreeSample,
     pack_f32,
@@ -17,11 +17,11 @@ from common.records import (
     unpack_ids,
     unpack_u8,
 )
-from common.tree import expand as branches
-from learner import policy as policy_mod
-from learner.losses import LossConfig, norm_weights, policy_loss
-from learner.packing import PackConfig, collate, dense_tree_mask, pack
-from learner.policy import Policy, load_policy
+from harnessrl.common.tree import expand as branches
+from harnessrl.learner import policy as policy_mod
+from harnessrl.learner.losses import LossConfig, norm_weights, policy_loss
+from harnessrl.learner.packing import PackConfig, collate, dense_tree_mask, pack
+from harnessrl.learner.policy import Policy, load_policy
 
 VOCAB = 8192
 

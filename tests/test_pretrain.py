@@ -15,13 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from actors import teacher_data
-from actors.harnesses import reference_agent as ra
-from common.models import load_tokenizer, render_chat
-from common.tasks.model import DEFAULT_MOUNT
-from common.tasks.toy import DIRS, FAMILY, INPUTS, OUTPUTS, generate, vary_names
-from learner.ds_engine import DeepSpeedConfig, lr_at
-from learner.pretrain import encode_conversation, read_conversations
+from harnessrl.actors import teacher_data
+from harnessrl.actors.harnesses import reference_agent as ra
+from harnessrl.common.models import load_tokenizer, render_chat
+from harnessrl.common.tasks.model import DEFAULT_MOUNT
+from harnessrl.common.tasks.toy import DIRS, FAMILY, INPUTS, OUTPUTS, generate, vary_names
+from harnessrl.learner.ds_engine import DeepSpeedConfig, lr_at
+from harnessrl.learner.pretrain import encode_conversation, read_conversations
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -186,8 +186,8 @@ def test_recipe_resumes_and_exports(tmp_path: Path, monkeypatch):
     done twice) and exports a loadable bf16 folder with checksums and its output limit."""
     import torch
 
-    from common.models import load_model
-    from learner import pretrain_cmd
+    from harnessrl.common.models import load_model
+    from harnessrl.learner import pretrain_cmd
 
     data = tmp_path / "t.jsonl"
     teacher_data.main(teacher_data.TeacherDataConfig(out=data, per_family=2))
@@ -220,7 +220,15 @@ def test_quick_recipe_cli(tmp_path: Path):
     dist = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
     env = {k: v for k, v in os.environ.items() if k not in dist}  # not this process's group
     proc = subprocess.run(
-        [sys.executable, "-m", "common.cli", "pretrain", "--quick", "--out", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "harnessrl.common.cli",
+            "pretrain",
+            "--quick",
+            "--out",
+            str(tmp_path),
+        ],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -233,7 +241,7 @@ def test_quick_recipe_cli(tmp_path: Path):
 
 
 def test_shipped_model_checksums_are_checked(tmp_path: Path, monkeypatch):
-    from common.models import resolve, resolve_model
+    from harnessrl.common.models import resolve, resolve_model
 
     shipped = resolve.SHIPPED["tiny-agent"]
     if not (shipped / "SHA256SUMS").exists():
@@ -261,13 +269,13 @@ def test_shipped_warm_start_holds_its_recorded_success(tmp_path: Path):
     task (120), scores no lower than its recorded success minus 0.1. The recipe records its
     success over 12 per task (480), so the record's own noise is small (sd 0.02) next to this
     eval's (sd 0.04 at p = 0.3)."""
-    from common.models import resolve_model
+    from harnessrl.common.models import resolve_model
 
     recorded = json.loads((resolve_model("tiny-agent") / "harnessrl_recipe.json").read_text())
     rec = recorded["held_out_success"]
     out = tmp_path / "eval.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "common.cli", "eval", "--policy", "tiny-agent"]
+        [sys.executable, "-m", "harnessrl.common.cli", "eval", "--policy", "tiny-agent"]
         + ["--suite", rec["suite"], "--harness", "reference", "--n", str(N_PER_TASK)]
         + ["--temperature", str(rec["temperature"]), "--out", str(out)],
         cwd=REPO,

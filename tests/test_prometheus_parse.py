@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from common.run import dashboard
-from common.run.dashboard import _parse_prometheus_slow, parse_prometheus
+from harnessrl.common.run import dashboard
+from harnessrl.common.run.dashboard import _parse_prometheus_slow, parse_prometheus
 
 
 def same(a: dict, b: dict) -> bool:

@@ -9,11 +9,11 @@ import subprocess
 
 import pytest
 
-from common import metrics
-from common.bus import MemoryBus, connect
-from common.models import load_tokenizer
-from common.records import CallRecord, SamplingParams, ids_hash, unpack_ids
-from proxy.calls import (
+from harnessrl.common import metrics
+from harnessrl.common.bus import MemoryBus, connect
+from harnessrl.common.models import load_tokenizer
+from harnessrl.common.records import CallRecord, SamplingParams, ids_hash, unpack_ids
+from harnessrl.proxy.calls import (
     BadRequest,
     CallError,
     CallRequest,
@@ -21,11 +21,11 @@ from proxy.calls import (
     ModelCaller,
     Unavailable,
 )
-from proxy.parsers import HermesParser
-from proxy.recorder import Recorder
-from proxy.scripted import Reply, ScriptedEngine
-from proxy.sglang import EngineClient, EngineRouter
-from proxy.tito import ChatRenderer
+from harnessrl.proxy.parsers import HermesParser
+from harnessrl.proxy.recorder import Recorder
+from harnessrl.proxy.scripted import Reply, ScriptedEngine
+from harnessrl.proxy.sglang import EngineClient, EngineRouter
+from harnessrl.proxy.tito import ChatRenderer
 
 TOK = load_tokenizer("tiny-1m")
 R = ChatRenderer(TOK)
@@ -248,7 +248,7 @@ async def test_cancelled_call_is_recorded_as_aborted(bus) -> None:
 def embedded_engine():
     """The project's embedded CPU engine (tiny-1m) as a child process."""
     try:
-        from proxy.engine_cmd import spawn_engine
+        from harnessrl.proxy.engine_cmd import spawn_engine
     except ImportError as e:  # pragma: no cover - the engine lands separately
         pytest.skip(f"embedded engine not available: {e}")
     proc, url = spawn_engine(["--model", "tiny-1m", "--port", "0", "--threads", "1"])

@@ -1,4 +1,4 @@
-"""``python -m proxy.proxy_cmd``: the proxy as its own process, between an engine and NATS."""
+"""``python -m harnessrl.proxy.proxy_cmd``: the proxy as its own process, between an engine and NATS."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from pathlib import Path
 import openai
 import pytest
 
-from common.bus import connect
-from common.config import undocumented_fields
-from common.models import load_tokenizer
-from common.records import CallRecord
-from proxy.proxy_config import ProxyConfig
-from proxy.scripted import ScriptedEngine
+from harnessrl.common.bus import connect
+from harnessrl.common.config import undocumented_fields
+from harnessrl.common.models import load_tokenizer
+from harnessrl.common.records import CallRecord
+from harnessrl.proxy.proxy_config import ProxyConfig
+from harnessrl.proxy.scripted import ScriptedEngine
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,7 +38,7 @@ async def test_proxy_process_serves_records_and_flushes(nats_url: str, run_name:
     async with ScriptedEngine(tok, ["Hello from the engine."]) as eng:
         eng.model_path = "scripted"
         argv = [
-            sys.executable, "-m", "proxy.proxy_cmd",
+            sys.executable, "-m", "harnessrl.proxy.proxy_cmd",
             "--nats", nats_url, "--run", run_name, "--engines", eng.url,
             "--model", "tiny-1m", "--token", "secret", "--rollout-id", "g-9-1",
             "--max-context", "4096", "--metrics-port", "-1",

@@ -22,16 +22,16 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from common.bus import connect
-from common.models import load_tokenizer
-from common.records import CallRecord
-from proxy.calls import ModelCaller
-from proxy.parsers import HermesParser
-from proxy.recorder import Recorder
-from proxy.scripted import ScriptedEngine
-from proxy.server import ProxyServer
-from proxy.sglang import EngineClient
-from proxy.tito import ChatRenderer
+from harnessrl.common.bus import connect
+from harnessrl.common.models import load_tokenizer
+from harnessrl.common.records import CallRecord
+from harnessrl.proxy.calls import ModelCaller
+from harnessrl.proxy.parsers import HermesParser
+from harnessrl.proxy.recorder import Recorder
+from harnessrl.proxy.scripted import ScriptedEngine
+from harnessrl.proxy.server import ProxyServer
+from harnessrl.proxy.sglang import EngineClient
+from harnessrl.proxy.tito import ChatRenderer
 
 TOKEN, ROLLOUT = "sk-fuzz", "fuzz-0-1"
 TOK = load_tokenizer("tiny-1m")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.labels import LabelRules, kept_headers, label_call
+from harnessrl.proxy.labels import LabelRules, kept_headers, label_call
 
 TOOLS = [{"type": "function", "function": {"name": "bash"}}]
 TASK = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Fix it."}]

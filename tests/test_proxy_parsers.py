@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.models import render_chat
-from proxy.parsers import HermesParser, ToolCall, get_parser
+from harnessrl.common.models import render_chat
+from harnessrl.proxy.parsers import HermesParser, ToolCall, get_parser
 
 P = HermesParser()
 USER = [{"role": "user", "content": "go"}]

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.records import CallRecord, RolloutResult, unpack_ids
-from common.tree import assemble, expand
+from harnessrl.common.records import CallRecord, RolloutResult, unpack_ids
+from harnessrl.common.tree import assemble, expand
 from tests.harness_env import (
     RENDERER,
     ROLLOUT,

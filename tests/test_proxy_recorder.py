@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.bus import Bus, MemoryBus, PayloadTooLarge, connect
-from common.records import (
+from harnessrl.common.bus import Bus, MemoryBus, PayloadTooLarge, connect
+from harnessrl.common.records import (
     CallRecord,
     RolloutResult,
     SamplingParams,
@@ -18,9 +18,9 @@ from common.records import (
     unpack_f32,
     unpack_ids,
 )
-from common.tree import assemble_detailed
-from proxy.recorder import Recorder, RecorderFull, RecordLost, longest_prefix
-from proxy.sglang import GenerateResult
+from harnessrl.common.tree import assemble_detailed
+from harnessrl.proxy.recorder import Recorder, RecorderFull, RecordLost, longest_prefix
+from harnessrl.proxy.sglang import GenerateResult
 
 
 def result(out: list[int], version: int = 3) -> GenerateResult:

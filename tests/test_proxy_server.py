@@ -11,17 +11,17 @@ import anthropic
 import openai
 import pytest
 
-from common.bus import connect
-from common.models import load_tokenizer
-from common.records import CallRecord
-from proxy.calls import ModelCaller
-from proxy.messages_api import messages_request
-from proxy.parsers import HermesParser
-from proxy.recorder import Recorder
-from proxy.scripted import Reply, ScriptedEngine
-from proxy.server import ProxyServer
-from proxy.sglang import EngineClient
-from proxy.tito import ChatRenderer
+from harnessrl.common.bus import connect
+from harnessrl.common.models import load_tokenizer
+from harnessrl.common.records import CallRecord
+from harnessrl.proxy.calls import ModelCaller
+from harnessrl.proxy.messages_api import messages_request
+from harnessrl.proxy.parsers import HermesParser
+from harnessrl.proxy.recorder import Recorder
+from harnessrl.proxy.scripted import Reply, ScriptedEngine
+from harnessrl.proxy.server import ProxyServer
+from harnessrl.proxy.sglang import EngineClient
+from harnessrl.proxy.tito import ChatRenderer
 
 TOK = load_tokenizer("tiny-1m")
 R = ChatRenderer(TOK)
@@ -423,7 +423,7 @@ async def test_responses_namespace_tools_and_errors(run_name: str) -> None:
 
 def test_responses_conversion_groups_assistant_items() -> None:
     """reasoning + message + function_calls form one assistant turn; outputs become tools."""
-    from proxy.responses_api import encode_reasoning, responses_request
+    from harnessrl.proxy.responses_api import encode_reasoning, responses_request
 
     body = {
         "instructions": "sys",

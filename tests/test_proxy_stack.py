@@ -1,4 +1,4 @@
-"""``proxy.stack``: the one wiring of the proxy (router, renderer, recorder, ModelCaller) and
+"""``harnessrl.proxy.stack``: the one wiring of the proxy (router, renderer, recorder, ModelCaller) and
 each rollout's engine outcome, against a scripted engine (and a port nobody listens on)."""
 
 from __future__ import annotations
@@ -8,15 +8,15 @@ import socket
 
 import pytest
 
-from actors.harnesses.reference_agent import LABEL_HEADER
-from common.bus import connect
-from common.records import CallRecord
-from proxy.calls import CallRequest, UpstreamError
-from proxy.labels import label_call
-from proxy.proxy_config import ProxySettings
-from proxy.scripted import Reply, ScriptedEngine
-from proxy.sglang import EngineBadRequest, EngineError, EngineUnavailable
-from proxy.stack import LABEL_RULES, TrackingRouter, failure_reason, open_proxy_stack
+from harnessrl.actors.harnesses.reference_agent import LABEL_HEADER
+from harnessrl.common.bus import connect
+from harnessrl.common.records import CallRecord
+from harnessrl.proxy.calls import CallRequest, UpstreamError
+from harnessrl.proxy.labels import label_call
+from harnessrl.proxy.proxy_config import ProxySettings
+from harnessrl.proxy.scripted import Reply, ScriptedEngine
+from harnessrl.proxy.sglang import EngineBadRequest, EngineError, EngineUnavailable
+from harnessrl.proxy.stack import LABEL_RULES, TrackingRouter, failure_reason, open_proxy_stack
 from tests.test_rollout import TOK
 
 SAMPLING = {"max_new_tokens": 8}

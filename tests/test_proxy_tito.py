@@ -10,11 +10,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from common import metrics
-from common.models import CHAT_TEMPLATE, load_tokenizer
-from proxy import tito
-from proxy.parsers import HermesParser
-from proxy.tito import ChatRenderer, Tito, TitoSession, canonical_json, normalize_messages
+from harnessrl.common import metrics
+from harnessrl.common.models import CHAT_TEMPLATE, load_tokenizer
+from harnessrl.proxy import tito
+from harnessrl.proxy.parsers import HermesParser
+from harnessrl.proxy.tito import ChatRenderer, Tito, TitoSession, canonical_json, normalize_messages
 
 TOK = load_tokenizer("tiny-1m")
 R = ChatRenderer(TOK)

@@ -9,7 +9,7 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common import records as r
+from harnessrl.common import records as r
 
 
 def sample_records() -> list[r.Record]:

@@ -16,17 +16,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.bus import connect
-from common.models import load_tokenizer
-from common.records import CallRecord, RolloutResult, SamplingParams
-from common.tree import assemble_detailed, expand
-from proxy.calls import ModelCaller
-from proxy.parsers import HermesParser
-from proxy.recorder import Recorder
-from proxy.scripted import Reply, ScriptedEngine
-from proxy.server import ProxyServer
-from proxy.sglang import EngineClient
-from proxy.tito import ChatRenderer
+from harnessrl.common.bus import connect
+from harnessrl.common.models import load_tokenizer
+from harnessrl.common.records import CallRecord, RolloutResult, SamplingParams
+from harnessrl.common.tree import assemble_detailed, expand
+from harnessrl.proxy.calls import ModelCaller
+from harnessrl.proxy.parsers import HermesParser
+from harnessrl.proxy.recorder import Recorder
+from harnessrl.proxy.scripted import Reply, ScriptedEngine
+from harnessrl.proxy.server import ProxyServer
+from harnessrl.proxy.sglang import EngineClient
+from harnessrl.proxy.tito import ChatRenderer
 
 TOK = load_tokenizer("tiny-1m")
 R = ChatRenderer(TOK)
@@ -329,7 +329,7 @@ def stop_prone_model(folder: Path) -> Path:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from common.models import load_model, resolve_model
+    from harnessrl.common.models import load_model, resolve_model
 
     src = resolve_model("tiny-1m")
     shutil.copytree(src, folder)
@@ -357,10 +357,10 @@ async def test_learner_logprobs_match_the_engine_over_the_tree(run_name: str, tm
     import aiohttp
     import torch
 
-    from learner.packing import PackConfig, collate, pack
-    from learner.policy import load_policy
-    from proxy.config import EngineConfig
-    from proxy.engine import EngineServer
+    from harnessrl.learner.packing import PackConfig, collate, pack
+    from harnessrl.learner.policy import load_policy
+    from harnessrl.proxy.config import EngineConfig
+    from harnessrl.proxy.engine import EngineServer
 
     temperature = 0.7
     model = stop_prone_model(tmp_path / "model")

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import pytest
 
-from actors.config import ActorConfig
-from actors.service import DURABLE
-from common.bus import Bus, connect
-from common.records import TaskRequest
-from learner.config import AssemblerConfig, LearnerConfig
-from proxy.config import WeightSyncConfig
-from proxy.scripted import ScriptedEngine
+from harnessrl.actors.config import ActorConfig
+from harnessrl.actors.service import DURABLE
+from harnessrl.common.bus import Bus, connect
+from harnessrl.common.records import TaskRequest
+from harnessrl.learner.config import AssemblerConfig, LearnerConfig
+from harnessrl.proxy.config import WeightSyncConfig
+from harnessrl.proxy.scripted import ScriptedEngine
 from tests.test_actor_service import actor_argv, actor_process, wait_for
 from tests.test_rollout import TOK, request, toy_solver
 

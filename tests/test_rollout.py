@@ -1,6 +1,6 @@
-"""One rollout through ``actors.rollout.run_rollout``: real bubblewrap sandboxes, a real
+"""One rollout through ``harnessrl.actors.rollout.run_rollout``: real bubblewrap sandboxes, a real
 nats-server, the real proxy on a unix socket, real harness processes; only the engine is faked
-(``proxy.scripted.ScriptedEngine`` answering with the tool calls that solve a toy task)."""
+(``harnessrl.proxy.scripted.ScriptedEngine`` answering with the tool calls that solve a toy task)."""
 
 from __future__ import annotations
 
@@ -11,17 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from actors.config import RolloutSettings
-from actors.rollout import RolloutDeps, RolloutReport, run_rollout
-from actors.sandbox import SandboxError
-from actors.sandbox.bwrap import BwrapBackend
-from common.bus import connect
-from common.models import load_tokenizer
-from common.records import CallRecord, TaskRequest, parse_rollout_id, unpack_ids
-from common.tasks import load_task
-from common.tree import assemble
-from proxy.calls import call_seed
-from proxy.scripted import Reply, ScriptedEngine
+from harnessrl.actors.config import RolloutSettings
+from harnessrl.actors.rollout import RolloutDeps, RolloutReport, run_rollout
+from harnessrl.actors.sandbox import SandboxError
+from harnessrl.actors.sandbox.bwrap import BwrapBackend
+from harnessrl.common.bus import connect
+from harnessrl.common.models import load_tokenizer
+from harnessrl.common.records import CallRecord, TaskRequest, parse_rollout_id, unpack_ids
+from harnessrl.common.tasks import load_task
+from harnessrl.common.tree import assemble
+from harnessrl.proxy.calls import call_seed
+from harnessrl.proxy.scripted import Reply, ScriptedEngine
 
 TOK = load_tokenizer("tiny-1m")
 TASK = load_task("toy", "copy_01")

@@ -12,18 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from actors import rollout_cmd
-from actors.config import RolloutConfig
-from common import cli
-from common.config import add_config_args, config_from_args, undocumented_fields
-from proxy.scripted import ScriptedEngine
+from harnessrl.actors import rollout_cmd
+from harnessrl.actors.config import RolloutConfig
+from harnessrl.common import cli
+from harnessrl.common.config import add_config_args, config_from_args, undocumented_fields
+from harnessrl.proxy.scripted import ScriptedEngine
 from tests.test_rollout import TASK, TOK, toy_solver
 
 REPO = Path(__file__).resolve().parents[1]
 ENTRY = (
-    ["-m", "common.cli", "rollout"]
+    ["-m", "harnessrl.common.cli", "rollout"]
     if cli.COMMANDS["rollout"].module
-    else ["-m", "actors.rollout_cmd"]
+    else ["-m", "harnessrl.actors.rollout_cmd"]
 )
 TREE_KEYS = {"n_calls", "n_leaves", "dropped", "unique_tokens", "expanded_tokens", "model_tokens"}
 
@@ -190,8 +190,8 @@ async def test_progress_lines_count_calls_and_tokens(run_name: str):
     import contextlib
     import io
 
-    from common.bus import connect
-    from common.records import CallRecord, pack_ids
+    from harnessrl.common.bus import connect
+    from harnessrl.common.records import CallRecord, pack_ids
 
     bus = await connect(f"memory://{run_name}", run_name)
     rid = "manual1-0-1"

@@ -13,13 +13,13 @@ import json
 import time
 from types import SimpleNamespace
 
-from common.bus import Bus, connect
-from common.layout import CLIENT_STATE, LATEST, LearnerState
-from common.records import RolloutResult, TaskRequest, TreeSample
-from common.run.dashboard import Monitor
-from common.run.run import Run
-from learner.assembler import Assembler
-from learner.config import AssemblerConfig
+from harnessrl.common.bus import Bus, connect
+from harnessrl.common.layout import CLIENT_STATE, LATEST, LearnerState
+from harnessrl.common.records import RolloutResult, TaskRequest, TreeSample
+from harnessrl.common.run.dashboard import Monitor
+from harnessrl.common.run.run import Run
+from harnessrl.learner.assembler import Assembler
+from harnessrl.learner.config import AssemblerConfig
 
 
 def task(gid: str, k: int) -> TaskRequest:
@@ -186,7 +186,7 @@ async def test_audit_reads_the_results_its_follower_missed(nats_url: str, run_na
     """The monitor's follower can lag the stream (a loaded machine, a restarted server): the
     audit then reads the results it has not seen itself, so the count stays exact instead of
     reporting those rollouts as unaccounted (the chaos suite's "incomplete" final audit)."""
-    from common.run.audit import audit
+    from harnessrl.common.run.audit import audit
 
     bus = await connect(nats_url, run_name)
     try:

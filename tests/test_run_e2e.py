@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from common.config import undocumented_fields
-from common.natsauth import ROLES
-from common.procs import pid_alive
-from common.run.config import RunConfig
+from harnessrl.common.config import undocumented_fields
+from harnessrl.common.natsauth import ROLES
+from harnessrl.common.procs import pid_alive
+from harnessrl.common.run.config import RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 2
@@ -94,7 +94,7 @@ def test_run_trains_broadcasts_and_cleans_up(tmp_path: Path) -> None:
     out = tmp_path / "run"
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "common.cli", "run", str(run_file), "--out", str(out)],
+        [sys.executable, "-m", "harnessrl.common.cli", "run", str(run_file), "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=400,
@@ -145,7 +145,7 @@ def test_run_trains_broadcasts_and_cleans_up(tmp_path: Path) -> None:
 
     # --resume continues the same run from its checkpoint, in the same folder
     proc = subprocess.run(
-        [sys.executable, "-m", "common.cli", "run", "--out", str(out), "--resume"]
+        [sys.executable, "-m", "harnessrl.common.cli", "run", "--out", str(out), "--resume"]
         + ["--steps", str(STEPS + 1)],
         capture_output=True,
         text=True,
@@ -177,7 +177,7 @@ def test_run_with_credentials_tls_and_engine_key(tmp_path: Path) -> None:
     run_file.write_text(RUN_FILE.format(steps=1, sandboxes=sandboxes))
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "common.cli", "run", str(run_file), "--out", str(out)]
+        [sys.executable, "-m", "harnessrl.common.cli", "run", str(run_file), "--out", str(out)]
         + ["--actors", "1", "--drain-timeout-s", "30"],
         capture_output=True,
         text=True,
@@ -220,7 +220,7 @@ def test_run_with_credentials_tls_and_engine_key(tmp_path: Path) -> None:
 
 def test_counters_survive_a_restart() -> None:
     """A counter that goes down means the process restarted: its old total is carried."""
-    from common.run.dashboard import Scraped, total
+    from harnessrl.common.run.dashboard import Scraped, total
 
     s = Scraped()
     key = ("hrl_actor_rollouts_total", (("status", "ok"),))
@@ -234,8 +234,8 @@ def test_counters_survive_a_restart() -> None:
 
 def test_monitor_copies_learner_lines_once(tmp_path: Path) -> None:
     """Learner lines are copied verbatim and only once, also by a resumed supervisor."""
-    from common.layout import RollupLine
-    from common.run.dashboard import Monitor
+    from harnessrl.common.layout import RollupLine
+    from harnessrl.common.run.dashboard import Monitor
 
     learner = tmp_path / "learner.jsonl"
     learner.write_text(
@@ -261,8 +261,8 @@ def test_monitor_copies_learner_lines_once(tmp_path: Path) -> None:
 def test_plot_from_metrics(tmp_path: Path) -> None:
     """The plot is drawn from metrics.jsonl alone (rollup reward deltas summed per version)."""
     pytest.importorskip("matplotlib")
-    from common.layout import read_metrics
-    from common.run.plot import plot_run, series
+    from harnessrl.common.layout import read_metrics
+    from harnessrl.common.run.plot import plot_run, series
 
     rows = [
         {"time": 0, "event": "start", "version": 0},
@@ -281,8 +281,8 @@ def test_run_file_round_trip(tmp_path: Path) -> None:
     """The resolved run file parses back to the same tables; [run] is complete and typed."""
     import tomllib
 
-    from common.config import toml_text
-    from common.run.plan import resolve
+    from harnessrl.common.config import toml_text
+    from harnessrl.common.run.plan import resolve
 
     run_file = tmp_path / "run.toml"
     run_file.write_text(RUN_FILE.format(steps=3, sandboxes=tmp_path / "sb"))
@@ -296,8 +296,8 @@ def test_run_file_round_trip(tmp_path: Path) -> None:
 
 
 def test_run_file_errors_name_the_problem(tmp_path: Path) -> None:
-    from common.config import ConfigError
-    from common.run.plan import resolve
+    from harnessrl.common.config import ConfigError
+    from harnessrl.common.run.plan import resolve
 
     bad = tmp_path / "bad.toml"
     for text, expected in (
@@ -318,7 +318,7 @@ def test_plan_gives_each_role_its_own_credential_and_no_secret(tmp_path: Path) -
     """Embedded defaults: TLS URL, the server made for this run, each child its own role's
     credential file, the CA and the engine key file; ``nats_insecure`` drops them all; an
     external server's credentials come from ``nats_auth_dir``."""
-    from common.run.plan import SECTIONS, Paths, Plan
+    from harnessrl.common.run.plan import SECTIONS, Paths, Plan
 
     sections = {s: {} for s in SECTIONS}
     plan = Plan(RunConfig(name="p1"), sections, Paths(tmp_path / "a"))

@@ -14,9 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from common.files import free_port
-from common.run.dashboard import Monitor, render, status_line
-from common.run.run import Run
+from harnessrl.common.files import free_port
+from harnessrl.common.run.dashboard import Monitor, render, status_line
+from harnessrl.common.run.run import Run
 
 
 class FlakyJetStream:

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from actors.sandbox import SandboxError, SandboxSpec, make_backend
-from actors.sandbox.base import Limits, Sandbox, SandboxBackend
-from actors.sandbox.bwrap import BwrapBackend, BwrapSandbox
+from harnessrl.actors.sandbox import SandboxError, SandboxSpec, make_backend
+from harnessrl.actors.sandbox.base import Limits, Sandbox, SandboxBackend
+from harnessrl.actors.sandbox.bwrap import BwrapBackend, BwrapSandbox
 from tests.conftest import bwrap_or_skip, procs_with
 
 REPO = Path(__file__).resolve().parents[1]
@@ -165,7 +165,7 @@ async def fwd_backend(request: pytest.FixtureRequest, tmp_path: Path):
 def test_forwarder_choice_and_build_errors(tmp_path: Path):
     """A bad ``forwarder`` is refused; a compiler that fails is a `SandboxError` (``auto``
     then falls back to the Python forwarder, ``c`` raises); a good build is cached."""
-    from actors.sandbox.bwrap import build_forwarder
+    from harnessrl.actors.sandbox.bwrap import build_forwarder
 
     with pytest.raises(ValueError, match="forwarder"):
         BwrapBackend(tmp_path, forwarder="rust")
@@ -429,8 +429,8 @@ async def test_destroy_kills_running_commands(backend: BwrapBackend):
 
 SWEEP_OWNER = """
 import asyncio, sys
-from actors.sandbox import SandboxSpec
-from actors.sandbox.bwrap import BwrapBackend
+from harnessrl.actors.sandbox import SandboxSpec
+from harnessrl.actors.sandbox.bwrap import BwrapBackend
 
 async def main():
     be = BwrapBackend(sys.argv[1])
@@ -468,7 +468,7 @@ async def test_sweep_removes_dead_owners_leftovers(backend: BwrapBackend):
 
 POOL_OWNER = """
 import asyncio, sys
-from actors.sandbox.bwrap import BwrapBackend
+from harnessrl.actors.sandbox.bwrap import BwrapBackend
 
 async def main():
     be = BwrapBackend(sys.argv[1], pool_size=2, sweep_on_start=False)
@@ -584,7 +584,7 @@ async def test_sweep_survives_entries_that_vanish_while_it_looks(
     """Another process's create renames or removes its ``.new-`` folder between the sweep's
     listing and its look at the entry (two actors, or an eval beside a run, share the root):
     the sweep skips the entry instead of failing the process that is starting."""
-    import actors.sandbox.bwrap as bwrap_mod
+    import harnessrl.actors.sandbox.bwrap as bwrap_mod
 
     gone = [backend.root / f".new-{os.getpid()}-vanish", backend.root / "vanished-sandbox"]
     real = os.scandir

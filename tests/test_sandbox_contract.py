@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from actors.sandbox import SandboxSpec
-from actors.sandbox.base import Limits, Sandbox, SandboxBackend
+from harnessrl.actors.sandbox import SandboxSpec
+from harnessrl.actors.sandbox.base import Limits, Sandbox, SandboxBackend
 from tests.conftest import bwrap_or_skip, procs_with
 
 KINDS = ("bwrap", "bwrap_pool", "docker", "docker_pool")
@@ -35,7 +35,7 @@ async def backend(kind: tuple[str, str | None], tmp_path: Path):
     """Each backend, entered (sweep at start, everything removed at exit)."""
     name, engine = kind
     if name.startswith("docker"):
-        from actors.sandbox.docker import DockerBackend
+        from harnessrl.actors.sandbox.docker import DockerBackend
 
         pool = 2 if name == "docker_pool" else 0
         be = DockerBackend(tmp_path / "sandboxes", docker_url=engine, pool_size=pool)

@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from actors.sandbox import SandboxError, SandboxSpec, make_backend
-from actors.sandbox._docker_host import _oom_kills
-from actors.sandbox.base import Limits, Sandbox, SandboxBackend
-from actors.sandbox.docker import LABEL, DockerBackend, DockerSandbox, _proc_status
+from harnessrl.actors.sandbox import SandboxError, SandboxSpec, make_backend
+from harnessrl.actors.sandbox._docker_host import _oom_kills
+from harnessrl.actors.sandbox.base import Limits, Sandbox, SandboxBackend
+from harnessrl.actors.sandbox.docker import LABEL, DockerBackend, DockerSandbox, _proc_status
 from tests.conftest import procs_with
 
 REPO = Path(__file__).resolve().parents[1]
@@ -242,7 +242,7 @@ async def test_socket_on_another_filesystem_is_bound_and_never_pooled(
     def no_link(src, dst):
         raise OSError(18, "Invalid cross-device link")
 
-    monkeypatch.setattr("actors.sandbox.docker.os.link", no_link)
+    monkeypatch.setattr("harnessrl.actors.sandbox.docker.os.link", no_link)
     spec = SandboxSpec(proxy_socket=unix_http)
     code = "import os, urllib.request; print(urllib.request.urlopen("
     code += "os.environ['HRL_PROXY_URL'] + '/v1/x', timeout=10).read().decode())"
@@ -471,8 +471,8 @@ async def test_destroy_kills_running_commands(backend: DockerBackend):
 
 SWEEP_OWNER = """
 import asyncio, sys
-from actors.sandbox import SandboxSpec
-from actors.sandbox.docker import DockerBackend
+from harnessrl.actors.sandbox import SandboxSpec
+from harnessrl.actors.sandbox.docker import DockerBackend
 
 async def main():
     be = DockerBackend(sys.argv[1], docker_url=sys.argv[2])

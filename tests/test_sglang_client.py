@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.files import free_port
-from common.models import load_tokenizer
-from proxy.scripted import Reply, ScriptedEngine
-from proxy.sglang import (
+from harnessrl.common.files import free_port
+from harnessrl.common.models import load_tokenizer
+from harnessrl.proxy.scripted import Reply, ScriptedEngine
+from harnessrl.proxy.sglang import (
     EngineBadRequest,
     EngineClient,
     EngineError,
@@ -425,11 +425,11 @@ async def test_router_pause_abort_then_swap_is_retried() -> None:
 
 
 async def test_scripted_engine_subprocess(tmp_path: Path) -> None:
-    """``python -m proxy.scripted`` prints its URL and serves the script file."""
+    """``python -m harnessrl.proxy.scripted`` prints its URL and serves the script file."""
     script = tmp_path / "s.json"
     script.write_text(json.dumps({"replies": [[7, 8, 2]], "default": {"ids": [9]}}))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "proxy.scripted", "--port", "0", "--script", str(script)],
+        [sys.executable, "-m", "harnessrl.proxy.scripted", "--port", "0", "--script", str(script)],
         cwd=REPO,
         stdout=subprocess.PIPE,
         text=True,

@@ -1,6 +1,6 @@
 """Stopping with NATS down, and a nats-server that dies under ``harnessrl run``.
 
-* Real processes (``python -m common.cli learner|assembler|actor|weights-sync``) on a real
+* Real processes (``python -m harnessrl.common.cli learner|assembler|actor|weights-sync``) on a real
   nats-server that is then SIGKILLed: SIGTERM stops each of them within the supervisor's stop
   timeout, with exit status 0 and no traceback; the learner first commits its unsaved steps
   to its local checkpoint (what it cannot ack is redelivered and acked as committed later).
@@ -23,13 +23,13 @@ from pathlib import Path
 
 import pytest
 
-from common.bus import connect
-from common.layout import StepLine, read_metrics
-from common.natsd import NatsServer
-from common.procs import popen_child
-from common.run.config import RunConfig
-from learner.checkpoint import Checkpointer
-from proxy.scripted import ScriptedEngine
+from harnessrl.common.bus import connect
+from harnessrl.common.layout import StepLine, read_metrics
+from harnessrl.common.natsd import NatsServer
+from harnessrl.common.procs import popen_child
+from harnessrl.common.run.config import RunConfig
+from harnessrl.learner.checkpoint import Checkpointer
+from harnessrl.proxy.scripted import ScriptedEngine
 from tests.test_actor_service import actor_argv
 from tests.test_learner_service import grpo_group, publish, start_learner, wait_for
 from tests.test_rollout import TOK, toy_solver
@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "common.cli", *args]
+    return [sys.executable, "-m", "harnessrl.common.cli", *args]
 
 
 def start(argv: list[str], log: Path) -> subprocess.Popen:
@@ -113,8 +113,8 @@ def _logs(tmp_path: Path, run_dir: Path) -> dict[str, Path]:
 async def test_supervisor_restarts_nats_while_its_monitor_waits_for_it(tmp_path: Path) -> None:
     """The embedded nats-server is SIGKILLed while the monitor's refresh hangs on it (as reads
     of a dead server do, for their timeouts): the supervisor restarts it anyway."""
-    from common.run.plan import SECTIONS, Plan, prepare_run_dir
-    from common.run.run import Run
+    from harnessrl.common.run.plan import SECTIONS, Plan, prepare_run_dir
+    from harnessrl.common.run.run import Run
 
     cfg = RunConfig(
         name="t" + uuid.uuid4().hex[:8],

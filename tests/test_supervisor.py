@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from common.procs import group_members, kill_tree, pid_alive, popen_child, wait_group_dead
-from common.run.supervisor import ChildFailed, ChildSpec, Supervisor
+from harnessrl.common.procs import group_members, kill_tree, pid_alive, popen_child, wait_group_dead
+from harnessrl.common.run.supervisor import ChildFailed, ChildSpec, Supervisor
 
 PY = sys.executable
 
@@ -23,7 +23,7 @@ PY = sys.executable
 SERVICE = textwrap.dedent(
     """
     import signal, sys, time
-    from common.procs import popen_child
+    from harnessrl.common.procs import popen_child
     g = popen_child(["sleep", "300"])
     print(f"grandchild {g.pid}", flush=True)
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
@@ -163,7 +163,7 @@ def _start_supervisor(tmp_path: Path, n: int = 2) -> tuple[subprocess.Popen, dic
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(spec))
     proc = subprocess.Popen(
-        [PY, "-m", "common.run.supervisor", str(path)],
+        [PY, "-m", "harnessrl.common.run.supervisor", str(path)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

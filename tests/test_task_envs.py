@@ -27,21 +27,21 @@ from pathlib import Path
 
 import pytest
 
-from actors.sandbox import SandboxError, SandboxSpec
-from actors.sandbox.bwrap import BwrapBackend
-from actors.sandbox.docker import DockerBackend
-from actors.sandbox.envs import ENV_BIN, ENV_INFO, Target, with_env_path
-from actors.verifier import CheckerError, run_solution, verify
-from common import cli
-from common.tasks import CLAWGYM_MOUNT, TaskEnv, TaskError, import_any, load_task_path
-from common.tasks.environments import (
+from harnessrl.actors.sandbox import SandboxError, SandboxSpec
+from harnessrl.actors.sandbox.bwrap import BwrapBackend
+from harnessrl.actors.sandbox.docker import DockerBackend
+from harnessrl.actors.sandbox.envs import ENV_BIN, ENV_INFO, Target, with_env_path
+from harnessrl.actors.verifier import CheckerError, run_solution, verify
+from harnessrl.common import cli
+from harnessrl.common.tasks import CLAWGYM_MOUNT, TaskEnv, TaskError, import_any, load_task_path
+from harnessrl.common.tasks.environments import (
     BUILTIN_ENVS,
     CLAWGYM_ENV,
     EnvironmentToml,
     environment_table,
 )
-from common.tasks.formats import NativeToml
-from common.tasks.registry import SuiteToml, list_tasks, load_task
+from harnessrl.common.tasks.formats import NativeToml
+from harnessrl.common.tasks.registry import SuiteToml, list_tasks, load_task
 from tests.conftest import bwrap_or_skip
 from tests.treefiles import write
 
@@ -176,7 +176,7 @@ def test_suite_toml_environment(tmp_path: Path):
 
 
 def test_tasks_show_prints_the_environment(tmp_path: Path, monkeypatch, capsys):
-    monkeypatch.setitem(cli.COMMANDS, "tasks", cli.Command("tasks", "actors.tasks_cmd"))
+    monkeypatch.setitem(cli.COMMANDS, "tasks", cli.Command("tasks", "harnessrl.actors.tasks_cmd"))
     assert cli.main(["tasks", "show", str(acceptance_task(tmp_path / "t"))]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("environment"))
     assert "clawgym (python alias, 24 pip packages: pytest==8.4.2" in line
@@ -243,8 +243,8 @@ async def test_concurrent_first_use_builds_once(tmp_path: Path):
     env = TaskEnv(name="race", python_alias=True)
     code = (
         "import asyncio, sys\n"
-        "from actors.sandbox.bwrap import BwrapBackend\n"
-        "from common.tasks.model import TaskEnv\n"
+        "from harnessrl.actors.sandbox.bwrap import BwrapBackend\n"
+        "from harnessrl.common.tasks.model import TaskEnv\n"
         "async def main():\n"
         "    be = BwrapBackend(sys.argv[1], env_cache_dir=sys.argv[2])\n"
         "    d = await be.environment(TaskEnv(name='race', python_alias=True))\n"
@@ -297,9 +297,9 @@ async def test_unbuildable_environment_fails_create(tmp_path: Path, monkeypatch)
 
 def test_rollout_settings_reach_the_backend(tmp_path: Path):
     """``env_cache_dir`` reaches the backend; the new config and schema fields are documented."""
-    from actors.config import RolloutSettings
-    from actors.rollout import make_sandbox_backend
-    from common.config import undocumented_fields
+    from harnessrl.actors.config import RolloutSettings
+    from harnessrl.actors.rollout import make_sandbox_backend
+    from harnessrl.common.config import undocumented_fields
 
     be = make_sandbox_backend(RolloutSettings(env_cache_dir=tmp_path / "e"))
     assert be.env_cache_dir == tmp_path / "e"
@@ -469,7 +469,7 @@ async def test_pytest_pandas_task_fails_in_the_base_environment(env_backend, tmp
 def test_install_script_runs_offline_from_the_wheelhouse():
     """The install step never reaches an index: ``--no-index`` from the mounted wheelhouse,
     with pip's configuration off."""
-    from actors.sandbox.envs import BUILD_ENV, install_script
+    from harnessrl.actors.sandbox.envs import BUILD_ENV, install_script
 
     script = install_script(CLAWGYM_ENV, "k")
     assert "--no-index --find-links /opt/hrl/wheels" in script
@@ -482,7 +482,7 @@ async def test_rollout_gives_the_task_its_environment(nats_url, run_name, bwrap,
     """Through the rollout pipeline (command harness running the reference solution, as an
     agent would): scored 1.0 with the task's environment; with ``task_environments`` off the
     agent's ``python`` is missing, so nothing is scored as the model's."""
-    from actors.rollout import run_rollout
+    from harnessrl.actors.rollout import run_rollout
     from tests.test_rollout import request, rollout_env
 
     folder = acceptance_task(tmp_path / "pandas_pytest")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from common import cli
-from common.tasks import (
+from harnessrl.common import cli
+from harnessrl.common.tasks import (
     CLAWGYM_MOUNT,
     Task,
     TaskError,
@@ -482,7 +482,7 @@ def tasks_cli(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setitem(
         cli.COMMANDS,
         "tasks",
-        cli.Command("list, show, import and lint tasks", "actors.tasks_cmd"),
+        cli.Command("list, show, import and lint tasks", "harnessrl.actors.tasks_cmd"),
     )
     return lambda *argv: cli.main(["tasks", *argv])
 

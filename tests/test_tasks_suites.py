@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from actors.lint import backend_factory, lint_tasks
-from actors.sandbox import SandboxSpec
-from actors.sandbox.bwrap import BwrapBackend
-from actors.verifier import run_solution, verify
-from common.tasks import BUILTIN_SUITES, Task, list_tasks
-from common.tasks.teacher import TOOLS, teacher_rollout, teacher_step
-from common.tasks.toy import FAMILIES, write_suites
+from harnessrl.actors.lint import backend_factory, lint_tasks
+from harnessrl.actors.sandbox import SandboxSpec
+from harnessrl.actors.sandbox.bwrap import BwrapBackend
+from harnessrl.actors.verifier import run_solution, verify
+from harnessrl.common.tasks import BUILTIN_SUITES, Task, list_tasks
+from harnessrl.common.tasks.teacher import TOOLS, teacher_rollout, teacher_step
+from harnessrl.common.tasks.toy import FAMILIES, write_suites
 
 TOY = list_tasks("toy") + list_tasks("toy-eval")
 JOBS = 4

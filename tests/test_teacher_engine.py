@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from actors.config import RolloutSettings
-from actors.harnesses.reference_agent import SYSTEM_PROMPT, TOOLS, Workspace
-from actors.rollout import RolloutDeps, run_rollout
-from common.bus import connect
-from common.models import load_tokenizer, render_chat
-from common.records import TaskRequest
-from common.tasks import load_task
-from common.tasks.teacher import teacher_rollout, teacher_step
-from proxy.engine.teacher import Teacher, make_teacher_engine, parse_prompt
+from harnessrl.actors.config import RolloutSettings
+from harnessrl.actors.harnesses.reference_agent import SYSTEM_PROMPT, TOOLS, Workspace
+from harnessrl.actors.rollout import RolloutDeps, run_rollout
+from harnessrl.common.bus import connect
+from harnessrl.common.models import load_tokenizer, render_chat
+from harnessrl.common.records import TaskRequest
+from harnessrl.common.tasks import load_task
+from harnessrl.common.tasks.teacher import teacher_rollout, teacher_step
+from harnessrl.proxy.engine.teacher import Teacher, make_teacher_engine, parse_prompt
 
 TOK = load_tokenizer("tiny-1m")
 REPO = Path(__file__).resolve().parents[1]
@@ -132,13 +132,13 @@ def test_teacher_engine_process_with_harnessrl_rollout(tmp_path: Path) -> None:
     """``harnessrl engine --kind teacher`` + ``harnessrl rollout`` score 1.0 end to end."""
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap not installed")
-    from proxy.engine_cmd import spawn_engine
+    from harnessrl.proxy.engine_cmd import spawn_engine
 
     eng, url = spawn_engine(["--kind", "teacher", "--port", "0", "--suites", "toy"])
     try:
         assert url, "teacher engine did not start"
         out = subprocess.run(
-            [sys.executable, "-m", "common.cli", "rollout", "--suite", "toy", "--task"]
+            [sys.executable, "-m", "harnessrl.common.cli", "rollout", "--suite", "toy", "--task"]
             + ["reverse_lines_02", "--engine", url, "--model", "tiny-1m", "--json"]
             + ["--sandbox-root", str(tmp_path / "sandboxes")],
             capture_output=True,
@@ -163,7 +163,7 @@ def test_teacher_kind_ready_line_and_sigterm() -> None:
     import time
     import urllib.request
 
-    from proxy.engine_cmd import spawn_engine
+    from harnessrl.proxy.engine_cmd import spawn_engine
 
     proc, url = spawn_engine(
         ["--kind", "teacher", "--suites", "toy", "--suites", "toy-eval", "--model", "tiny-1m"]

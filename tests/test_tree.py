@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from common import records as r
-from common.tree import (
+from harnessrl.common import records as r
+from harnessrl.common.tree import (
     MAIN,
     AssembleOptions,
     assemble,

@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from actors.sandbox import SandboxSpec
-from actors.sandbox.bwrap import BwrapBackend
-from actors.verifier import (
+from harnessrl.actors.sandbox import SandboxSpec
+from harnessrl.actors.sandbox.bwrap import BwrapBackend
+from harnessrl.actors.verifier import (
     JudgeConfig,
     RubricJudge,
     combine,
     run_solution,
     verify,
 )
-from common.tasks import CLAWGYM_MOUNT, Task, load_task_path
+from harnessrl.common.tasks import CLAWGYM_MOUNT, Task, load_task_path
 from tests.treefiles import write
 
 
@@ -152,9 +152,9 @@ async def test_checker_timeout(
     backend: BwrapBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     """A checker that outlives its timeout is killed and reported, not scored."""
-    import actors.verifier
+    import harnessrl.actors.verifier
 
-    monkeypatch.setattr(actors.verifier, "STAGE_SLACK_S", 0.5)
+    monkeypatch.setattr(harnessrl.actors.verifier, "STAGE_SLACK_S", 0.5)
     task = make_task(
         tmp_path / "t", "import time; time.sleep(30)", toml="[timeouts]\nverifier_s = 0.5\n"
     )
@@ -542,7 +542,7 @@ def test_combine_renormalises():
 
 def test_judge_config_is_documented():
     """The judge's config follows the config rules (every field documented, strict)."""
-    from common.config import undocumented_fields
+    from harnessrl.common.config import undocumented_fields
 
     assert undocumented_fields(JudgeConfig) == []
     assert JudgeConfig.model_config.get("extra") == "forbid"

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from common.bus import Bus, connect
-from common.models import load_model, resolve_model
-from common.records import (
+from harnessrl.common.bus import Bus, connect
+from harnessrl.common.models import load_model, resolve_model
+from harnessrl.common.records import (
     TreeNode,
     TreeSample,
     WeightChunk,
@@ -25,7 +25,7 @@ from common.records import (
     pack_ids,
     pack_u8,
 )
-from common.weights import (
+from harnessrl.common.weights import (
     ChunkJoiner,
     IncompleteVersion,
     chunk,
@@ -34,8 +34,8 @@ from common.weights import (
     serialize,
     weights_digest,
 )
-from learner.weights import DistributedPublisher, StreamPublisher
-from proxy.weights_sync import WeightUpdater, engine_apply
+from harnessrl.learner.weights import DistributedPublisher, StreamPublisher
+from harnessrl.proxy.weights_sync import WeightUpdater, engine_apply
 
 TOL = 1e-4
 
@@ -123,7 +123,7 @@ async def test_half_received_version_is_never_applied(bus: Bus, tmp_path: Path) 
 async def test_disk_transport_folder_is_applied_in_place(bus: Bus, tmp_path: Path) -> None:
     """``disk``: an atomic HF folder per version (config + tokenizer files + weights), older
     folders removed; the updater hands the path itself to the engine."""
-    from learner.weights import DiskPublisher
+    from harnessrl.learner.weights import DiskPublisher
 
     model_dir = resolve_model("tiny-1m")
     pub = DiskPublisher(bus, tmp_path / "w", model_dir=model_dir, keep=2)
@@ -146,14 +146,14 @@ async def test_disk_transport_folder_is_applied_in_place(bus: Bus, tmp_path: Pat
 @pytest.fixture(scope="module")
 def learner():
     """A DeepSpeed learner on tiny-1m that has taken SFT steps (its weights moved)."""
-    from learner.ds_engine import DeepSpeedConfig, LearnerEngine
-    from learner.losses import LossConfig
+    from harnessrl.learner.ds_engine import DeepSpeedConfig, LearnerEngine
+    from harnessrl.learner.losses import LossConfig
 
     return LearnerEngine("tiny-1m", DeepSpeedConfig(lr=1e-2, grad_clip=0), LossConfig(algo="sft"))
 
 
 def sft_step(learner, seed: int) -> None:
-    from learner.packing import PackConfig, pack
+    from harnessrl.learner.packing import PackConfig, pack
 
     rng = np.random.default_rng(seed)
     ids = rng.integers(3, 8000, 40)
@@ -168,7 +168,7 @@ def sft_step(learner, seed: int) -> None:
 
 def learner_logprobs(learner, prompt: list[int], output: list[int]) -> np.ndarray:
     """The learner's own forward pass (packed tree path) over prompt + output."""
-    from learner.packing import PackConfig, pack
+    from harnessrl.learner.packing import PackConfig, pack
 
     s = TreeSample(
         rollout_id="q-0-1",
@@ -205,9 +205,9 @@ async def test_learner_versions_reach_embedded_engine(learner, bus: Bus, tmp_pat
     """stream (updater -> update_weights_from_disk) then distributed (gloo, two buckets): each
     time the engine's log-probs equal the learner's forward of the new weights and differ from
     the base model; a corrupt version in between leaves the engine where it was."""
-    from proxy.config import EngineConfig
-    from proxy.engine import EngineServer
-    from proxy.sglang import EngineClient
+    from harnessrl.proxy.config import EngineConfig
+    from harnessrl.proxy.engine import EngineServer
+    from harnessrl.proxy.sglang import EngineClient
 
     base = load_model(resolve_model("tiny-1m")).requires_grad_(False)
     cfg = EngineConfig(model="tiny-1m", port=0, threads=1)
@@ -246,22 +246,22 @@ async def test_learner_versions_reach_embedded_engine(learner, bus: Bus, tmp_pat
 async def test_weights_sync_command_applies_versions(
     bus: Bus, nats_url: str, tmp_path: Path
 ) -> None:
-    """``harnessrl weights-sync`` (as ``python -m proxy.weights_sync_cmd``) applies a streamed
+    """``harnessrl weights-sync`` (as ``python -m harnessrl.proxy.weights_sync_cmd``) applies a streamed
     version to an engine and reports it."""
     import os
     import signal
     import subprocess
     import sys
 
-    from proxy.config import EngineConfig
-    from proxy.engine import EngineServer, load_state_dict
-    from proxy.sglang import EngineClient
+    from harnessrl.proxy.config import EngineConfig
+    from harnessrl.proxy.engine import EngineServer, load_state_dict
+    from harnessrl.proxy.sglang import EngineClient
 
     root = Path(__file__).resolve().parent.parent
     new = load_state_dict(resolve_model("tiny-1m@seed1"))
     cfg = EngineConfig(model="tiny-1m", port=0, threads=1)
     async with EngineServer(cfg) as srv, EngineClient(srv.url) as client:
-        argv = [sys.executable, "-m", "proxy.weights_sync_cmd", "--nats", nats_url]
+        argv = [sys.executable, "-m", "harnessrl.proxy.weights_sync_cmd", "--nats", nats_url]
         argv += ["--run", bus.run, "--engine", srv.url, "--work-dir", str(tmp_path)]
         argv += ["--metrics-port", "-1"]
         env = {**os.environ, "PYTHONPATH": str(root)}
@@ -288,15 +288,22 @@ async def test_weights_sync_load_once(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from proxy.config import EngineConfig
-    from proxy.engine import EngineServer
-    from proxy.sglang import EngineClient
+    from harnessrl.proxy.config import EngineConfig
+    from harnessrl.proxy.engine import EngineServer
+    from harnessrl.proxy.sglang import EngineClient
 
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "PYTHONPATH": str(root)}
 
     def weights_sync(*flags: str) -> subprocess.CompletedProcess:
-        argv = [sys.executable, "-m", "proxy.weights_sync_cmd", "--metrics-port", "-1", *flags]
+        argv = [
+            sys.executable,
+            "-m",
+            "harnessrl.proxy.weights_sync_cmd",
+            "--metrics-port",
+            "-1",
+            *flags,
+        ]
         return subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=120)
 
     new = resolve_model("tiny-1m@seed1")
@@ -420,7 +427,7 @@ async def test_corrupted_chunk_is_never_applied(bus: Bus, tmp_path: Path) -> Non
 
 _REUSE = """
 import resource, sys
-from common.weights import retain_freed_memory
+from harnessrl.common.weights import retain_freed_memory
 if sys.argv[1] == "retain":
     assert retain_freed_memory(256 << 20)
 def version():  # a version's worth of ~1 MiB messages, held together, then dropped

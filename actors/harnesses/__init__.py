@@ -1,7 +1,7 @@
 """Harness adapters: how to install each agent harness and launch it headless in a sandbox.
 
 ``get_adapter(name)`` returns a fresh adapter; ``list_adapters()`` lists the built-in ones. The
-contract is in `actors.harnesses.base`; every adapter module's docstring gives its exact command
+contract is in `harnessrl.actors.harnesses.base`; every adapter module's docstring gives its exact command
 line, environment and config files.
 
 Context window and output limit, one rule for every harness: it is told the engine's real
@@ -41,7 +41,7 @@ from difflib import get_close_matches
 from importlib import metadata
 from pathlib import Path
 
-from actors.harnesses.base import (
+from harnessrl.actors.harnesses.base import (
     HarnessAdapter,
     HarnessContext,
     HarnessInstallError,
@@ -54,13 +54,13 @@ from actors.harnesses.base import (
 
 #: name → "module:Class"; modules are imported on first use.
 ADAPTERS: dict[str, str] = {
-    "reference": "actors.harnesses.reference:ReferenceAdapter",
-    "claude-code": "actors.harnesses.claude_code:ClaudeCodeAdapter",
-    "codex": "actors.harnesses.codex:CodexAdapter",
-    "mini-swe-agent": "actors.harnesses.mini_swe_agent:MiniSweAgentAdapter",
-    "opencode": "actors.harnesses.opencode:OpencodeAdapter",
-    "openclaw": "actors.harnesses.openclaw:OpenclawAdapter",
-    "command": "actors.harnesses.command:CommandAdapter",
+    "reference": "harnessrl.actors.harnesses.reference:ReferenceAdapter",
+    "claude-code": "harnessrl.actors.harnesses.claude_code:ClaudeCodeAdapter",
+    "codex": "harnessrl.actors.harnesses.codex:CodexAdapter",
+    "mini-swe-agent": "harnessrl.actors.harnesses.mini_swe_agent:MiniSweAgentAdapter",
+    "opencode": "harnessrl.actors.harnesses.opencode:OpencodeAdapter",
+    "openclaw": "harnessrl.actors.harnesses.openclaw:OpenclawAdapter",
+    "command": "harnessrl.actors.harnesses.command:CommandAdapter",
 }
 
 VERSIONLESS = frozenset({"command"})

@@ -94,7 +94,7 @@ class HarnessContext:
     context_window: int | None = None
     """The engine's real context window in tokens (prompt + reply), told to the harness as its
     model's window, so that it compacts as it would against a real deployment of that size
-    (see the table in ``actors.harnesses``); ``None``: the harness's own default."""
+    (see the table in ``harnessrl.actors.harnesses``); ``None``: the harness's own default."""
     max_output_tokens: int | None = None
     """The run's per-call output limit (its ``max_new_tokens``), told to the harness as its
     model's output limit: what it requests as ``max_tokens`` and reserves from the window for
@@ -177,7 +177,7 @@ class HarnessAdapter:
     """Base class of adapters. Subclasses set the class attributes and implement `prepare`.
 
     ``install``/``is_installed`` default to "nothing to install"; npm- and pip-installed
-    harnesses use `NpmAdapter` / `PipVenvAdapter` from ``actors.harnesses.install``.
+    harnesses use `NpmAdapter` / `PipVenvAdapter` from ``harnessrl.actors.harnesses.install``.
     """
 
     name: ClassVar[str]

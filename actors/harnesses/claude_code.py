@@ -48,9 +48,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from actors.harnesses._platform import npm_arch
-from actors.harnesses.base import HarnessContext, LaunchSpec
-from actors.harnesses.install import NpmAdapter
+from harnessrl.actors.harnesses._platform import npm_arch
+from harnessrl.actors.harnesses.base import HarnessContext, LaunchSpec
+from harnessrl.actors.harnesses.install import NpmAdapter
 
 
 class ClaudeCodeAdapter(NpmAdapter):

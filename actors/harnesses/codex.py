@@ -59,9 +59,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from actors.harnesses._platform import npm_arch, rust_triple
-from actors.harnesses.base import HarnessContext, LaunchSpec
-from actors.harnesses.install import NpmAdapter
+from harnessrl.actors.harnesses._platform import npm_arch, rust_triple
+from harnessrl.actors.harnesses.base import HarnessContext, LaunchSpec
+from harnessrl.actors.harnesses.install import NpmAdapter
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from actors.harnesses.base import HarnessAdapter, HarnessContext, LaunchSpec
+from harnessrl.actors.harnesses.base import HarnessAdapter, HarnessContext, LaunchSpec
 
 
 class CommandAdapter(HarnessAdapter):

@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any, ClassVar
 
-from actors.harnesses.base import (
+from harnessrl.actors.harnesses.base import (
     HarnessAdapter,
     HarnessInstallError,
     HarnessNotInstalled,

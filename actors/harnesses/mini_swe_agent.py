@@ -39,8 +39,8 @@ from __future__ import annotations
 
 import json
 
-from actors.harnesses.base import HarnessContext, LaunchSpec
-from actors.harnesses.install import PipVenvAdapter
+from harnessrl.actors.harnesses.base import HarnessContext, LaunchSpec
+from harnessrl.actors.harnesses.install import PipVenvAdapter
 
 
 class MiniSweAgentAdapter(PipVenvAdapter):

@@ -49,9 +49,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from actors.harnesses._platform import npm_arch
-from actors.harnesses.base import Api, HarnessContext, LaunchSpec
-from actors.harnesses.install import NpmAdapter
+from harnessrl.actors.harnesses._platform import npm_arch
+from harnessrl.actors.harnesses.base import Api, HarnessContext, LaunchSpec
+from harnessrl.actors.harnesses.install import NpmAdapter
 
 _OPENCLAW_API = {
     "chat": "openai-completions",

@@ -41,9 +41,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from actors.harnesses._platform import npm_arch
-from actors.harnesses.base import HarnessContext, LaunchSpec
-from actors.harnesses.install import NpmAdapter
+from harnessrl.actors.harnesses._platform import npm_arch
+from harnessrl.actors.harnesses.base import HarnessContext, LaunchSpec
+from harnessrl.actors.harnesses.install import NpmAdapter
 
 
 class OpencodeAdapter(NpmAdapter):

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from actors.harnesses import reference_agent
-from actors.harnesses.base import HarnessAdapter, HarnessContext, LaunchSpec, host_python
+from harnessrl.actors.harnesses import reference_agent
+from harnessrl.actors.harnesses.base import HarnessAdapter, HarnessContext, LaunchSpec, host_python
 
 SCRIPT = Path(reference_agent.__file__).resolve()
 _FLAGS = {

@@ -3,7 +3,7 @@
 
 Standard library only, so it runs with the plain host interpreter inside a sandbox that sees
 nothing but a read-only ``/usr``: ``python3 reference_agent.py TASK`` works as well as
-``python -m actors.harnesses.reference_agent TASK``. Nothing here may import a third-party
+``python -m harnessrl.actors.harnesses.reference_agent TASK``. Nothing here may import a third-party
 package or anything of harnessrl.
 
 The loop (one model call per turn):

@@ -4,7 +4,7 @@ Use `make_backend` to pick one by name."""
 
 from __future__ import annotations
 
-from actors.sandbox.base import (
+from harnessrl.actors.sandbox.base import (
     ExecResult,
     Limits,
     Sandbox,
@@ -28,11 +28,11 @@ def make_backend(kind: str = "bwrap", **kwargs) -> SandboxBackend:
     """A sandbox backend by name: ``bwrap`` or ``docker`` (kwargs: see `BwrapBackend`,
     `DockerBackend`)."""
     if kind == "bwrap":
-        from actors.sandbox.bwrap import BwrapBackend
+        from harnessrl.actors.sandbox.bwrap import BwrapBackend
 
         return BwrapBackend(**kwargs)
     if kind == "docker":
-        from actors.sandbox.docker import DockerBackend
+        from harnessrl.actors.sandbox.docker import DockerBackend
 
         return DockerBackend(**kwargs)
     raise ValueError(f"unknown sandbox backend {kind!r} (available: bwrap, docker)")

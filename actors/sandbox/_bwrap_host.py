@@ -15,8 +15,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from actors.sandbox._fs import _starttime
-from actors.sandbox.base import SandboxError, SandboxSpec
+from harnessrl.actors.sandbox._fs import _starttime
+from harnessrl.actors.sandbox.base import SandboxError, SandboxSpec
 
 FORWARDER_C_SRC = Path(__file__).with_name("_forwarder.c")
 

@@ -1,4 +1,4 @@
-"""The host's view of a docker sandbox's container (``actors.sandbox.docker``): its processes
+"""The host's view of a docker sandbox's container (``harnessrl.actors.sandbox.docker``): its processes
 in ``/proc``, its cgroup, its forwarder's listening socket, and the exec output stream."""
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import stat
 import sys
 from pathlib import Path
 
-from actors.sandbox.base import SandboxError
+from harnessrl.actors.sandbox.base import SandboxError
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _CHUNK = 1 << 20

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from common.tasks.model import TaskEnv
+from harnessrl.common.tasks.model import TaskEnv
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -368,7 +368,7 @@ class SandboxBase:
     async def _fs(name: str, *args):
         """``_fs.<name>(*args)`` in a thread; OS errors other than a missing file become
         `SandboxError`."""
-        from actors.sandbox import _fs  # imports this module
+        from harnessrl.actors.sandbox import _fs  # imports this module
 
         try:
             return await asyncio.to_thread(getattr(_fs, name), *args)

@@ -73,8 +73,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from actors.sandbox import _fs
-from actors.sandbox._bwrap_host import (
+from harnessrl.actors.sandbox import _fs
+from harnessrl.actors.sandbox._bwrap_host import (
     _below,
     _Blank,
     _etc_files,
@@ -85,8 +85,8 @@ from actors.sandbox._bwrap_host import (
     _write_lock_info,
     build_forwarder,
 )
-from actors.sandbox._fs import _pid_alive, _try_lock
-from actors.sandbox.base import (
+from harnessrl.actors.sandbox._fs import _pid_alive, _try_lock
+from harnessrl.actors.sandbox.base import (
     PATH_INSIDE,
     ExecResult,
     SandboxBase,
@@ -95,7 +95,7 @@ from actors.sandbox.base import (
     SandboxSpec,
     killed_from_outside,
 )
-from actors.sandbox.envs import (
+from harnessrl.actors.sandbox.envs import (
     BUILD_ENV,
     ENV_INFO,
     ENV_INSIDE,
@@ -113,9 +113,9 @@ from actors.sandbox.envs import (
     wheelhouse,
     with_env_path,
 )
-from actors.sandbox.envs import env_cache_dir as default_env_cache
-from common.procs import kill_tree
-from common.tasks.model import TaskEnv
+from harnessrl.actors.sandbox.envs import env_cache_dir as default_env_cache
+from harnessrl.common.procs import kill_tree
+from harnessrl.common.tasks.model import TaskEnv
 
 DEFAULT_ROOT = Path(tempfile.gettempdir()) / "harnessrl-sandboxes"
 DEFAULT_UID_LOCKS = Path(tempfile.gettempdir()) / "harnessrl-sandbox-uids"

@@ -79,8 +79,8 @@ try:
 except ImportError:  # optional: `DockerBackend.probe` says what is missing
     aiodocker = None
 
-from actors.sandbox import _fs
-from actors.sandbox._docker_host import (
+from harnessrl.actors.sandbox import _fs
+from harnessrl.actors.sandbox._docker_host import (
     _EMPTY,
     _boot_id,
     _cgroup_procs,
@@ -93,8 +93,8 @@ from actors.sandbox._docker_host import (
     _proc_status,
     _pump,
 )
-from actors.sandbox._fs import _starttime, _try_lock
-from actors.sandbox.base import (
+from harnessrl.actors.sandbox._fs import _starttime, _try_lock
+from harnessrl.actors.sandbox.base import (
     PATH_INSIDE,
     ExecResult,
     SandboxBase,
@@ -102,10 +102,10 @@ from actors.sandbox.base import (
     SandboxPool,
     SandboxSpec,
 )
-from actors.sandbox.docker_image import DEFAULT_IMAGE, ensure_env_image
-from actors.sandbox.envs import EnvBuilds, content_key, with_env_path
-from actors.sandbox.envs import env_cache_dir as default_env_cache
-from common.tasks.model import TaskEnv
+from harnessrl.actors.sandbox.docker_image import DEFAULT_IMAGE, ensure_env_image
+from harnessrl.actors.sandbox.envs import EnvBuilds, content_key, with_env_path
+from harnessrl.actors.sandbox.envs import env_cache_dir as default_env_cache
+from harnessrl.common.tasks.model import TaskEnv
 
 DEFAULT_ROOT = Path(tempfile.gettempdir()) / "harnessrl-docker-sandboxes"
 RUN_DIR = "/run/hrl"
@@ -249,7 +249,7 @@ class DockerBackend:
             await self.docker.images.inspect(self.image)
         except aiodocker.DockerError:
             return (
-                f"image {self.image} missing (python -m actors.sandbox.docker_image "
+                f"image {self.image} missing (python -m harnessrl.actors.sandbox.docker_image "
                 f"--image {self.image})"
             )
         return None

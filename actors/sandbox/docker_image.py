@@ -1,7 +1,7 @@
 """The local Docker side of the ``docker`` sandbox backend: a minimal image built offline, and a
 private ``dockerd`` for tests and benchmarks.
 
-    python -m actors.sandbox.docker_image [--docker-host URL] [--image NAME] [--method M]
+    python -m harnessrl.actors.sandbox.docker_image [--docker-host URL] [--image NAME] [--method M]
 
 **Image.** No registry is reachable, so the image is imported (``docker import``) from a root
 filesystem tarball built here and cached in ``<cache>/docker/rootfs-<key>.tar`` (cache =
@@ -53,7 +53,7 @@ from pathlib import Path
 
 import aiohttp
 
-from actors.sandbox.envs import (
+from harnessrl.actors.sandbox.envs import (
     BUILD_ENV,
     INSTALL_TIMEOUT_S,
     PROBE_CODE,
@@ -65,9 +65,9 @@ from actors.sandbox.envs import (
     log_env_build,
     wheelhouse,
 )
-from common.models import default_cache_dir
-from common.procs import popen_child
-from common.tasks.model import TaskEnv
+from harnessrl.common.models import default_cache_dir
+from harnessrl.common.procs import popen_child
+from harnessrl.common.tasks.model import TaskEnv
 
 DEFAULT_IMAGE = "harnessrl-sandbox:latest"
 DEFAULT_SUITE = "bookworm"

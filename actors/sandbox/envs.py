@@ -1,6 +1,6 @@
 """Task environments inside sandboxes: built once per content, cached, mounted read-only.
 
-A task's `TaskEnv` (a ``python`` command, pip packages; ``common.tasks.environments``) is
+A task's `TaskEnv` (a ``python`` command, pip packages; ``harnessrl.common.tasks.environments``) is
 provided by the sandbox backend, the same way for every command of the sandbox (the harness,
 the agent's own commands, the checker):
 
@@ -57,9 +57,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from actors.sandbox.base import SandboxError
-from common.models.cache import default_cache_dir
-from common.tasks.model import TaskEnv
+from harnessrl.actors.sandbox.base import SandboxError
+from harnessrl.common.models.cache import default_cache_dir
+from harnessrl.common.tasks.model import TaskEnv
 
 log = logging.getLogger("harnessrl.sandbox.envs")
 

@@ -57,7 +57,7 @@ from .tokens import MAX_POSITION_EMBEDDINGS as MAX_POSITION_EMBEDDINGS
 from .tokens import VOCAB_SIZE as VOCAB_SIZE
 
 # Names imported ``as`` themselves above are not public API (not in ``__all__``) but stay
-# reachable as ``common.models.X``, as before the split (the tests use some).
+# reachable as ``harnessrl.common.models.X``, as before the split (the tests use some).
 __all__ = [
     "ADDED_TOKENS",
     "CHAT_TEMPLATE",

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from common.records import (
+from harnessrl.common.records import (
     DeadLetter,
     RecordDecodeError,
     RolloutResult,

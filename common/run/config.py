@@ -3,10 +3,10 @@
 A run file holds one table per process, each read by that process itself (its ``SECTION``)::
 
     [run]            # this model: which processes, how many, restart policies, budget
-    [engine]         # harnessrl engine   (proxy.config.EngineConfig)
-    [actor]          # harnessrl actor    (actors.config.ActorConfig)
+    [engine]         # harnessrl engine   (harnessrl.proxy.config.EngineConfig)
+    [actor]          # harnessrl actor    (harnessrl.actors.config.ActorConfig)
     [assembler]      # harnessrl assembler
-    [learner]        # harnessrl learner  (learner.config.LearnerConfig, with [learner.feeder]...)
+    [learner]        # harnessrl learner  (harnessrl.learner.config.LearnerConfig, with [learner.feeder]...)
     [weights_sync]   # harnessrl weights-sync
 
 The supervisor passes the file to every child with ``--config`` and adds only what it decides
@@ -21,8 +21,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from common.config import HrlModel, check_replicas, nats_urls
-from common.records import check_token
+from harnessrl.common.config import HrlModel, check_replicas, nats_urls
+from harnessrl.common.records import check_token
 
 OnExit = Literal["restart", "stop", "ignore"]
 

@@ -14,7 +14,7 @@ to a process in any other way:
 * the learner's own ``metrics.jsonl`` (step lines: version, batch reward, eval means), whose
   lines it copies verbatim into the run's ``metrics.jsonl`` beside its own ``rollup`` lines;
 * at the end, `Monitor.audit`: where every issued rollout is, from the streams alone
-  (``common.run.audit``), for the summary's exact ``unaccounted``.
+  (``harnessrl.common.run.audit``), for the summary's exact ``unaccounted``.
 
 A read that fails is *unknown*, never zero: a queue whose query failed is ``None`` (shown as
 ``?``, left out of rollup lines), the failure is kept in `RunStatus.unread`, and `Monitor.drained`
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.layout import (
+from harnessrl.common.layout import (
     RUN_SOURCE,
     MetricsLine,
     RollupLine,
@@ -287,7 +287,7 @@ class Monitor:
         self.results_read = 0
         """Stream sequence of the last RolloutResult read (decodable or not)."""
         self.accounting: Any = None
-        """The last `audit` (``common.run.audit.Accounting``); None before one succeeded."""
+        """The last `audit` (``harnessrl.common.run.audit.Accounting``); None before one succeeded."""
         self._rewards: dict[tuple[str, str, int], list[float]] = defaultdict(lambda: [0.0, 0, 0])
         self._reward_delta: dict[tuple[str, str, int], list[float]] = defaultdict(
             lambda: [0.0, 0.0]
@@ -309,7 +309,7 @@ class Monitor:
     async def connect(self, nats_url: str, *, creds: str = "", ca: str = "") -> None:
         """Connect to the bus (``creds``/``ca``: file paths, the admin's) and start following
         every RolloutResult of the run."""
-        from common.bus import connect
+        from harnessrl.common.bus import connect
 
         self.bus = await connect(
             nats_url, self.run_name, name="harnessrl run (monitor)", creds=creds, ca=ca
@@ -318,7 +318,7 @@ class Monitor:
             await self._follow_results()
 
     async def _follow_results(self) -> None:
-        from common.records import RolloutResult, decode
+        from harnessrl.common.records import RolloutResult, decode
 
         async def on_msg(msg: Any) -> None:
             try:
@@ -402,7 +402,7 @@ class Monitor:
         try:
             headers = {}
             if self.engine_api_key_file:
-                from common.files import read_secret
+                from harnessrl.common.files import read_secret
 
                 key = read_secret(self.engine_api_key_file, "engine API key file")
                 headers["Authorization"] = f"Bearer {key}"
@@ -451,9 +451,9 @@ class Monitor:
         return actors_read and queues_empty and st.in_flight == 0
 
     async def audit(self, catch_up_s: float = 10.0, ledger: dict[str, Any] | None = None) -> Any:
-        """Where every issued rollout is, from the streams (``common.run.audit``; with the
+        """Where every issued rollout is, from the streams (``harnessrl.common.run.audit``; with the
         learner's committed ``ledger``, what was assembled too); kept in ``accounting``."""
-        from common.run.audit import audit
+        from harnessrl.common.run.audit import audit
 
         self.accounting = await audit(
             self.bus,

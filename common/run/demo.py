@@ -55,15 +55,15 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from common.config import ConfigError, HrlModel, load_config, toml_text
-from common.layout import (
+from harnessrl.common.config import ConfigError, HrlModel, load_config, toml_text
+from harnessrl.common.layout import (
     SummaryLine,
     line_object,
     read_metrics,
     weights_folder,
     weights_folders,
 )
-from common.run.config import RunConfig
+from harnessrl.common.run.config import RunConfig
 
 
 class DemoConfig(HrlModel):
@@ -326,7 +326,7 @@ def train_suite(cfg: DemoConfig, folder: Path) -> str:
     """The training suite of both phases: ``toy``, or a larger one generated into ``folder``."""
     if cfg.train_per_family == 6:
         return "toy"
-    from common.tasks.toy import write_train_suite
+    from harnessrl.common.tasks.toy import write_train_suite
 
     write_train_suite(folder / "toy-train", cfg.train_per_family)
     return str(folder / "toy-train")
@@ -337,7 +337,7 @@ def typed_tables(tables: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]
     (``[run]``: `RunConfig`; the others by command name through the CLI face), so a wrong key
     or value fails here naming the table and the field; returns the fields as set (what the
     TOML file holds)."""
-    from common.cli import command_config
+    from harnessrl.common.cli import command_config
 
     out: dict[str, dict[str, Any]] = {}
     for name, table in tables.items():
@@ -454,7 +454,7 @@ def final_weights(run_dir: Path, version: int) -> Path:
 def load_into_engines(urls: list[str], policy: Path, key_file: str = "") -> None:
     """Make external engines serve ``policy`` as version 0 before the RL phase (one
     ``harnessrl weights-sync --load`` child per engine; ``key_file``: their API key)."""
-    from common.run.plan import command_prefix
+    from harnessrl.common.run.plan import command_prefix
 
     for url in urls:
         argv = [*command_prefix(sys.executable, "weights-sync"), "--engine", url]
@@ -491,13 +491,15 @@ class Demo:
             self.child.send_signal(signum)
 
     def child_run(self, argv: list[str]) -> int:
-        """Run ``python -m common.cli ARGV`` (our terminal) in its own process group: a
+        """Run ``python -m harnessrl.common.cli ARGV`` (our terminal) in its own process group: a
         terminal's Ctrl-C reaches the demo alone, which forwards each SIGINT/SIGTERM to the
         child once (``_on_signal``), so ``kill -INT <demo pid>`` stops a phase as Ctrl-C does
         and a Ctrl-C is not delivered twice (a second signal kills a run at once)."""
-        from common.procs import popen_child
+        from harnessrl.common.procs import popen_child
 
-        self.child = popen_child([sys.executable, "-m", "common.cli", *argv], process_group=0)
+        self.child = popen_child(
+            [sys.executable, "-m", "harnessrl.common.cli", *argv], process_group=0
+        )
         return self.child.wait()
 
     def phase(self, name: str, argv: list[str]) -> None:
@@ -535,7 +537,7 @@ class Demo:
                 self.phase("sft", ["run", str(sft_file), "--out", str(self.dir / "sft")])
                 sft_policy = final_weights(self.dir / "sft", n_sft)
             else:
-                from common.models import resolve_model
+                from harnessrl.common.models import resolve_model
 
                 sft_policy = resolve_model(cfg.model)
             if cfg.engines:
@@ -719,7 +721,7 @@ def main(cfg: DemoConfig, args: argparse.Namespace | None = None) -> int:
     return Demo(cfg).run()
 
 
-if __name__ == "__main__":  # ``python -m common.run.demo`` is ``harnessrl demo``
-    from common.cli import run_module
+if __name__ == "__main__":  # ``python -m harnessrl.common.run.demo`` is ``harnessrl demo``
+    from harnessrl.common.cli import run_module
 
     run_module("demo")

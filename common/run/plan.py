@@ -1,8 +1,8 @@
 """The plan of a ``harnessrl run``: its run file resolved, its folder, and the command line of
-every process it starts (``Plan``); ``common.run.run`` starts and watches them.
+every process it starts (``Plan``); ``harnessrl.common.run.run`` starts and watches them.
 
 Each child reads its own table of the run file (``[engine]``, ``[actor]``, ``[assembler]``,
-``[learner]``, ``[weights_sync]``; ``[run]`` is `common.run.config.RunConfig`); the plan adds only
+``[learner]``, ``[weights_sync]``; ``[run]`` is `harnessrl.common.run.config.RunConfig`); the plan adds only
 what the supervisor decides itself as flags (URLs, ports, names, folders, ``--max-steps``).
 """
 
@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from common.config import ConfigError, load_config, overrides_from_args, toml_text
-from common.files import atomic_write, free_port, write_secret
-from common.layout import checkpoint_version, latest_weights
-from common.run.config import RunConfig
+from harnessrl.common.config import ConfigError, load_config, overrides_from_args, toml_text
+from harnessrl.common.files import atomic_write, free_port, write_secret
+from harnessrl.common.layout import checkpoint_version, latest_weights
+from harnessrl.common.run.config import RunConfig
 
 SECTIONS = ("engine", "actor", "assembler", "learner", "weights_sync")
 """Tables of a run file read by the child processes themselves."""
@@ -103,8 +103,8 @@ def resolve(args: argparse.Namespace) -> tuple[RunConfig, dict[str, Any]]:
 
 
 def command_prefix(py: str, cmd: str) -> list[str]:
-    """``python -m common.cli CMD``: a child's command line as a user would start it."""
-    return [py, "-m", "common.cli", cmd]
+    """``python -m harnessrl.common.cli CMD``: a child's command line as a user would start it."""
+    return [py, "-m", "harnessrl.common.cli", cmd]
 
 
 def ranks_prefix(py: str, ranks: int) -> list[str]:
@@ -117,7 +117,7 @@ def display_command(argv: list[str]) -> str:
     """A command line as a user would type it (``harnessrl CMD ...``)."""
     if len(argv) >= 3 and argv[1:3] == ["-m", "torch.distributed.run"]:
         return shlex.join(["torchrun", *argv[3:]])
-    if len(argv) >= 3 and argv[1:3] == ["-m", "common.cli"]:
+    if len(argv) >= 3 and argv[1:3] == ["-m", "harnessrl.common.cli"]:
         return shlex.join(["harnessrl", *argv[3:]])
     if len(argv) >= 3 and argv[1] == "-m":
         return shlex.join(["python", *argv[1:]])
@@ -125,7 +125,7 @@ def display_command(argv: list[str]) -> str:
 
 
 class Paths:
-    """Where everything of a run lives (the run folder of ``common.run.run``'s docstring)."""
+    """Where everything of a run lives (the run folder of ``harnessrl.common.run.run``'s docstring)."""
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = Path(run_dir).resolve()
@@ -301,7 +301,7 @@ class Plan:
         if found is None:
             return []
         folder, version = found
-        from common.models import resolve_model
+        from harnessrl.common.models import resolve_model
 
         eng = self.sections["engine"]
         tok = eng.get("tokenizer") or str(resolve_model(str(eng.get("model", "tiny"))))
@@ -328,10 +328,10 @@ class Plan:
         done = checkpoint_version(self.paths.checkpoints)
         remaining = max(1, self.cfg.steps - (done or 0))
         argv = [*command_prefix(self.py, "learner"), *self.service_flags("learner")]
-        if self.cfg.learner_ranks > 1:  # torchrun ... -m -- common.cli learner ...
+        if self.cfg.learner_ranks > 1:  # torchrun ... -m -- harnessrl.common.cli learner ...
             argv = [*ranks_prefix(self.py, self.cfg.learner_ranks), "--max-restarts", "0"]
             # ``--``: torchrun's own parser would take ``--run`` for a prefix of ``--run-path``
-            argv += ["-m", "--", "common.cli", "learner", *self.service_flags("learner")]
+            argv += ["-m", "--", "harnessrl.common.cli", "learner", *self.service_flags("learner")]
         argv += ["--run-dir", str(self.paths.learner)]
         argv += ["--checkpoint-dir", str(self.paths.checkpoints), "--max-steps", str(remaining)]
         argv += self.engine_key_flags("--broadcast.engine-api-key-file")
@@ -351,7 +351,7 @@ class Plan:
     def specs(self) -> dict[str, list[Any]]:
         """Child specs by start phase: ``nats``, ``core`` (engines, updaters, assembler,
         learner), ``actors``."""
-        from common.run.supervisor import ChildSpec
+        from harnessrl.common.run.supervisor import ChildSpec
 
         c, pol = self.cfg, self.cfg.on_exit
         env = {"PYTHONUNBUFFERED": "1"}

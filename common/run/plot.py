@@ -8,7 +8,7 @@ trained/min, generated tokens/s).
 Uses matplotlib's object API with the Agg backend (no display, no pyplot state, safe in a
 worker thread) and replaces the PNG atomically, so a viewer never sees half a file.
 
-    python -m common.run.plot RUN_DIR     # (re)draw RUN_DIR/plot.png
+    python -m harnessrl.common.run.plot RUN_DIR     # (re)draw RUN_DIR/plot.png
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from common.files import atomic_write
-from common.layout import MetricsLine, RollupLine, effective_steps, read_metrics
+from harnessrl.common.files import atomic_write
+from harnessrl.common.layout import MetricsLine, RollupLine, effective_steps, read_metrics
 
 PLOT_NAME = "plot.png"
 
@@ -119,7 +119,7 @@ def plot_run(run_dir: str | Path, title: str = "") -> Path | None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        print("usage: python -m common.run.plot RUN_DIR", file=sys.stderr)
+        print("usage: python -m harnessrl.common.run.plot RUN_DIR", file=sys.stderr)
         sys.exit(2)
     path = plot_run(sys.argv[1])
     print(path if path else "matplotlib is not installed (pip install 'harnessrl[train]')")

@@ -8,8 +8,8 @@ on separate machines (they are written to ``<out>/commands.sh``): an embedded na
 (unless ``--nats``), embedded engines (unless ``--engine``) each with a ``weights-sync``
 updater, the assembler, the learner (with its feeder) and the actors. Each reads its own table
 of the run file (``[engine]``, ``[actor]``, ``[assembler]``, ``[learner]``, ``[weights_sync]``;
-``[run]`` is `common.run.config.RunConfig`); the supervisor adds only what it decides itself as
-flags (URLs, ports, names, folders, ``--max-steps``; `common.run.plan.Plan` builds the command
+``[run]`` is `harnessrl.common.run.config.RunConfig`); the supervisor adds only what it decides itself as
+flags (URLs, ports, names, folders, ``--max-steps``; `harnessrl.common.run.plan.Plan` builds the command
 lines). It tracks them by PID, restarts or stops on a death (per-role policy), ends the run when
 the learner reaches ``steps`` (after draining the rollouts in flight), and stops everything on
 Ctrl-C/SIGTERM; a killed supervisor takes its children with it (PDEATHSIG).
@@ -25,7 +25,7 @@ Run folder::
     logs/NAME.log      each process's output (appended across restarts)
     supervisor.log     starts, deaths, restarts, the end
     metrics.jsonl      the learner's lines (copied verbatim) + ``rollup`` and ``summary`` lines
-                       (``common.layout``'s typed lines)
+                       (``harnessrl.common.layout``'s typed lines)
     plot.png           reward by version and throughput, redrawn as the run goes
     learner/           the learner's run dir (its own metrics.jsonl, disk-transport weights)
     checkpoints/       learner checkpoints (``--resume`` continues from them)
@@ -52,11 +52,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common.config import ConfigError, add_config_args, toml_text
-from common.files import atomic_write_json
-from common.layout import SummaryLine
-from common.run.config import RunConfig
-from common.run.plan import Plan, display_command, first_command, prepare_run_dir, resolve
+from harnessrl.common.config import ConfigError, add_config_args, toml_text
+from harnessrl.common.files import atomic_write_json
+from harnessrl.common.layout import SummaryLine
+from harnessrl.common.run.config import RunConfig
+from harnessrl.common.run.plan import Plan, display_command, first_command, prepare_run_dir, resolve
 
 log = logging.getLogger("harnessrl.run")
 
@@ -94,8 +94,8 @@ class Run:
     """The monitor's refresh in progress (run in the background of the supervision)."""
 
     def __init__(self, cfg: RunConfig, plan: Plan, out: Any = None) -> None:
-        from common.run.dashboard import Monitor
-        from common.run.supervisor import Supervisor
+        from harnessrl.common.run.dashboard import Monitor
+        from harnessrl.common.run.supervisor import Supervisor
 
         self.cfg = cfg
         self.plan = plan
@@ -147,8 +147,8 @@ class Run:
     # -- lifecycle --------------------------------------------------------------------------
 
     async def run(self) -> int:
-        from common.run.dashboard import make_view
-        from common.run.supervisor import ChildFailed, Outcome
+        from harnessrl.common.run.dashboard import make_view
+        from harnessrl.common.run.supervisor import ChildFailed, Outcome
 
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -267,8 +267,8 @@ class Run:
     async def ensure_streams(self) -> None:
         """Create the run's streams as the admin before any other process starts (no other
         role may create them; the embedded server already did, with ``--runs``)."""
-        from common.bus import BusError, connect
-        from common.run.supervisor import ChildFailed
+        from harnessrl.common.bus import BusError, connect
+        from harnessrl.common.run.supervisor import ChildFailed
 
         try:
             bus = await connect(
@@ -284,7 +284,7 @@ class Run:
         await bus.close()
 
     async def wait_ready(self, names: list[str]) -> bool:
-        from common.run.supervisor import ChildFailed
+        from harnessrl.common.run.supervisor import ChildFailed
 
         deadline = time.monotonic() + self.cfg.startup_timeout_s
         kids = [self.sup.children[n] for n in names]
@@ -313,7 +313,7 @@ class Run:
     async def watch(self) -> Any:
         """Poll children, refresh metrics and views until the learner is done, a child's death
         is fatal, or a signal arrives."""
-        from common.run.supervisor import Outcome
+        from harnessrl.common.run.supervisor import Outcome
 
         last = {"scrape": 0.0, "rollup": time.monotonic(), "plot": time.monotonic()}
         t_ready = time.monotonic()
@@ -432,7 +432,7 @@ class Run:
     # -- views and records ------------------------------------------------------------------
 
     def status(self) -> Any:
-        from common.run.dashboard import ChildView
+        from harnessrl.common.run.dashboard import ChildView
 
         kids = [
             ChildView(
@@ -447,7 +447,7 @@ class Run:
             self.view.update(self.status())
 
     def plot(self) -> Path | None:
-        from common.run.plot import plot_run
+        from harnessrl.common.run.plot import plot_run
 
         self._plotting = True
         try:
@@ -459,7 +459,7 @@ class Run:
             self._plotting = False
 
     def summary(self, outcome: Any, elapsed: float, leftovers: list[int]) -> SummaryLine:
-        from common.run.audit import Accounting
+        from harnessrl.common.run.audit import Accounting
 
         st = self.status()
         acc = self.monitor.accounting
@@ -502,11 +502,11 @@ class Run:
         )
 
     def committed(self) -> Any:
-        """The learner's committed state (``common.layout.LearnerState``; version 0 before its
+        """The learner's committed state (``harnessrl.common.layout.LearnerState``; version 0 before its
         first commit): the version a restart resumes from and the engines serve, whatever
         steps were logged after it and rolled back by a crash. None when the learner never
         commits (``checkpoint_every = 0``) or the checkpoint cannot be read."""
-        from common.layout import LearnerState, read_learner_state
+        from harnessrl.common.layout import LearnerState, read_learner_state
 
         if self.plan.sections.get("learner", {}).get("checkpoint_every", 1) == 0:
             return None
@@ -572,12 +572,12 @@ def main(cfg: Any, args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"harnessrl run: {e}", file=sys.stderr)
         return 2
-    from common import aio
+    from harnessrl.common import aio
 
     return int(aio.run(Run(run_cfg, Plan(run_cfg, sections, paths)).run()))
 
 
-if __name__ == "__main__":  # ``python -m common.run.run`` is ``harnessrl run``
-    from common.cli import run_module
+if __name__ == "__main__":  # ``python -m harnessrl.common.run.run`` is ``harnessrl run``
+    from harnessrl.common.cli import run_module
 
     run_module("run")

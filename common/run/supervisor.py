@@ -4,7 +4,7 @@
 updaters, assembler, learner, actors) exactly as a user would start them by hand; tests use it
 with fake commands. The contract:
 
-* **Children are ours alone.** Each child is started with ``common.procs.popen_child`` in its
+* **Children are ours alone.** Each child is started with ``harnessrl.common.procs.popen_child`` in its
   own session (process group), so it gets SIGTERM if the supervisor dies (Linux PDEATHSIG) and
   ``kill_tree`` reaches everything it started. Children are always spawned from the thread that
   created the supervisor: PDEATHSIG fires when the *spawning thread* exits.
@@ -24,7 +24,7 @@ regular expression matched against the lines the child writes after its start.
 
 Also runnable for ad-hoc supervision and tests::
 
-    python -m common.run.supervisor SPEC.json
+    python -m harnessrl.common.run.supervisor SPEC.json
 
 where SPEC.json is ``{"log_dir": DIR, "children": [{"name", "argv", "on_exit", "ready",
 "done_on_success", "stop_timeout_s"}...], "max_restarts": N, "restart_backoff_s": S}``; it
@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from common.procs import kill_tree, pid_alive, popen_child, wait_group_dead
+from harnessrl.common.procs import kill_tree, pid_alive, popen_child, wait_group_dead
 
 OnExit = Literal["restart", "stop", "ignore"]
 
@@ -413,7 +413,7 @@ class Supervisor:
 
 
 # ---------------------------------------------------------------------------------------------
-# ``python -m common.run.supervisor SPEC.json``
+# ``python -m harnessrl.common.run.supervisor SPEC.json``
 # ---------------------------------------------------------------------------------------------
 
 
@@ -465,6 +465,6 @@ def _run_spec(path: str) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        print("usage: python -m common.run.supervisor SPEC.json", file=sys.stderr)
+        print("usage: python -m harnessrl.common.run.supervisor SPEC.json", file=sys.stderr)
         sys.exit(2)
     sys.exit(_run_spec(sys.argv[1]))

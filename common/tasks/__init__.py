@@ -14,8 +14,8 @@ Public API::
     TaskEnv, BUILTIN_ENVS              # task environments (python alias, pip packages)
 """
 
-from common.tasks.environments import BUILTIN_ENVS
-from common.tasks.formats import (
+from harnessrl.common.tasks.environments import BUILTIN_ENVS
+from harnessrl.common.tasks.formats import (
     ImportReport,
     detect_format,
     import_any,
@@ -24,7 +24,7 @@ from common.tasks.formats import (
     load_folder,
     write_native,
 )
-from common.tasks.model import (
+from harnessrl.common.tasks.model import (
     CLAWGYM_MOUNT,
     DEFAULT_MOUNT,
     RUBRIC_SCORES,
@@ -33,7 +33,7 @@ from common.tasks.model import (
     TaskError,
     hash_paths,
 )
-from common.tasks.registry import (
+from harnessrl.common.tasks.registry import (
     BUILTIN_SUITES,
     list_suites,
     list_tasks,

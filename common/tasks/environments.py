@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from common.tasks.model import TaskEnv, pip_requirements, requirement_project
+from harnessrl.common.tasks.model import TaskEnv, pip_requirements, requirement_project
 
 CLAWGYM_PIP = [
     # test tools

@@ -40,10 +40,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from common.config import toml_text
-from common.tasks.environments import CLAWGYM_ENV, EnvironmentToml, environment_table
-from common.tasks.harbor import HARBOR_MOUNT, materialise_harbor_workspace, parse_dockerfile
-from common.tasks.model import (
+from harnessrl.common.config import toml_text
+from harnessrl.common.tasks.environments import CLAWGYM_ENV, EnvironmentToml, environment_table
+from harnessrl.common.tasks.harbor import (
+    HARBOR_MOUNT,
+    materialise_harbor_workspace,
+    parse_dockerfile,
+)
+from harnessrl.common.tasks.model import (
     CLAWGYM_MOUNT,
     DEFAULT_MOUNT,
     CheckerKind,
@@ -141,7 +145,7 @@ class NativeToml(_Strict):
     """Rubric."""
     environment: EnvironmentToml | None = None
     """What the sandbox provides beyond its base userland (a ``python`` command, pip
-    packages; see ``common.tasks.environments``); omitted: the suite's, else none."""
+    packages; see ``harnessrl.common.tasks.environments``); omitted: the suite's, else none."""
     metadata: dict[str, Any] = {}
     """Free-form metadata."""
 
@@ -449,7 +453,7 @@ def load_harbor(path: Path, suite: str = "") -> Task:
 
 def native_toml_text(task: Task) -> str:
     """The native ``task.toml`` that describes ``task`` (its files laid out natively); a None
-    metadata value is left out (``common.config.toml_text``'s rule)."""
+    metadata value is left out (``harnessrl.common.config.toml_text``'s rule)."""
     meta = dict(task.metadata)
     if task.format != "native":
         meta.setdefault("imported_from", task.format)
@@ -788,7 +792,7 @@ def import_any(
                 folders.append(p)
             else:
                 rep.not_tasks.append((str(p), _not_task_reason(p)))
-    from common.tasks.registry import suite_environment  # registry imports this module
+    from harnessrl.common.tasks.registry import suite_environment  # registry imports this module
 
     suite_env = suite_environment(src) if folders != [src] else None
     tasks: list[Task] = []

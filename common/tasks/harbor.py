@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
-from common.tasks.model import hash_paths
+from harnessrl.common.tasks.model import hash_paths
 
 HARBOR_MOUNT = "/app"
 """Workspace mount of a Harbor task whose Dockerfile sets no WORKDIR."""

@@ -100,7 +100,7 @@ class TaskEnv(BaseModel):
     (``python3``, ``sh``, coreutils): a ``python`` command and pip packages.
 
     Declared by a task (``[environment]`` in task.toml), by its suite (``suite.toml``) or by
-    its format (ClawGym tasks use the built-in ``clawgym``; see `common.tasks.environments`).
+    its format (ClawGym tasks use the built-in ``clawgym``; see `harnessrl.common.tasks.environments`).
     The sandbox backend builds it once per content (`key`) into a cache and shows it read-only
     at ``/opt/hrl/env`` inside, first on ``PATH``, for the harness and the checker alike
     (``actors/sandbox/envs.py``). An environment that adds nothing (`empty`) is no build."""

@@ -8,7 +8,7 @@ wherever a suite name does, and a path to a task folder wherever a task is named
 
 A suite may hold a ``suite.toml`` (`SuiteToml`) beside its task folders: its
 ``[environment]`` table is the environment of every task that declares none of its own (see
-``common.tasks.environments``; it applies to a task loaded by path too, when the folder above
+``harnessrl.common.tasks.environments``; it applies to a task loaded by path too, when the folder above
 it holds the file).
 """
 
@@ -19,9 +19,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from common.tasks.environments import EnvironmentToml
-from common.tasks.formats import _read_toml, _validation_error, is_task_dir, load_folder
-from common.tasks.model import Task, TaskEnv, TaskError, hash_with_env
+from harnessrl.common.tasks.environments import EnvironmentToml
+from harnessrl.common.tasks.formats import _read_toml, _validation_error, is_task_dir, load_folder
+from harnessrl.common.tasks.model import Task, TaskEnv, TaskError, hash_with_env
 
 BUILTIN_SUITES = Path(__file__).resolve().parent / "suites"
 SUITE_PATH_ENV = "HRL_SUITE_PATH"

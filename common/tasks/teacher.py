@@ -25,8 +25,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.tasks.model import Task
-from common.tasks.toy import FAMILY, Family, reads_needed
+from harnessrl.common.tasks.model import Task
+from harnessrl.common.tasks.toy import FAMILY, Family, reads_needed
 
 TOOLS: list[dict[str, Any]] = [
     {

@@ -4,7 +4,7 @@
                                   [--tag local] [--harness NAME ...] [--no-envs]
                                   [--method auto|debootstrap|host] [--cache-dir DIR]
 
-1. **Base**: the docker sandbox backend's own image (``actors.sandbox.docker_image``: a Debian
+1. **Base**: the docker sandbox backend's own image (``harnessrl.actors.sandbox.docker_image``: a Debian
    userland with python3, bubblewrap, nodejs, ca-certificates, openssl and procps, from the
    rootfs tarball it bootstraps once per machine with debootstrap, or from the host's own
    packages), imported as ``harnessrl-base:<key>``.
@@ -26,7 +26,7 @@
 
 Prints one JSON line per image (tag, id, size, seconds, context bytes) and per phase (``base``:
 rootfs and import; ``context``: wheels, harnesses, environments). Needs a docker engine
-(``DOCKER_HOST``, or ``--docker-host``; ``python -m actors.sandbox.docker_image`` explains the
+(``DOCKER_HOST``, or ``--docker-host``; ``python -m harnessrl.actors.sandbox.docker_image`` explains the
 private one).
 """
 
@@ -125,7 +125,7 @@ def deepspeed_wheel(cache: Path) -> Path:
 
 def download_wheels(requirements: list[str], target, cache: Path, links: list[Path]) -> Path:
     """A cached folder with ``requirements`` and every dependency (pinned to this Python's
-    versions) as wheels for ``target`` (``actors.sandbox.envs.Target``); ``links``: local
+    versions) as wheels for ``target`` (``harnessrl.actors.sandbox.envs.Target``); ``links``: local
     wheels besides the configured find-links (DeepSpeed's)."""
     pins = installed_pins()
     key = hashlib.blake2b(
@@ -149,7 +149,7 @@ def download_wheels(requirements: list[str], target, cache: Path, links: list[Pa
 def prepare_wheels(out: Path, target, cache: Path, train: bool) -> None:
     """``out/core`` (harnessrl's dependencies and pip), ``out/train`` (what the ``train``
     extra adds, none of core's wheels) and ``out/hrl`` (harnessrl's wheel)."""
-    from actors.sandbox.envs import PIP_REQUIREMENT
+    from harnessrl.actors.sandbox.envs import PIP_REQUIREMENT
 
     for d in ("core", "train", "hrl"):
         (out / d).mkdir(parents=True)
@@ -172,9 +172,9 @@ def prepare_wheels(out: Path, target, cache: Path, train: bool) -> None:
 
 
 async def probe_target(docker, base: str):
-    """``actors.sandbox.envs.Target`` of the base image's python3."""
-    from actors.sandbox.docker_image import _build_container
-    from actors.sandbox.envs import PROBE_CODE, Target
+    """``harnessrl.actors.sandbox.envs.Target`` of the base image's python3."""
+    from harnessrl.actors.sandbox.docker_image import _build_container
+    from harnessrl.actors.sandbox.envs import PROBE_CODE, Target
 
     rc, out, _ = await _build_container(docker, base, ["python3", "-I", "-c", PROBE_CODE], [], {})
     if rc != 0:
@@ -233,7 +233,7 @@ def write_context_tar(ctx: Path, dest: Path, image: str) -> None:
 
 def copy_harnesses(out: Path, names: list[str]) -> None:
     """Install (when missing) and copy the named harnesses of this host's harness cache."""
-    from actors.harnesses import ADAPTERS, default_cache_dir
+    from harnessrl.actors.harnesses import ADAPTERS, default_cache_dir
 
     cache = default_cache_dir()
     for name in names:
@@ -250,8 +250,8 @@ def copy_harnesses(out: Path, names: list[str]) -> None:
 def copy_env_wheelhouses(out: Path, target) -> None:
     """The wheelhouse of every built-in task environment with packages, for ``target``, at
     the name an actor's sandbox backend looks for (``<cache>/envs/wheels-<key>``)."""
-    from actors.sandbox.envs import env_cache_dir, wheelhouse
-    from common.tasks.environments import BUILTIN_ENVS
+    from harnessrl.actors.sandbox.envs import env_cache_dir, wheelhouse
+    from harnessrl.common.tasks.environments import BUILTIN_ENVS
 
     for env in BUILTIN_ENVS.values():
         if env.pip:
@@ -314,7 +314,7 @@ async def build(
 ) -> list[dict]:
     import aiodocker
 
-    from actors.sandbox.docker_image import PACKAGES, ensure_image, image_cache_dir
+    from harnessrl.actors.sandbox.docker_image import PACKAGES, ensure_image, image_cache_dir
 
     cache = image_cache_dir(cache_dir).parent / "images"
     cache.mkdir(parents=True, exist_ok=True)
@@ -371,11 +371,11 @@ def main(argv: list[str] | None = None) -> int:
         "--method",
         default="auto",
         choices=("auto", "debootstrap", "host"),
-        help="how the base rootfs is made (actors.sandbox.docker_image)",
+        help="how the base rootfs is made (harnessrl.actors.sandbox.docker_image)",
     )
     p.add_argument("--cache-dir", type=Path, default=None, help="rootfs cache (images/ beside)")
     args = p.parse_args(argv)
-    from actors.sandbox.docker_image import ImageError
+    from harnessrl.actors.sandbox.docker_image import ImageError
 
     try:
         res = asyncio.run(

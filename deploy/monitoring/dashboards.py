@@ -9,7 +9,7 @@ file provisioning provider pointed at ``dashboards/``): each asks for a Promethe
 (``$datasource``) and filters by the ``run`` label the scrape targets carry (``$run``; "All"
 also matches targets without one).
 
-Every query reads only ``hrl_*`` metrics (``common.metrics``) and ``up`` of the ``hrl-*`` jobs
+Every query reads only ``hrl_*`` metrics (``harnessrl.common.metrics``) and ``up`` of the ``hrl-*`` jobs
 of ``prometheus.yml``; the test evaluates each one against a real Prometheus scraping a real
 run. Dashboards: overview (the run at a glance), proxy, actors, learner (with the feeder and
 the assembler), bus, engines (with the weight updaters).
@@ -138,7 +138,7 @@ def row(b: dashboard.Dashboard, title: str, *panels: object) -> dashboard.Dashbo
 # ---------------------------------------------------------------------------------------------
 
 FAILED = 'status!~"ok|timeout"'
-"""Rollout statuses that are infrastructure failures (``common.records.INFRA_STATUSES`` less
+"""Rollout statuses that are infrastructure failures (``harnessrl.common.records.INFRA_STATUSES`` less
 ``timeout``, which may be scored)."""
 LOSS_TERMS = 'name=~"loss/.*"'
 OFF_POLICY_STATS = 'name=~"mismatch/.*|is/.*|ppo/.*"'

@@ -20,7 +20,7 @@ Modules
 * ``sampling``: ``truncate_logits`` and ``sample`` (and what the log-probs mean);
 * ``scheduler``: ``Request`` and ``Engine`` (model, KV, the scheduler thread; weight versions);
 * ``weights``: engine side of weight updates (reading a folder, joining a weight-update group,
-  ``load_state_dict``); the trainer side and the group protocol are ``common.weights``;
+  ``load_state_dict``); the trainer side and the group protocol are ``harnessrl.common.weights``;
 * ``server``: ``EngineServer`` (aiohttp) and ``serve`` (the ``harnessrl engine`` loop);
 * ``teacher``: the scripted toy teacher as an engine (``make_teacher_engine``, ``serve_teacher``).
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from proxy.engine.cache import KVPool
+from harnessrl.proxy.engine.cache import KVPool
 
 _ATTN_NAME = "harnessrl_packed"
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from common.files import read_secret
+from harnessrl.common.files import read_secret
 
 OPEN_PREFIXES = ("/health", "/metrics")
 """Paths answered without the key (as SGLang's ``add_api_key_middleware``)."""
@@ -23,7 +23,7 @@ OPEN_PREFIXES = ("/health", "/metrics")
 
 def load_api_key(key: str = "", key_file: str = "") -> str:
     """The engine's key from a file (preferred) or given directly; "" for none. Raises
-    ``common.files.SecretFileError`` for an unreadable or empty file."""
+    ``harnessrl.common.files.SecretFileError`` for an unreadable or empty file."""
     if key_file:
         return read_secret(key_file, "engine API key file")
     return key.strip()

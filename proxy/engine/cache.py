@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from common import metrics as m
+from harnessrl.common import metrics as m
 
 _MIN_CAP = 256  # smallest KV capacity per slot, tokens
 _SHRINK_BYTES = 64 << 20  # a KV pool smaller than this keeps its memory

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from proxy.engine.attention import _PackedBatch
+from harnessrl.proxy.engine.attention import _PackedBatch
 
 log = logging.getLogger("harnessrl.engine")
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from proxy.engine.requests import SamplingParams
+from harnessrl.proxy.engine.requests import SamplingParams
 
 # ---------------------------------------------------------------------------------------------
 # Sampling

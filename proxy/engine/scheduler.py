@@ -6,10 +6,10 @@ Each step admits waiting requests into free slots (prefix-cache lookup first), t
 packed forward holding a decode token of every running request plus prefill chunks of newly
 admitted ones (at most ``prefill_chunk`` prompt tokens per step), samples every request whose
 fed tokens reached its end, and finishes the ones that stopped. KV lives in a slot pool
-(``proxy.engine.cache``); attention is plugged into ``transformers`` through its attention
-interface (``proxy.engine.attention``), and a start-up self-check compares the packed path with
+(``harnessrl.proxy.engine.cache``); attention is plugged into ``transformers`` through its attention
+interface (``harnessrl.proxy.engine.attention``), and a start-up self-check compares the packed path with
 the model's own forward and refuses a model where they differ. Llama/Qwen-shaped models run the
-step through the lean forward (``proxy.engine.lean``: the same ops without the module tree),
+step through the lean forward (``harnessrl.proxy.engine.lean``: the same ops without the module tree),
 checked the same way at load; a model it does not cover, or one where it differs, keeps the
 ``transformers`` forward.
 
@@ -41,20 +41,26 @@ from typing import Any
 import numpy as np
 import torch
 
-from common import metrics as m
-from common.models import eos_token_ids, load_model, load_tokenizer, model_info, resolve_model
-from proxy.config import EngineConfig
-from proxy.engine.attention import _ATTN_NAME, _PackedBatch, _register_attention, _Segment
-from proxy.engine.cache import KVPool, PrefixCache, _lcp
-from proxy.engine.lean import LeanForward
-from proxy.engine.requests import (
+from harnessrl.common import metrics as m
+from harnessrl.common.models import (
+    eos_token_ids,
+    load_model,
+    load_tokenizer,
+    model_info,
+    resolve_model,
+)
+from harnessrl.proxy.config import EngineConfig
+from harnessrl.proxy.engine.attention import _ATTN_NAME, _PackedBatch, _register_attention, _Segment
+from harnessrl.proxy.engine.cache import KVPool, PrefixCache, _lcp
+from harnessrl.proxy.engine.lean import LeanForward
+from harnessrl.proxy.engine.requests import (
     BadRequest,
     EngineStopped,
     GenerateItem,
     Overloaded,
     SamplingParams,
 )
-from proxy.engine.sampling import sample
+from harnessrl.proxy.engine.sampling import sample
 
 log = logging.getLogger("harnessrl.engine")
 

@@ -1,5 +1,5 @@
 """The HTTP face of the embedded engine: ``EngineServer`` (aiohttp, SGLang's native API) and
-``serve`` (the ``harnessrl engine`` loop). The endpoints are listed in ``proxy.engine``'s
+``serve`` (the ``harnessrl engine`` loop). The endpoints are listed in ``harnessrl.proxy.engine``'s
 docstring; handlers validate, then hand work to the scheduler thread (``Engine``) or the I/O pool.
 """
 
@@ -15,12 +15,12 @@ from typing import Any
 
 from aiohttp import web
 
-from common import metrics as m
-from proxy.config import EngineConfig
-from proxy.engine.auth import api_key_middleware, load_api_key
-from proxy.engine.requests import BadRequest, EngineStopped, Overloaded, parse_generate
-from proxy.engine.scheduler import Engine, Request
-from proxy.engine.weights import _parse_dtype, _WeightGroup
+from harnessrl.common import metrics as m
+from harnessrl.proxy.config import EngineConfig
+from harnessrl.proxy.engine.auth import api_key_middleware, load_api_key
+from harnessrl.proxy.engine.requests import BadRequest, EngineStopped, Overloaded, parse_generate
+from harnessrl.proxy.engine.scheduler import Engine, Request
+from harnessrl.proxy.engine.weights import _parse_dtype, _WeightGroup
 
 log = logging.getLogger("harnessrl.engine")
 

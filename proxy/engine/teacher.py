@@ -1,6 +1,6 @@
 """The scripted toy teacher as an *engine*: cold-start SFT data through the real pipeline.
 
-A `ScriptedEngine` whose replies come from ``common.tasks.teacher.teacher_step``, so teacher
+A `ScriptedEngine` whose replies come from ``harnessrl.common.tasks.teacher.teacher_step``, so teacher
 trajectories flow through the same actors, sandboxes, harness, proxy (TITO, CallRecords) and
 assembler as the policy's own rollouts, and the SFT learner trains on exactly the token layout
 the RL phase will sample in. For each ``/generate`` call it:
@@ -36,10 +36,10 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
-from proxy.engine.auth import load_api_key
+from harnessrl.proxy.engine.auth import load_api_key
 
 if TYPE_CHECKING:
-    from proxy.config import EngineConfig
+    from harnessrl.proxy.config import EngineConfig
 
 log = logging.getLogger("harnessrl.teacher_engine")
 
@@ -54,7 +54,7 @@ def parse_prompt(text: str) -> list[dict[str, Any]]:
     Tool results become ``tool`` messages whose ``tool_call_id`` is the id given here to the
     matching call of the previous assistant turn (``call_<turn>_<i>``), in order.
     """
-    from proxy.parsers import HermesParser
+    from harnessrl.proxy.parsers import HermesParser
 
     parser = HermesParser()
     messages: list[dict[str, Any]] = []
@@ -84,7 +84,7 @@ def render_reply(message: dict[str, Any]) -> str:
     """What the model generates for ``message`` after the generation prompt: the template's
     rendering of that assistant turn, ending with ``<|im_end|>`` (without the newline the
     template writes after it, which an engine does not generate)."""
-    from common.models import render_chat
+    from harnessrl.common.models import render_chat
 
     full = render_chat([message])
     if not full.startswith(_GEN_PROMPT) or not full.endswith("<|im_end|>\n"):
@@ -96,7 +96,7 @@ class TaskIndex:
     """Toy tasks by instruction text."""
 
     def __init__(self, suites: list[str]) -> None:
-        from common.tasks import list_tasks
+        from harnessrl.common.tasks import list_tasks
 
         self.by_instruction: dict[str, Any] = {}
         for suite in suites:
@@ -125,7 +125,7 @@ class Teacher:
 
     def reply_text(self, prompt: str) -> str:
         """The teacher's completion for a rendered prompt (ending with ``<|im_end|>``)."""
-        from common.tasks.teacher import teacher_step
+        from harnessrl.common.tasks.teacher import teacher_step
 
         messages = parse_prompt(prompt)
         first_user = next((m for m in messages if m["role"] == "user"), None)
@@ -144,7 +144,7 @@ class Teacher:
         return render_reply(message)
 
     def __call__(self, input_ids: list[int], body: dict[str, Any]) -> Any:
-        from proxy.scripted import Reply
+        from harnessrl.proxy.scripted import Reply
 
         prompt = self.tokenizer.decode(input_ids, skip_special_tokens=False)
         text = self.reply_text(prompt)
@@ -176,8 +176,8 @@ def make_teacher_engine(
 ) -> Any:
     """A `ScriptedEngine` (not started) answering as the toy teacher (``api_key``: required
     on every request but ``/health``)."""
-    from common.models import load_tokenizer, resolve_model
-    from proxy.scripted import ScriptedEngine
+    from harnessrl.common.models import load_tokenizer, resolve_model
+    from harnessrl.proxy.scripted import ScriptedEngine
 
     tok = load_tokenizer(resolve_model(tokenizer))
     return ScriptedEngine(

@@ -3,10 +3,10 @@ dtype names, and ``load_state_dict`` (a folder's safetensors; ``/update_weights_
 reads and checks a folder with ``Engine.read_weights``).
 
 The engine joins a trainer's group with a ``TCPStore`` client and a ``ProcessGroupGloo`` under
-the store layout of ``common.weights.group_store`` (``torch.distributed``'s own), so a trainer
-written against SGLang (``init_custom_process_group``-style), or ``common.weights.WeightSender``,
+the store layout of ``harnessrl.common.weights.group_store`` (``torch.distributed``'s own), so a trainer
+written against SGLang (``init_custom_process_group``-style), or ``harnessrl.common.weights.WeightSender``,
 talks to this engine unchanged. The HTTP endpoints that drive them live in
-``proxy.engine.server``; the swap itself happens in the scheduler thread.
+``harnessrl.proxy.engine.server``; the swap itself happens in the scheduler thread.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from common.models import resolve_model
-from common.weights import broadcast, group_store
-from proxy.engine.requests import BadRequest
+from harnessrl.common.models import resolve_model
+from harnessrl.common.weights import broadcast, group_store
+from harnessrl.proxy.engine.requests import BadRequest
 
 
 def _parse_dtype(name: str) -> torch.dtype:

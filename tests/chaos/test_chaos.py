@@ -44,8 +44,8 @@ from pathlib import Path
 
 import pytest
 
-from common.bus import connect
-from common.layout import (
+from harnessrl.common.bus import connect
+from harnessrl.common.layout import (
     LearnerState,
     StepLine,
     SummaryLine,
@@ -53,17 +53,17 @@ from common.layout import (
     read_learner_state,
     read_metrics,
 )
-from common.natsd import NatsServer
-from common.procs import group_members, pid_alive, popen_child
-from common.records import DeadLetter, RolloutResult, TreeSample, decode
-from common.run.audit import Member, member_of
+from harnessrl.common.natsd import NatsServer
+from harnessrl.common.procs import group_members, pid_alive, popen_child
+from harnessrl.common.records import DeadLetter, RolloutResult, TreeSample, decode
+from harnessrl.common.run.audit import Member, member_of
 from tests.test_run_e2e import RUN_FILE
 
 # ``-m chaos`` selects the whole suite (the core test and the matrix). The core test runs in
 # the default test command (CI); the matrix is deselected there (pyproject addopts). The core
 # test's final audit once came out "incomplete" (2 unaccounted) under load: the monitor's
 # follower had not read every result within the audit's catch-up; the audit now reads what it
-# missed itself (`common.run.audit.audit`).
+# missed itself (`harnessrl.common.run.audit.audit`).
 pytestmark = pytest.mark.chaos
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,7 +72,7 @@ RUN_WALL_S = 1500.0
 
 
 def run_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "common.cli", "run", *args]
+    return [sys.executable, "-m", "harnessrl.common.cli", "run", *args]
 
 
 # ---------------------------------------------------------------------------------------------
