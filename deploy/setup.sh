@@ -4,6 +4,7 @@
 #   bash deploy/setup.sh            # CPU machine, everything (engine, learner, tests)
 #   EXTRAS=test bash deploy/setup.sh   # actor-only machine: no torch/deepspeed
 #   TORCH_SPEC='torch==2.13.0' ...  # pick your CUDA build on GPU machines
+#   CONSTRAINTS= bash deploy/setup.sh  # newest allowed versions instead of deploy/constraints.txt
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRAS="${EXTRAS:-train,test}"
@@ -33,12 +34,21 @@ if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   fi
 fi
 
+# pip's own output is filtered, never its exit status: a failed install stops this script
+quiet() { "$@" 2>&1 | { grep -v -e "^WARNING: Location" -e "^  " -e "^!!" || true; }; }
+# CONSTRAINTS: the versions CI tested (deploy/constraints.txt, written by deploy/lock.py);
+# CONSTRAINTS= (empty) installs the newest versions pyproject.toml allows
+CONSTRAINTS="${CONSTRAINTS-deploy/constraints.txt}"
+pins=()
+[ -z "$CONSTRAINTS" ] || pins=(-c "$CONSTRAINTS")
+
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
+quiet "$VENV/bin/python" -m pip install -q --upgrade pip "${pins[@]}"
 if [[ ",$EXTRAS," == *",train,"* ]]; then
-  "$VENV/bin/python" -m pip install -q "$TORCH_SPEC" 2>&1 | grep -v "^WARNING: Location" || true
+  quiet "$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
 fi
-DS_BUILD_OPS=0 "$VENV/bin/python" -m pip install -q -e ".[${EXTRAS}]" 2>&1 \
-  | grep -v -e "^WARNING: Location" -e "^  " -e "^!!" || true
+DS_BUILD_OPS=0 quiet "$VENV/bin/python" -m pip install -q -e ".[${EXTRAS}]" "${pins[@]}"
 "$VENV/bin/python" -c "import harnessrl.common, harnessrl.proxy, harnessrl.actors, harnessrl.learner"
+# static tools (editors, deploy/check_imports.py) find harnessrl.* through these links
+"$VENV/bin/python" deploy/check_imports.py --links-only
 echo "harnessrl installed in $VENV ($("$VENV/bin/python" --version))"

@@ -30,7 +30,7 @@ built-in modules (``_socket``, ``select``, ``_signal``; not ``socket``, ``select
 start-up), which ``benchmarks/sandbox_lifecycle.py`` measures as ``run_with_forwarder``.
 """
 
-import _signal
+import _signal  # pyright: ignore[reportMissingImports] (typeshed has no stub for it)
 import _socket as socket
 import errno
 import os

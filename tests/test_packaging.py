@@ -1,0 +1,160 @@
+"""The distribution as a user installs it: one top-level import package (``harnessrl``) from the
+wheel, a set-up script that stops when pip fails, and a lock file that covers every dependency."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "deploy"))
+import lock  # noqa: E402  (deploy/lock.py: not a package)
+
+EXTRAS = ("train", "test")
+
+
+def requirement_closure(root: str, extras: tuple[str, ...]) -> dict[str, str]:
+    """``{canonical name: installed version}`` of every distribution ``root[extras]`` needs,
+    transitively, in this environment (markers evaluated here)."""
+    seen: dict[str, str] = {}
+    todo: list[tuple[str, tuple[str, ...]]] = [(root, extras)]
+    while todo:
+        name, want = todo.pop()
+        dist = metadata.distribution(name)
+        for line in dist.requires or []:
+            req = Requirement(line)
+            env_ok = any(
+                req.marker is None or req.marker.evaluate({"extra": e}) for e in ("", *want)
+            )
+            if not env_ok:
+                continue
+            dep = lock.canonical(req.name)
+            if dep == lock.canonical(root) or lock.UNPINNED.match(dep):
+                continue
+            first = dep not in seen
+            try:
+                seen[dep] = metadata.version(req.name)
+            except metadata.PackageNotFoundError:
+                seen[dep] = "(not installed)"
+                continue
+            if first or req.extras:
+                todo.append((req.name, tuple(req.extras)))
+    return seen
+
+
+def test_the_lock_pins_every_dependency_at_its_installed_version():
+    """deploy/constraints.txt pins each distribution harnessrl[train,test] needs, at the version
+    this environment runs: a dependency added to pyproject.toml without ``deploy/lock.py`` (or
+    an environment set up without the lock) fails here."""
+    pins = lock.parse((REPO / "deploy" / "constraints.txt").read_text())
+    needed = requirement_closure("harnessrl", EXTRAS)
+    assert len(needed) > 30
+    wrong = {n: (v, pins.get(n)) for n, v in needed.items() if pins.get(n) != v}
+    assert wrong == {}, "run `.venv/bin/python deploy/lock.py` (installed, pinned)"
+
+
+def test_lock_rendering_round_trips_and_leaves_torch_to_torch_spec():
+    pins = {"numpy": "2.1.0", "msgspec": "0.19.0"}
+    assert lock.parse(lock.render(pins)) == pins
+    for name in ("torch", "triton", "nvidia-cudnn-cu12", "harnessrl", "pip"):
+        assert lock.UNPINNED.match(name)
+    assert not lock.UNPINNED.match("torchvision") and not lock.UNPINNED.match("numpy")
+
+
+@pytest.mark.slow
+def test_setup_stops_when_pip_fails(tmp_path: Path):
+    """deploy/setup.sh filters pip's output but not its exit status: a failed install ends the
+    script with pip's error shown (it used to go on and print the venv as installed)."""
+    bad = tmp_path / "constraints.txt"
+    bad.write_text("pip==0.0.0\n")  # no such release: the first pip call fails
+    env = {
+        **os.environ,
+        "VENV": str(tmp_path / "venv"),
+        "EXTRAS": "test",
+        "PIP_CONSTRAINT": str(bad),  # pip reads it on every call, whatever the script passes
+    }
+    proc = subprocess.run(
+        ["bash", "deploy/setup.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "harnessrl installed" not in out
+    assert re.search(r"^ERROR: .*pip", out, re.M), out  # pip's own reason, shown
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_one_top_level_package(tmp_path: Path):
+    """The wheel built from this checkout, installed into a fresh venv (dependencies borrowed
+    from this environment's site-packages, not its editable harnessrl): ``harnessrl`` is the
+    only import package it adds, ``import common`` fails, the CLI and the shipped data work."""
+    dist = tmp_path / "dist"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
+        + ["-w", str(dist), str(REPO)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    (wheel,) = dist.glob("harnessrl-*.whl")
+    tops = {n.split("/")[0] for n in zipfile.ZipFile(wheel).namelist()}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"harnessrl"}
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    py = venv / "bin" / "python"
+    site = subprocess.run(
+        [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    # a plain path line: this environment's packages become importable, but the .pth files in
+    # it (the editable install's import hook) are not run
+    (Path(site) / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run(
+        [py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = tmp_path / "elsewhere"
+    run.mkdir()
+
+    def py_run(code: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [py, "-c", code], cwd=run, env=env, capture_output=True, text=True, timeout=300
+        )
+
+    for bare in ("common", "proxy", "actors", "learner", "benchmarks"):
+        assert "ModuleNotFoundError" in py_run(f"import {bare}").stderr
+    where = py_run(
+        "import harnessrl.common.cli as c, harnessrl.common.models.resolve as r;"
+        "print(c.__file__); print(r.SHIPPED['tiny-agent'])"
+    )
+    assert where.returncode == 0, where.stderr
+    cli_file, tiny = where.stdout.split()
+    assert Path(cli_file).is_relative_to(site) and Path(tiny).is_relative_to(site)
+    assert (Path(tiny) / "config.json").is_file()
+    helped = subprocess.run(
+        [venv / "bin" / "harnessrl", "--help"], cwd=run, env=env, capture_output=True, text=True
+    )
+    assert helped.returncode == 0 and "harnessrl" in helped.stdout, helped.stderr
+    tasks = subprocess.run(
+        [venv / "bin" / "harnessrl", "tasks", "list", "--suite", "toy-eval"],
+        cwd=run,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert tasks.returncode == 0 and "copy_eval01" in tasks.stdout, tasks.stderr
