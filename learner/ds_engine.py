@@ -223,6 +223,9 @@ class LearnerEngine:
         """Scored tokens per sample that each rank trained in the last step (rank 0)."""
         self.last_logp: list[np.ndarray] | None = None
         """Per-row log-probs of the last step's forward (``train_step(keep_logp=True)``)."""
+        self.last_nonfinite: list[int] = []
+        """Sample indices (into the step's samples) whose micro-batches had a NaN or inf loss in
+        the last step (rank 0, every rank's); such a step is skipped (``train_step``)."""
         self.record_grads = False
         """Debug (set on every rank): keep the last step's full gradient in ``last_grads``
         on rank 0 (a gather of every gradient under ZeRO-3)."""
@@ -351,6 +354,11 @@ class LearnerEngine:
         its update) in ``last_logp``: pi_old for further steps on the same rows, without a
         no-grad pass of their own.
         With a fleet, rank 0 calls this with the whole step; the rows are split over the ranks.
+
+        A NaN or inf loss or gradient norm never reaches the optimiser: the step is skipped on
+        every rank (``skipped`` is 1 in the metrics, the weights and the optimiser state stay
+        as they were, the step still counts in ``global_steps`` as DeepSpeed counts a skipped
+        one) and ``last_nonfinite`` names the samples whose micro-batches had such a loss.
         """
         t0 = time.perf_counter()
         rows = list(rows)
@@ -364,6 +372,7 @@ class LearnerEngine:
         shards = self._shards(rows, nw_rows, old_logp)
         parts = self._on_all("train", [(*s, n_samples, keep_logp) for s in shards])
         self.last_split = [p["scored"] for p in parts]
+        self.last_nonfinite = sorted({i for p in parts for i in p["nonfinite"]})
         self.last_logp = [lp for p in parts for lp in p["logp"]] if keep_logp else None
         stats = [st for p in parts for st in p["stats"]]
         m0 = parts[0]
@@ -380,6 +389,7 @@ class LearnerEngine:
                 "micro_batches": float(sum(p["micro"] for p in parts)),
                 "policy_weight": m0["policy_weight"],
                 "lr": m0["lr"],
+                "skipped": 0.0 if m0["applied"] else 1.0,
             }
         )
         if self.fleet is not None:
@@ -446,6 +456,7 @@ class LearnerEngine:
 
         stats: list[LossStats] = []
         kept: list[np.ndarray] = []  # in micro-batch order, which is row order
+        nonfinite: set[int] = set()  # samples of micro-batches whose loss was NaN or inf
         for k, idx in enumerate(micro):
             chunk = [rows[i] for i in idx]
             batch = self._collate(chunk)
@@ -497,6 +508,10 @@ class LearnerEngine:
                     baselines=out.baselines,
                     policy_weight=policy_weight,
                 )
+            if not torch.isfinite(loss.detach()):
+                scored = batch.sample_index[batch.loss_mask > 0]
+                nonfinite.update(int(i) for i in torch.unique(scored))
+                loss = _poisoned(out)
             self.engine.backward(loss * scale if scale != 1.0 else loss, scale_wrt_gas=False)
             if idx[0] < n_real:
                 stats.append(st)
@@ -506,7 +521,21 @@ class LearnerEngine:
         lr = lr_at(self.cfg, self.global_steps)
         for group in self.engine.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
-        self.engine.step()
+        if hasattr(self.engine.optimizer, "overflow"):
+            # DeepSpeed's ZeRO and bf16 optimizers skip a step whose gradient norm is not finite
+            # (on every rank: the norm is the whole step's) and clear its gradients
+            self.engine.step()
+            applied = self.engine.was_step_applied()
+        elif math.isfinite(before):
+            self.engine.step()
+            applied = True
+        else:
+            # a plain torch optimizer (fp32, ZeRO-0) checks nothing: skip here; the gradients
+            # were all-reduced in backward, so every rank sees the same norm and skips too
+            self.engine.zero_grad()
+            self.engine.global_steps += 1  # counted as DeepSpeed counts a skipped step
+            self.engine.skipped_steps += 1
+            applied = False
         gn = self.engine.get_global_grad_norm()  # None where DeepSpeed keeps no norm (ZeRO-0)
         real = rows[:n_real]
         scored = np.bincount(
@@ -523,6 +552,8 @@ class LearnerEngine:
             "logp": kept[:n_real],
             "policy_weight": policy_weight,
             "lr": lr,
+            "applied": applied,
+            "nonfinite": sorted(nonfinite),
         }
 
     def _record_grads(self) -> None:
@@ -633,6 +664,13 @@ def _per_row(rows: Sequence[PackedRow], t: torch.Tensor) -> list[np.ndarray]:
     """A packed batch's per-target tensor (detached, fp32 numpy) split into its rows."""
     splits = np.cumsum([len(r.target_ids) for r in rows])[:-1]
     return np.split(t.detach().float().cpu().numpy(), splits)
+
+
+def _poisoned(out: Any) -> torch.Tensor:
+    """A loss whose gradient is NaN everywhere the policy's is, for a micro-batch whose loss was
+    not finite: backward still runs (DeepSpeed's micro-batch bookkeeping stays whole), and every
+    optimiser path then sees a non-finite gradient norm and skips the step on every rank."""
+    return out.logprobs.sum() * float("nan")
 
 
 def _padding_row(row: PackedRow) -> PackedRow:

@@ -47,6 +47,7 @@ Definitions chosen here:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -288,15 +289,19 @@ def is_weights(log_w: torch.Tensor, cfg: LossConfig) -> tuple[torch.Tensor, torc
     """``(weight, kept)`` from ``log(pi_old/pi_rollout)`` (token- or sequence-level, detached).
 
     ``kept`` is 0 where MIS masked the token. With equal log-probs the weight is exactly 1.
+    The band and the cap are applied to ``log_w`` before ``exp``, and a masked token's weight
+    is selected as 0, never multiplied: a mismatch beyond float32's ``exp`` range (``log_w``
+    over 88.7) gives a finite weight (``inf * 0`` would be NaN and poison the step).
     """
-    raw = torch.exp(log_w.detach())
-    ones = torch.ones_like(raw)
+    log_w = log_w.detach()
+    ones = torch.ones_like(log_w)
     if cfg.is_mode == "tis":
-        return torch.clamp(raw, max=cfg.is_cap), ones
+        return torch.exp(torch.clamp(log_w, max=math.log(cfg.is_cap))), ones
     if cfg.is_mode == "mis":
         lo, hi = cfg.mis_band
-        kept = ((raw >= lo) & (raw <= hi)).to(raw.dtype)
-        return raw * kept, kept
+        inside = (log_w >= math.log(lo)) & (log_w <= math.log(hi))
+        w = torch.where(inside, torch.exp(torch.clamp(log_w, max=math.log(hi))), 0.0)
+        return w, inside.to(log_w.dtype)
     return ones, ones
 
 

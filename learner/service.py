@@ -88,6 +88,10 @@ M_EVAL = metrics.gauge(
     "hrl_learner_eval_reward", "Mean eval reward (last round)", ("suite", "harness")
 )
 M_CHECKPOINT_S = metrics.histogram("hrl_learner_checkpoint_seconds", "Commit duration", ("kind",))
+M_NONFINITE = metrics.counter(
+    "hrl_learner_nonfinite_steps_total",
+    "Optimiser steps skipped because a loss or the gradient norm was NaN or inf",
+)
 
 
 class Learner:
@@ -387,16 +391,29 @@ class Learner:
         k = self.cfg.updates_per_batch
         old = None
         t0 = time.perf_counter()
+        skipped, nonfinite = 0.0, set()
         for i in range(k):
             # pi_old of the later steps: the first step's own forward (the weights before any
             # update on this batch), not a no-grad pass of its own (the demo's GRPO, K2: busy
             # 4.42 -> 3.45 s per step)
             keep = i == 0 and k > 1
             m = self.engine.train_step(packing.rows, old_logp=old, keep_logp=keep)
+            skipped += m.get("skipped", 0.0)
+            nonfinite.update(getattr(self.engine, "last_nonfinite", ()))
             if keep:
                 old = self.engine.last_logp
         if k > 1:
             m.update({"updates": float(k), "step_time_s": time.perf_counter() - t0})
+        m["skipped"] = skipped
+        if skipped:
+            log.warning(
+                "version %d: %d of %d optimiser steps skipped (a loss or gradient norm was not "
+                "finite; weights unchanged by them); rollouts with a non-finite loss: %s",
+                self.version + 1,
+                skipped,
+                k,
+                ", ".join(batch.samples[i].rollout_id for i in sorted(nonfinite)) or "none",
+            )
         m.update({f"pack/{k}": float(v) for k, v in packing.stats.as_dict().items()})
         return m
 
@@ -512,6 +529,10 @@ class Learner:
         self._totals["idle_s"] += wait_s
         self._totals["samples"] += len(batch.samples)
         self._totals["tokens"] += m.get("tokens_computed", 0.0)
+        if m.get("skipped"):
+            M_NONFINITE.inc(m["skipped"])
+            self._totals["nonfinite_steps"] += int(m["skipped"])
+        m["learner/nonfinite_steps_total"] = float(self._totals["nonfinite_steps"])
         idle_frac = self._totals["idle_s"] / wall if wall > 0 else 0.0
         M_VERSION.set(self.version)
         M_STEP_S.observe(m.get("step_time_s", busy_s))

@@ -377,3 +377,28 @@ def test_whiten_with_reduce_matches_the_whole_step() -> None:
     left = whiten(adv[:10], w[:10], reduce=other_half(10, 20))
     right = whiten(adv[10:], w[10:], reduce=other_half(0, 10))
     torch.testing.assert_close(torch.cat([left, right]), whole)
+
+
+def test_mis_weights_stay_finite_for_any_mismatch() -> None:
+    """A token whose engine and learner log-probs differ by more than float32's exp range is
+    masked like any other out-of-band token: ``inf * 0`` used to make its weight (and the
+    step's loss) NaN."""
+    log_w = torch.tensor([0.0, 100.0, -1.0, -200.0, float("inf"), 0.5])
+    w, kept = is_weights(log_w, LossConfig(is_mode="mis", is_cap=2.0))
+    assert torch.isfinite(w).all()
+    torch.testing.assert_close(kept, torch.tensor([1.0, 0, 0, 0, 0, 1]))
+    torch.testing.assert_close(w, torch.tensor([1.0, 0, 0, 0, 0, math.exp(0.5)]))
+    w, _ = is_weights(log_w, LossConfig(is_mode="tis", is_cap=2.0))
+    torch.testing.assert_close(w, torch.tensor([1.0, 2, math.exp(-1), 0, 2, math.exp(0.5)]))
+    logp = torch.zeros(6, requires_grad=True)  # pi_old = the current policy; the engine's differ
+    loss, stats = policy_loss(
+        LossConfig(is_mode="mis"),
+        logp=logp,
+        rollout_logp=-log_w.clamp(-300, 300),
+        loss_mask=torch.ones(6),
+        norm_weight=torch.full((6,), 1 / 6),
+        advantage=torch.ones(6),
+    )
+    loss.backward()
+    assert math.isfinite(float(loss)) and torch.isfinite(logp.grad).all()
+    assert summarize([stats])["is/mis_masked_frac"] == pytest.approx(4 / 6)
