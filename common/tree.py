@@ -721,12 +721,19 @@ def paths(sample: TreeSample) -> list[list[int]]:
 
 
 def node_arrays(node: TreeNode) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A node's (int32 ids, float32 log-probs, uint8 loss mask); empty log-probs or mask mean
-    zeros (an environment-only node). Raises ``ValueError`` when the lengths disagree."""
+    """A node's (int32 ids, float32 log-probs, uint8 loss mask). An empty mask means zeros (an
+    environment-only node); empty log-probs mean zeros there, and NaN where the mask is 1: a
+    scored token without a behaviour log-prob is marked missing, never given ``log mu = 0``
+    (the learner leaves it out). Raises ``ValueError`` when the lengths disagree."""
     ids = unpack_ids(node.token_ids)
     n = len(ids)
-    lp = unpack_f32(node.logprobs) if node.logprobs else np.zeros(n, np.float32)
     mask = unpack_u8(node.loss_mask) if node.loss_mask else np.zeros(n, np.uint8)
+    if node.logprobs:
+        lp = unpack_f32(node.logprobs)
+    elif len(mask) == n:
+        lp = np.where(mask > 0, np.float32(np.nan), np.float32(0.0))
+    else:
+        lp = np.zeros(n, np.float32)
     if len(lp) != n or len(mask) != n:
         raise ValueError("logprobs/loss_mask length differ from token_ids")
     return ids, lp, mask

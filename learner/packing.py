@@ -98,10 +98,13 @@ class _Tree:
     children: list[list[int]]
     roots: list[int]
     owners: list[list[_Owner]]
+    missing_logprobs: int = 0
+    """Loss-mask-1 tokens without a finite behaviour log-prob, left out (mask 0)."""
 
     @classmethod
     def of(cls, sample: TreeSample, index: int = 0) -> _Tree:
         ids, owners, children, roots = [], [], [[] for _ in sample.nodes], []
+        n_missing = 0
         depth_end: list[int] = []
         tail: list[int | None] = []  # run-first depth at a node's end, None outside a run
         for i, node in enumerate(sample.nodes):
@@ -109,6 +112,10 @@ class _Tree:
                 t, lp, m = node_arrays(node)
             except ValueError as e:
                 raise ValueError(f"node {i}: {e}") from None
+            missing = (m > 0) & ~np.isfinite(lp)
+            if missing.any():  # no behaviour log-prob: not trained (IS needs it), counted
+                m = np.where(missing, 0, m).astype(m.dtype)
+                n_missing += int(missing.sum())
             if node.parent >= i:
                 raise ValueError(f"node {i}: parent {node.parent} does not precede it")
             p = node.parent
@@ -122,7 +129,7 @@ class _Tree:
                 roots.append(i)
             else:
                 children[p].append(i)
-        return cls(ids, children, roots, owners)
+        return cls(ids, children, roots, owners, n_missing)
 
     def n_tokens(self) -> int:
         return sum(len(t) for t in self.ids)
@@ -311,6 +318,9 @@ class PackStats:
     """Rows longer than ``max_tokens`` (an unsplittable chain)."""
     unpredictable_tokens: int = 0
     """Loss-mask-1 tokens with no predecessor (a root's first token): never scored."""
+    missing_logprob_tokens: int = 0
+    """Loss-mask-1 tokens the engine gave no log-prob (NaN or none recorded): never scored,
+    since their importance weight is unknown."""
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -503,6 +513,7 @@ def pack(
     for tree in trees:
         stats.unique_tokens += tree.n_tokens()
         stats.expanded_tokens += tree.expanded_tokens()
+        stats.missing_logprob_tokens += tree.missing_logprobs
     if cfg.share_prefixes and len(trees) > 1:
         trees = [_merge(trees)]
         stats.shared_tokens = stats.unique_tokens - trees[0].n_tokens()

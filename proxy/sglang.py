@@ -205,8 +205,10 @@ class GenerateResult:
                 "(was return_logprob honoured?)",
                 url=url,
             )
+        # a token the engine gave no log-prob is NaN, never 0.0 (log mu = 0 would train it as if
+        # the engine had been certain of it): the learner leaves such tokens out and counts them
         logprobs = np.asarray(
-            [0.0 if x[0] is None else x[0] for x in lps], dtype=np.float32
+            [np.nan if x[0] is None else x[0] for x in lps], dtype=np.float32
         ).tolist()
         end = parse_version(meta.get("weight_version"))
         start = parse_version(meta.get("weight_version_start", meta.get("weight_version")))

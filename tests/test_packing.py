@@ -311,9 +311,19 @@ def test_segment_first_token_is_unpredictable() -> None:
         group_id="u",
         k=0,
         nodes=[
-            TreeNode(parent=-1, token_ids=pack_ids([5, 6]), loss_mask=pack_u8([1, 1])),
+            TreeNode(
+                parent=-1,
+                token_ids=pack_ids([5, 6]),
+                logprobs=pack_f32([-1.0, -1.0]),
+                loss_mask=pack_u8([1, 1]),
+            ),
             TreeNode(parent=-1, token_ids=pack_ids([]), loss_mask=b""),
-            TreeNode(parent=1, token_ids=pack_ids([7, 8]), loss_mask=pack_u8([1, 0])),
+            TreeNode(
+                parent=1,
+                token_ids=pack_ids([7, 8]),
+                logprobs=pack_f32([-1.0, 0.0]),
+                loss_mask=pack_u8([1, 0]),
+            ),
         ],
     )
     packing = pack([sample], PackConfig(targets="all"))
