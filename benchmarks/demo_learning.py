@@ -131,7 +131,8 @@ def settings_label(r: dict[str, Any]) -> str:
     group filter and value bounds, and the last version reached."""
     s = r.get("rl_settings") or {}
     ds = s.get("ds") or {}
-    decay = f"cos{ds.get('lr_min_ratio', 0.1):g}" if ds.get("lr_decay_steps") else "const"
+    cosine = ds.get("lr_decay_versions") or ds.get("lr_decay_steps")  # (runs before the rename)
+    decay = f"cos{ds.get('lr_min_ratio', 0.1):g}" if cosine else "const"
     last = r["rl_curve"][-1][0] if r.get("rl_curve") else "-"
     extra = f" K{s['updates_per_batch']}" if (s.get("updates_per_batch") or 1) > 1 else ""
     extra += " filter" if s.get("filter_groups") else ""

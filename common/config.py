@@ -82,6 +82,23 @@ class HrlModel(BaseModel):
     )
 
 
+def refuse_renamed(data: Any, renamed: dict[str, str], why: str) -> Any:
+    """A config model's ``mode="before"`` check: a field given under its old name is refused
+    with its new name and ``why`` it changed, instead of pydantic's "extra inputs"."""
+    if isinstance(data, dict):
+        old = [k for k in renamed if k in data]
+        if old:
+            hint = ", ".join(f"{k} is now {renamed[k]}" for k in old)
+            raise ValueError(f"renamed: {hint} ({why})")
+    return data
+
+
+SCHEDULE_IN_VERSIONS = (
+    "the schedule counts versions, what --steps counts, not optimiser steps: a version takes "
+    "updates_per_batch optimiser steps"
+)
+
+
 class NatsClientSettings(HrlModel):
     """How a process authenticates to NATS: file paths only, never secrets (command lines are
     written to ``commands.sh`` and visible in process listings)."""

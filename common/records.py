@@ -449,6 +449,10 @@ class TreeSample(Record, kw_only=True):
     """Part index when a very large tree is split across messages."""
     n_parts: int = 1
     """Number of parts of this sample."""
+    sampling: SamplingParams | None = None
+    """How the engines sampled every retained call (the assembler refuses a rollout whose
+    retained calls disagree: ``mixed_sampling``); the learner takes its log-probs at this
+    temperature. None: not recorded (a tombstone, or a sample made elsewhere)."""
 
     @property
     def is_tombstone(self) -> bool:

@@ -74,7 +74,8 @@ one node, so a prefix shared by several branches is stored and trained once.
 
 Sample-level outcomes (tombstones, checked in this order): ``rollout_<status>`` for a failed
 rollout, ``no_calls``, ``missing_calls`` (a seq below ``result.n_calls`` is absent),
-``bad_record``, ``bad_delta``, ``no_model_tokens`` (nothing retained), ``too_many_branches``.
+``bad_record``, ``bad_delta``, ``no_model_tokens`` (nothing retained), ``mixed_sampling``
+(retained calls sampled with different temperature, top_p or top_k), ``too_many_branches``.
 The sample's ``weight_version`` is the oldest among its model nodes (a call's version is its
 ``weight_version_start``, the older one when the engine swapped weights mid-call). Counters:
 ``n_calls`` distinct calls of this rollout read (records of other rollouts are ignored),
@@ -104,6 +105,7 @@ import numpy as np
 from harnessrl.common.records import (
     CallRecord,
     RolloutResult,
+    SamplingParams,
     TreeCounters,
     TreeNode,
     TreeSample,
@@ -556,6 +558,12 @@ def assemble(
     return assemble_detailed(calls, result, opts).sample
 
 
+def _sampled_with(rec: CallRecord) -> tuple[float, float, int]:
+    """What a call's log-probs depend on (temperature, top_p, top_k; not its token limit)."""
+    s = rec.sampling
+    return (s.temperature, s.top_p, s.top_k)
+
+
 def _tito_misses(recs: list[CallRecord]) -> int:
     """Successful calls, after the first successful one of their track (label), whose input
     was fully re-rendered (a title request before the first main call is no miss of it)."""
@@ -661,6 +669,10 @@ def _filter_and_emit(
     if not retained:
         done.sample = tombstone(result, "no_model_tokens", counters)
         return done
+    used = {_sampled_with(c.rec) for c in retained}
+    if len(used) > 1:  # one rollout, one behaviour distribution: the learner takes one
+        done.sample = tombstone(result, "mixed_sampling", counters)
+        return done
     counters.n_leaves = sum(s.n_leaves() for s in segs)
     if counters.n_leaves > opts.max_branches:
         done.sample = tombstone(result, "too_many_branches", counters)
@@ -670,6 +682,13 @@ def _filter_and_emit(
     counters.unique_tokens = sum(len(n.token_ids) // 4 for n in nodes)
     counters.model_tokens = sum(len(n.token_ids) // 4 for n in nodes if n.weight_version >= 0)
     done.sample.nodes = nodes
+    first = retained[0].rec.sampling
+    done.sample.sampling = SamplingParams(
+        temperature=first.temperature,
+        top_p=first.top_p,
+        top_k=first.top_k,
+        max_new_tokens=max(c.rec.sampling.max_new_tokens for c in retained),
+    )
     done.sample.weight_version = min(
         (n.weight_version for n in nodes if n.weight_version >= 0), default=-1
     )

@@ -3,7 +3,8 @@
 Each rollout id reaches exactly one *outcome*: ``trained`` (at some version) or dropped with a
 reason (``tombstone:<why>``, ``stale``, ``zero_variance``, ``group_too_small``,
 ``duplicate_attempt``, ``group_closed``, ``eval``, ``low_reward``, ``bad_parts``,
-``incomplete_parts``, ``empty``, ``malformed``).
+``incomplete_parts``, ``empty``, ``malformed``, ``bad_reward``, and for RL ``greedy_sampling``,
+``truncated_sampling``, ``temperature_mismatch``).
 The ``Ledger`` records outcomes and holds the deliveries behind them; deliveries are acked only
 after a checkpoint holding their outcome is durable (``Ledger.commit``), so a crash redelivers
 exactly the rollouts whose outcome was lost, and a redelivered rollout whose outcome *was*
@@ -17,6 +18,12 @@ Rules (GRPO, and PPO with ``filter_groups``; plain PPO/SFT batch rollouts in arr
   the group is skipped (``group_too_small``); all rewards equal -> ``zero_variance``;
 * staleness ``version - sample.weight_version > max_staleness`` drops a sample (``stale``) on
   arrival and again when its group is about to be trained;
+* sampling (RL only: SFT's NLL is of the model's own distribution): a sample drawn greedily
+  (temperature 0: no log-probs to correct against) or from a truncated distribution (top_p < 1,
+  top_k > 0: SGLang's reported log-probs of those depend on its version and sampling backend,
+  and the learner computes the full ``softmax(logits / T)``) is dropped, as is one drawn at a
+  temperature other than the learner's ``ds.temperature`` when that is set; a reward that is
+  not finite is ``bad_reward``;
 * duplicates: the same rollout id again (a redelivery, a re-published part) rides along with
   the first; another attempt of a member that already ended is ``duplicate_attempt``; a
   member of a group already decided is ``group_closed``;
@@ -35,6 +42,8 @@ trained: they are reported (``eval_results``) and recorded as ``eval``.
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable
@@ -47,6 +56,8 @@ from harnessrl.common import metrics
 from harnessrl.common.bus import Delivery
 from harnessrl.common.records import TreeSample, unpack_ids
 from harnessrl.common.tree import join_parts
+
+log = logging.getLogger("harnessrl.learner")
 
 M_DROPPED = metrics.counter(
     "hrl_learner_dropped_total", "Rollouts not trained, by reason", ("reason",)
@@ -281,6 +292,9 @@ class BatchRules:
     would fail every step it is in, so it is dropped on arrival (``malformed``)."""
     parts_timeout_s: float = 300.0
     """Give up a split sample whose parts are not all in this long after its first part."""
+    temperature: float | None = None
+    """RL: the temperature samples must have been drawn at (``ds.temperature``); None: any
+    (each sample's log-probs are then taken at its own)."""
 
 
 @dataclass
@@ -308,6 +322,7 @@ class Batcher:
     ) -> None:
         self.rules = rules
         self.ledger = ledger
+        self._explained: set[str] = set()
         self.on_end = on_end or (lambda gid, k: None)
         self.parts: dict[str, Partial] = {}
         self.dead: list[tuple[Delivery[Any], str]] = []
@@ -413,11 +428,47 @@ class Batcher:
             return "empty"
         if not well_formed(s, self.rules.vocab_size):
             return "malformed"
+        if not math.isfinite(s.reward):
+            return self._explain("bad_reward", f"{s.rollout_id}: reward {s.reward}")
+        why = self._sampling_reason(s)
+        if why is not None:
+            return why
         if self._stale(s, version):
             return "stale"
         if self.rules.mode == "sft" and s.reward < self.rules.sft_min_reward:
             return "low_reward"
         return None
+
+    def _sampling_reason(self, s: TreeSample) -> str | None:
+        """Why an RL sample's behaviour log-probs cannot be matched by the learner's (None: they
+        can). SFT trains the model's own distribution whatever the sampling was."""
+        sp = s.sampling
+        if self.rules.mode == "sft" or sp is None:
+            return None
+        if sp.temperature <= 0:
+            return self._explain("greedy_sampling", f"{s.rollout_id} was sampled greedily")
+        if sp.top_p < 1 or sp.top_k > 0:
+            return self._explain(
+                "truncated_sampling",
+                f"{s.rollout_id} was sampled with top_p {sp.top_p}, top_k {sp.top_k}: train "
+                "with top_p 1 and top_k -1 (the learner's log-probs are of the whole "
+                "distribution)",
+            )
+        want = self.rules.temperature
+        if want is not None and abs(sp.temperature - want) > 1e-6:
+            return self._explain(
+                "temperature_mismatch",
+                f"{s.rollout_id} was sampled at temperature {sp.temperature:g}, the learner "
+                f"trains at {want:g} (ds.temperature)",
+            )
+        return None
+
+    def _explain(self, reason: str, detail: str) -> str:
+        """``reason``, logged with ``detail`` the first time it drops a sample."""
+        if reason not in self._explained:
+            self._explained.add(reason)
+            log.warning("dropping samples as %s, e.g. %s", reason, detail)
+        return reason
 
     def _stale(self, s: TreeSample, version: int) -> bool:
         return (

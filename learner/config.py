@@ -159,10 +159,13 @@ def _learner_config() -> type:
         the filter, PPO learns only where the policy's own samples disagree. Needs
         ``group_size`` > 1."""
         updates_per_batch: int = Field(1, ge=1, le=64)
-        """Optimiser steps on each batch (PPO's epochs, DeepSeekMath GRPO's mu): a no-grad pass
-        fixes pi_old first, and every step clips its ratio against it (``loss.clip_low`` /
-        ``clip_high``). One weight version per batch however many. More than 1 gets more out
-        of each rollout where rollouts are the scarce resource and the learner waits for them."""
+        """Optimiser steps on each batch (PPO's epochs, DeepSeekMath GRPO's mu). The first
+        step's own forward fixes pi_old (the weights before any update on the batch) and, for
+        PPO, the advantages (``R - V`` of the critic before the first update, normalised over
+        the batch); every later step clips its ratio against that pi_old (``loss.clip_low`` /
+        ``clip_high``) and uses those advantages. One weight version per batch however many
+        (the lr schedule counts versions). More than 1 gets more out of each rollout where
+        rollouts are the scarce resource and the learner waits for them."""
         max_staleness: int = Field(4, ge=0, le=1000)
         """Samples more than this many versions behind are dropped; the feeder keeps at most
         ``(max_staleness + 1) * batch`` rollouts in flight (AReaL-style admission control)."""

@@ -40,9 +40,9 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from harnessrl.common.config import HrlModel
+from harnessrl.common.config import SCHEDULE_IN_VERSIONS, HrlModel, refuse_renamed
 from harnessrl.common.files import atomic_write, free_port
 from harnessrl.learner.fleet import Fleet, shard_rows
 from harnessrl.learner.losses import (
@@ -71,11 +71,16 @@ class DeepSpeedConfig(HrlModel):
     """Training precision; ``bfloat16`` keeps fp32 master weights in DeepSpeed's optimiser."""
     lr: float = Field(1e-6, gt=0.0)
     """AdamW peak learning rate (see the schedule below)."""
-    lr_warmup_steps: int = Field(0, ge=0)
-    """Linear warmup from ``lr / (warmup + 1)`` to ``lr`` over this many optimiser steps."""
-    lr_decay_steps: int = Field(0, ge=0)
-    """Cosine decay from ``lr`` at the end of warmup to ``lr * lr_min_ratio`` at this step
-    (held there after); 0: constant ``lr`` after warmup."""
+    lr_warmup_versions: int = Field(0, ge=0)
+    """Linear warmup from ``lr / (warmup + 1)`` to ``lr`` over the first this many versions. The
+    schedule counts versions (what ``--steps`` counts): a version is one batch, whose
+    ``updates_per_batch`` optimiser steps all take its lr (pretraining and SFT take one
+    optimiser step per version)."""
+    lr_decay_versions: int = Field(0, ge=0)
+    """Cosine decay from ``lr`` at the end of warmup to ``lr * lr_min_ratio``, reached by the
+    step that makes version ``lr_decay_versions`` (held there after): with the run's number of
+    versions, the last one trains at the floor whatever ``updates_per_batch`` is. 0: constant
+    ``lr`` after warmup."""
     lr_min_ratio: float = Field(0.1, ge=0.0, le=1.0)
     """Floor of the cosine decay, as a fraction of ``lr``."""
     weight_decay: float = Field(0.0, ge=0.0)
@@ -97,10 +102,25 @@ class DeepSpeedConfig(HrlModel):
     attn_implementation: Literal["auto", "tree_sdpa", "sdpa", "eager", "flex_attention"] = "auto"
     """Attention kernel: ``auto`` = FlexAttention tree block masks on CUDA, ``tree_sdpa``
     (block-sparse sdpa over the dense float mask) on CPU."""
-    temperature: float = Field(1.0, gt=0.0)
-    """Sampling temperature of the engines; log-probs are of ``softmax(logits / T)``."""
+    temperature: float | None = Field(None, gt=0.0)
+    """Sampling temperature the samples must have been drawn at. Each sample's log-probs are
+    taken at the temperature its calls were sampled with (recorded in every CallRecord and
+    carried by the TreeSample), so the IS ratio compares like with like; set, a sample drawn
+    at another temperature is dropped (``temperature_mismatch``). ``harnessrl run`` sets it
+    from ``[actor] temperature``. None: any temperature is taken as recorded (1 where a
+    sample records none, and for SFT, whose NLL is of the model's own distribution)."""
     seed: int = 0
     """Seed for value-head init and anything random in the learner."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        return refuse_renamed(
+            data,
+            {"lr_warmup_steps": "lr_warmup_versions", "lr_decay_steps": "lr_decay_versions"},
+            SCHEDULE_IN_VERSIONS,
+        )
+
     rank_timeout_s: float = Field(600.0, ge=5.0, le=86_400.0)
     """With several learner ranks: how long a collective may wait for another rank before the
     fleet gives up and exits (a dead rank is noticed at once, a hung one after this). Must
@@ -108,14 +128,17 @@ class DeepSpeedConfig(HrlModel):
     skew between ranks, publishing one broadcast)."""
 
 
-def lr_at(cfg: DeepSpeedConfig, step: int) -> float:
-    """Learning rate of optimiser step ``step`` (0-based): linear warmup, then cosine decay."""
-    if step < cfg.lr_warmup_steps:
-        return cfg.lr * (step + 1) / (cfg.lr_warmup_steps + 1)
-    if cfg.lr_decay_steps <= cfg.lr_warmup_steps:
+def lr_at(cfg: DeepSpeedConfig, version: int) -> float:
+    """Learning rate of the optimiser steps that make version ``version + 1`` (``version``:
+    versions made before, 0-based): linear warmup, then cosine decay to the floor at version
+    ``lr_decay_versions``."""
+    warm, decay = cfg.lr_warmup_versions, cfg.lr_decay_versions
+    if version < warm:
+        return cfg.lr * (version + 1) / (warm + 1)
+    if decay <= warm:
         return cfg.lr
-    span = cfg.lr_decay_steps - cfg.lr_warmup_steps
-    t = min(1.0, (step - cfg.lr_warmup_steps) / span)
+    span = decay - 1 - warm  # the versions after warmup, the last one at the floor
+    t = 1.0 if span <= 0 else min(1.0, (version - warm) / span)
     floor = cfg.lr * cfg.lr_min_ratio
     return floor + (cfg.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * t))
 
@@ -191,7 +214,7 @@ class LearnerEngine:
                 model,
                 device=self.device,
                 attn_implementation=attn,
-                temperature=self.cfg.temperature,
+                temperature=self.cfg.temperature or 1.0,
                 value_head=self.loss_cfg.algo == "ppo",
             )
         policy.entropy_grad = self.loss_cfg.entropy_coef > 0
@@ -223,6 +246,8 @@ class LearnerEngine:
         """Scored tokens per sample that each rank trained in the last step (rank 0)."""
         self.last_logp: list[np.ndarray] | None = None
         """Per-row log-probs of the last step's forward (``train_step(keep_logp=True)``)."""
+        self.last_adv: list[np.ndarray] | None = None
+        """PPO: per-row advantages the last step used (``train_step(keep_logp=True)``)."""
         self.last_nonfinite: list[int] = []
         """Sample indices (into the step's samples) whose micro-batches had a NaN or inf loss in
         the last step (rank 0, every rank's); such a step is skipped (``train_step``)."""
@@ -344,6 +369,8 @@ class LearnerEngine:
         old_logp: Sequence[np.ndarray] | None = None,
         *,
         keep_logp: bool = False,
+        version: int | None = None,
+        old_adv: Sequence[np.ndarray] | None = None,
     ) -> dict[str, float]:
         """One optimiser step over ``rows``; returns loss terms, mismatch and IS metrics.
 
@@ -352,7 +379,12 @@ class LearnerEngine:
         sequence-level IS weights need it for the whole step first, so a no-grad pass runs.
         ``keep_logp``: keep the per-row log-probs of this step's forward (the weights before
         its update) in ``last_logp``: pi_old for further steps on the same rows, without a
-        no-grad pass of their own.
+        no-grad pass of their own; PPO also keeps the advantages it used (``R - V`` of the
+        critic before the update, normalised over the step) in ``last_adv``, which further
+        steps on the same rows take as ``old_adv``: a batch's advantages are fixed by its
+        first update, as its pi_old is, not re-read from the critic as it moves. ``version``: versions made before this step's (the lr
+        schedule and the critic warmup count versions); default ``global_steps``, one
+        optimiser step per version.
         With a fleet, rank 0 calls this with the whole step; the rows are split over the ranks.
 
         A NaN or inf loss or gradient norm never reaches the optimiser: the step is skipped on
@@ -369,11 +401,14 @@ class LearnerEngine:
         splits = np.cumsum([len(r.target_ids) for r in rows])[:-1]
         nw_rows = np.split(norm_weights(index, mask, self.loss_cfg.norm), splits)
         n_samples = int(index.max()) + 1 if len(index) else 0
-        shards = self._shards(rows, nw_rows, old_logp)
-        parts = self._on_all("train", [(*s, n_samples, keep_logp) for s in shards])
+        shards = self._shards(rows, nw_rows, old_logp, old_adv)
+        at = self.global_steps if version is None else version
+        parts = self._on_all("train", [(*s, n_samples, keep_logp, at) for s in shards])
         self.last_split = [p["scored"] for p in parts]
         self.last_nonfinite = sorted({i for p in parts for i in p["nonfinite"]})
         self.last_logp = [lp for p in parts for lp in p["logp"]] if keep_logp else None
+        keep_adv = keep_logp and self.loss_cfg.algo == "ppo"
+        self.last_adv = [a for p in parts for a in p["adv"]] if keep_adv else None
         stats = [st for p in parts for st in p["stats"]]
         m0 = parts[0]
         dt = time.perf_counter() - t0
@@ -402,8 +437,10 @@ class LearnerEngine:
         n_real: int,
         nw_rows: list[np.ndarray],
         old_logp: list[np.ndarray] | None,
+        old_adv: list[np.ndarray] | None,
         n_samples: int,
         keep_logp: bool = False,
+        version: int = 0,
     ) -> dict[str, Any]:
         """This rank's part of a step: forward/backward over its rows, then the (collective)
         optimiser step. ``nw_rows`` are normalised over the whole step, on every rank;
@@ -420,6 +457,7 @@ class LearnerEngine:
         # no-grad pass first (the same weights, so the same values).
         whiten_ppo = cfg.algo == "ppo" and cfg.adv_norm != "none"
         shift = cfg.adv_norm == "whiten"
+        whiten_ppo = whiten_ppo and old_adv is None  # given: fixed by the batch's first update
         whiten_inline = whiten_ppo and len(micro) == 1 and self.fleet is None
         adv_rows: list[Any] = [None] * len(rows)
         if (seq_is and old_logp is None) or (whiten_ppo and not whiten_inline):
@@ -450,12 +488,13 @@ class LearnerEngine:
                 reduce=reduce,
             )
             is_rows = np.split(seq.numpy(), splits)
-        policy_weight = 0.0 if self.global_steps < cfg.critic_warmup_steps else 1.0
+        policy_weight = 0.0 if version < cfg.critic_warmup_versions else 1.0
         # DeepSpeed averages the ranks' gradients; each rank holds its share of the step's sum
         scale = float(self.world)
 
         stats: list[LossStats] = []
         kept: list[np.ndarray] = []  # in micro-batch order, which is row order
+        kept_adv: list[np.ndarray] = []
         nonfinite: set[int] = set()  # samples of micro-batches whose loss was NaN or inf
         for k, idx in enumerate(micro):
             chunk = [rows[i] for i in idx]
@@ -474,19 +513,22 @@ class LearnerEngine:
             if cfg.algo == "sft":
                 loss, st = sft_loss(out.logprobs, batch.loss_mask, nw)
             else:
-                advantage = None if cfg.algo == "ppo" else batch.advantage
-                if whiten_inline:
-                    advantage = whiten(
-                        ppo_advantages(
-                            batch.returns,
-                            baseline_values(cfg, out.values, out.baselines),
-                            cfg.value_bounds,
-                        ),
-                        nw * batch.loss_mask,
-                        shift_mean=shift,
-                    )
-                elif whiten_ppo:
+                if cfg.algo != "ppo":
+                    advantage = batch.advantage
+                elif old_adv is not None:  # fixed by the batch's first update
+                    advantage = cat(old_adv)
+                elif whiten_ppo and not whiten_inline:
                     advantage = cat(adv_rows)
+                else:  # R - V of this forward's critic (the weights before the update)
+                    advantage = ppo_advantages(
+                        batch.returns,
+                        baseline_values(cfg, out.values, out.baselines),
+                        cfg.value_bounds,
+                    )
+                    if whiten_inline:
+                        advantage = whiten(advantage, nw * batch.loss_mask, shift_mean=shift)
+                if keep_logp and cfg.algo == "ppo":
+                    kept_adv.extend(_per_row(chunk, advantage))
                 ref = None
                 if self.reference is not None:
                     with torch.no_grad():
@@ -518,7 +560,7 @@ class LearnerEngine:
         before = self._grad_norm_before_step()
         if self.record_grads:
             self._record_grads()
-        lr = lr_at(self.cfg, self.global_steps)
+        lr = lr_at(self.cfg, version)
         for group in self.engine.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
         if hasattr(self.engine.optimizer, "overflow"):
@@ -550,6 +592,7 @@ class LearnerEngine:
             "tokens": sum(r.n_tokens for r in real),
             "scored": scored,
             "logp": kept[:n_real],
+            "adv": kept_adv[:n_real],
             "policy_weight": policy_weight,
             "lr": lr,
             "applied": applied,

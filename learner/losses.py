@@ -50,13 +50,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from harnessrl.common.config import HrlModel
+from harnessrl.common.config import SCHEDULE_IN_VERSIONS, HrlModel, refuse_renamed
 
 
 class LossConfig(HrlModel):
@@ -91,8 +91,17 @@ class LossConfig(HrlModel):
     """Entropy bonus weight (subtracted from the loss)."""
     value_coef: float = Field(0.5, ge=0.0)
     """PPO: weight of the value loss ``0.5 (V - R)^2``."""
-    critic_warmup_steps: int = Field(0, ge=0)
-    """PPO: first optimiser steps train only the value head (policy loss weight 0)."""
+    critic_warmup_versions: int = Field(0, ge=0)
+    """PPO: the first this many versions train only the value head (policy loss weight 0;
+    every optimiser step of such a version, whatever ``updates_per_batch`` is)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        return refuse_renamed(
+            data, {"critic_warmup_steps": "critic_warmup_versions"}, SCHEDULE_IN_VERSIONS
+        )
+
     adv_norm: Literal["whiten", "std", "none"] = "whiten"
     """PPO: normalise the step's advantages ``R - V(t)`` over its scored tokens, each weighted
     as in the loss (``norm_weight``): ``whiten`` to mean 0 and std 1 (as TRL, OpenRLHF and

@@ -283,6 +283,10 @@ class PackedRow:
     to (one model reply). Always in the row (a piece repeats its ancestor chain), so it does not
     depend on how trees were split. PPO's ``value_baseline = "turn"`` reads ``V`` there. (A
     turn that starts at a root's first token, which nothing precedes: that token's position.)"""
+    temperature: np.ndarray | None = None
+    """[N] float32 sampling temperature of the target's sample (``pack``'s ``temperatures``): the
+    learner's log-probs are of ``softmax(logits / temperature)``, as the engine sampled them.
+    None: the policy's own temperature."""
     duplicated: int = 0
     """Context tokens repeated from another piece of the same tree."""
     unpredictable: int = 0
@@ -384,7 +388,11 @@ def _split(
 
 
 def _row_of(
-    pieces: list[_Piece], advantages: np.ndarray, rewards: np.ndarray, targets: str
+    pieces: list[_Piece],
+    advantages: np.ndarray,
+    rewards: np.ndarray,
+    temperatures: np.ndarray | None,
+    targets: str,
 ) -> PackedRow:
     """Flatten pieces into one row: ids, depths, subtree ends and gathered targets."""
     ids, pos, end = [], [], []
@@ -441,6 +449,7 @@ def _row_of(
         target_node=t["node"],
         target_offset=t["offset"],
         baseline_src=t["base"],
+        temperature=None if temperatures is None else temperatures[t["sample"]],
         duplicated=duplicated,
         unpredictable=unpredictable,
     )
@@ -496,11 +505,14 @@ def pack(
     config: PackConfig | None = None,
     *,
     advantages: Sequence[float] | np.ndarray | None = None,
+    temperatures: Sequence[float] | np.ndarray | None = None,
 ) -> Packing:
     """Lay ``samples`` out in rows of at most ``config.max_tokens`` tokens.
 
     ``advantages`` (one per sample, e.g. GRPO's group-normalised value) is copied onto every
-    target of that sample; ``returns`` is the sample's reward. Segments (roots) that fit are
+    target of that sample; ``returns`` is the sample's reward; ``temperatures`` (one per
+    sample; default: the policy's own) is the temperature its targets' log-probs are taken at
+    (the one the engine sampled with, for RL). Segments (roots) that fit are
     placed whole, largest first, into the first row with room (first-fit decreasing).
     """
     cfg = config or PackConfig()
@@ -537,7 +549,12 @@ def pack(
             rows_of.append([pc])
             room.append(cfg.max_tokens - pc.n_tokens)
     rewards = np.asarray([s.reward for s in samples], np.float32)
-    rows = [_row_of(r, adv, rewards, cfg.targets) for r in rows_of]
+    temps = None
+    if temperatures is not None:
+        temps = np.asarray(temperatures, np.float32)
+        if len(temps) != len(samples) or not (temps > 0).all():
+            raise ValueError("one temperature > 0 per sample")
+    rows = [_row_of(r, adv, rewards, temps, cfg.targets) for r in rows_of]
     stats.rows = len(rows)
     stats.pieces = len(pieces)
     stats.computed_tokens = sum(r.n_tokens for r in rows)
@@ -576,6 +593,8 @@ class PackedBatch:
     sample_index: Any
     baseline_src: Any = None
     """[N] flat ``[B*T]`` position of each target's turn baseline state (``PackedRow``)."""
+    target_temp: Any = None
+    """[N] sampling temperature of each target (None: the policy's own)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -591,6 +610,7 @@ class PackedBatch:
             "target_src": self.target_src,
             "target_ids": self.target_ids,
             "baseline_src": self.baseline_src,
+            "target_temp": self.target_temp,
         }
 
 
@@ -668,4 +688,7 @@ def collate(
         returns=cat("returns", torch.float32),
         sample_index=cat("sample_index", torch.long),
         baseline_src=torch.from_numpy(base).to(device),
+        target_temp=(
+            None if any(r.temperature is None for r in rows) else cat("temperature", torch.float32)
+        ),
     )

@@ -5,8 +5,9 @@ log-probs, entropies and values.
 tree mask, ``use_cache=False``), gathers the last hidden state at each target's *source*
 position (a position with several children is gathered once per child), and only then applies
 the LM head. Log-probs and entropies are of the temperature-scaled distribution
-``softmax(logits / temperature)``: the same temperature the engine sampled with, so they are
-comparable with the rollout log-probs. Logits are upcast to fp32 before the softmax.
+``softmax(logits / temperature)``: per target, the temperature its sample was drawn at (the
+batch's ``target_temp``, from the temperature the proxy recorded in every CallRecord), so they
+are comparable with the rollout log-probs; without it, the policy's own ``temperature``.
 
 Value head (PPO): a zero-initialised ``Linear(hidden, 1)`` on the same last hidden state, at the
 same source position as the token's log-prob, so ``V(t)`` is the value of the state *before*
@@ -84,6 +85,7 @@ class Policy(nn.Module):
         target_src: torch.Tensor,
         target_ids: torch.Tensor,
         baseline_src: torch.Tensor | None = None,
+        target_temp: torch.Tensor | None = None,
     ) -> PolicyOutput:
         out = self.lm.base_model(
             input_ids=input_ids,
@@ -94,8 +96,11 @@ class Policy(nn.Module):
         flat = out.last_hidden_state.flatten(0, 1)
         hidden = flat[target_src]
         logits = self.lm.get_output_embeddings()(hidden).float()
-        if self.temperature != 1.0:  # x / 1.0 == x: skip a [N, vocab] pass and its backward
-            logits = logits / self.temperature
+        if target_temp is not None and bool((target_temp != 1.0).any()):
+            # each target at its sample's sampling temperature
+            logits = logits / target_temp.to(logits.dtype)[:, None]
+        elif target_temp is None and self.temperature != 1.0:
+            logits = logits / self.temperature  # x / 1.0 == x: skip a [N, vocab] pass
         logp_all = torch.log_softmax(logits, dim=-1)
         logp = logp_all.gather(-1, target_ids[:, None])[:, 0]
         with torch.set_grad_enabled(self.entropy_grad and torch.is_grad_enabled()):

@@ -194,6 +194,7 @@ class Learner:
             adv_scale_by_std=c.loss.adv_scale_by_std,
             filter_groups=c.filter_groups,
             truncated_reward=c.truncated_reward,
+            temperature=c.ds.temperature,
             vocab_size=int(self.engine.policy.lm.config.get_text_config().vocab_size),
         )
 
@@ -387,21 +388,28 @@ class Learner:
         """Pack and step (worker thread: touches only the engine and the batch)."""
         from harnessrl.learner.packing import pack
 
-        packing = pack(batch.samples, self.cfg.pack, advantages=batch.advantages)
+        packing = pack(
+            batch.samples,
+            self.cfg.pack,
+            advantages=batch.advantages,
+            temperatures=[self._temperature(s) for s in batch.samples],
+        )
         k = self.cfg.updates_per_batch
-        old = None
+        old = old_adv = None
         t0 = time.perf_counter()
         skipped, nonfinite = 0.0, set()
         for i in range(k):
             # pi_old of the later steps: the first step's own forward (the weights before any
             # update on this batch), not a no-grad pass of its own (the demo's GRPO, K2: busy
-            # 4.42 -> 3.45 s per step)
+            # 4.42 -> 3.45 s per step); PPO's advantages are fixed by that step too
             keep = i == 0 and k > 1
-            m = self.engine.train_step(packing.rows, old_logp=old, keep_logp=keep)
+            m = self.engine.train_step(
+                packing.rows, old_logp=old, keep_logp=keep, version=self.version, old_adv=old_adv
+            )
             skipped += m.get("skipped", 0.0)
             nonfinite.update(getattr(self.engine, "last_nonfinite", ()))
             if keep:
-                old = self.engine.last_logp
+                old, old_adv = self.engine.last_logp, self.engine.last_adv
         if k > 1:
             m.update({"updates": float(k), "step_time_s": time.perf_counter() - t0})
         m["skipped"] = skipped
@@ -416,6 +424,15 @@ class Learner:
             )
         m.update({f"pack/{k}": float(v) for k, v in packing.stats.as_dict().items()})
         return m
+
+    def _temperature(self, s: TreeSample) -> float:
+        """The temperature a sample's log-probs are taken at: RL, the one it was sampled with
+        (recorded by the proxy; the batcher refused any other than ``ds.temperature``); SFT,
+        and samples that recorded none, ``ds.temperature`` (default 1)."""
+        own = self.cfg.ds.temperature if self.cfg.ds.temperature is not None else 1.0
+        if self.cfg.loss.algo == "sft" or s.sampling is None:
+            return own
+        return s.sampling.temperature
 
     async def broadcast(self) -> float:
         """Publish the current weights as ``self.version``; returns seconds (0 if disabled)."""

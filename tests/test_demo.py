@@ -67,7 +67,7 @@ def test_phase_run_files_are_valid_run_configs(tmp_path: Path) -> None:
     assert sections["learner"]["feeder"]["harnesses"] == ["reference", "codex"]
     assert sections["engine"]["threads"] == 1 and sections["learner"]["threads"] == 2
     ds = sections["learner"]["ds"]
-    assert ds["lr_decay_steps"] == 3 and ds["lr_min_ratio"] == 0.1  # cosine to the last step
+    assert ds["lr_decay_versions"] == 3 and ds["lr_min_ratio"] == 0.1  # cosine to the last step
     # the measured defaults per algorithm: PPO one optimiser step per batch, GRPO two
     assert sections["learner"]["updates_per_batch"] == 1
     grpo = cfg.model_copy(update={"algo": "grpo"})
@@ -78,7 +78,7 @@ def test_phase_run_files_are_valid_run_configs(tmp_path: Path) -> None:
         run, sections = _resolve(tmp_path, algo, rl_run_file(DemoConfig(algo=algo), "d", policy))
         lrn = sections["learner"]
         assert (run.steps, lrn["group_size"], lrn["batch_groups"]) == shape
-        assert lrn["ds"]["lr_decay_steps"] == shape[0]
+        assert lrn["ds"]["lr_decay_versions"] == shape[0]
     mine = DemoConfig(algo="ppo", group_size=8, batch_groups=2)
     assert rl_run_file(mine, "d", policy)["learner"]["group_size"] == 8
     assert rl_run_file(mine, "d", policy)["learner"]["batch_groups"] == 2

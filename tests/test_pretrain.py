@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_lr_schedule_warms_up_then_decays_to_the_floor():
-    cfg = DeepSpeedConfig(lr=1.0, lr_warmup_steps=4, lr_decay_steps=14, lr_min_ratio=0.1)
+    cfg = DeepSpeedConfig(lr=1.0, lr_warmup_versions=4, lr_decay_versions=15, lr_min_ratio=0.1)
     lrs = [lr_at(cfg, s) for s in range(20)]
     assert lrs[:4] == pytest.approx([0.2, 0.4, 0.6, 0.8])
     assert lrs[4] == pytest.approx(1.0)

@@ -147,16 +147,17 @@ class DemoConfig(HrlModel):
     4 for PPO; 16 rollouts a step either way). For GRPO two groups of 8 learn more per minute
     than four: twice the steps in the same rollouts."""
     lr: float = Field(2e-4, gt=0, le=1.0)
-    """RL peak learning rate (AdamW, linear warmup over ``lr_warmup_steps``, then constant).
+    """RL peak learning rate (AdamW, linear warmup over ``lr_warmup_versions``, then cosine).
     Measured on ``tiny-agent`` (GRPO, exact-correctness reward, 8 minutes, the same held-out
     tasks and seeds before and after): 2e-4 raised held-out success 0.292 -> 0.508 (28 paired
     rollouts fixed, 2 broken), 1e-4 0.292 -> 0.425 (18 fixed, 2 broken); with the toy partial
     credit in the reward, 2e-5 moved it 0.300 -> 0.325."""
-    lr_warmup_steps: int = Field(3, ge=0, le=1_000_000)
-    """RL learning-rate warmup steps."""
+    lr_warmup_versions: int = Field(3, ge=0, le=1_000_000)
+    """RL learning-rate warmup, in versions (the unit of ``steps``)."""
     lr_min_ratio: float = Field(0.1, ge=0.0, le=1.0)
     """The RL learning rate decays (cosine) from ``lr`` after warmup to ``lr * lr_min_ratio``
-    at the last of ``steps``; 1 keeps it constant."""
+    at the last of ``steps`` (versions, however many optimiser steps each takes); 1 keeps it
+    constant."""
     norm: Literal["token", "sequence"] = "sequence"
     """How the RL loss averages tokens (the learner's ``loss.norm``): ``sequence`` gives each
     rollout the same weight, so long failing rollouts (turn after turn of junk) do not outvote
@@ -414,8 +415,8 @@ def rl_run_file(cfg: DemoConfig, name: str, policy: Path, suite: str = "toy") ->
                 "threads": cfg.learner_threads,
                 "ds": {
                     "lr": cfg.lr,
-                    "lr_warmup_steps": cfg.lr_warmup_steps,
-                    "lr_decay_steps": steps if cfg.lr_min_ratio < 1 else 0,
+                    "lr_warmup_versions": cfg.lr_warmup_versions,
+                    "lr_decay_versions": steps if cfg.lr_min_ratio < 1 else 0,
                     "lr_min_ratio": cfg.lr_min_ratio,
                     "seed": cfg.seed,
                     **({"value_lr_scale": cfg.value_lr_scale} if cfg.algo == "ppo" else {}),

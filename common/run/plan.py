@@ -94,7 +94,47 @@ def resolve(args: argparse.Namespace) -> tuple[RunConfig, dict[str, Any]]:
             f"run file {path}: unknown tables {unknown} (expected [run] and {list(SECTIONS)})"
         )
     cfg = load_config(RunConfig, None, {**_flatten(raw.get("run", {})), **overrides})
-    return cfg, {s: raw.get(s, {}) for s in SECTIONS}
+    return cfg, tie_sampling({s: raw.get(s, {}) for s in SECTIONS}, path or "the run")
+
+
+def tie_sampling(sections: dict[str, dict[str, Any]], where: str) -> dict[str, dict[str, Any]]:
+    """One source of truth for how a run samples: ``[actor] temperature`` (the proxy samples
+    every call at it and records it) becomes the learner's ``[learner.ds] temperature`` (which
+    then refuses samples drawn at another); a learner temperature set to something else, and
+    RL from greedy or truncated sampling (``top_p`` < 1, ``top_k`` > 0: the learner cannot
+    compute the log-probs of a truncated distribution), are refused here, before anything
+    starts. SFT trains the model's own distribution and is left alone."""
+    actor, learner = sections["actor"], sections["learner"]
+    if not isinstance(actor, dict) or not isinstance(learner, dict):
+        return sections
+    if learner.get("sft") or learner.get("algo") == "sft":
+        return sections
+    temp = actor.get("temperature", 1.0)
+    top_p, top_k = actor.get("top_p", 1.0), actor.get("top_k", -1)
+    if not isinstance(temp, int | float) or isinstance(temp, bool):
+        return sections  # the actor's own validation names the bad field
+    if temp <= 0:
+        raise ConfigError(
+            f"{where}: [actor] temperature = {temp}: RL needs sampled rollouts (greedy "
+            "decoding has no behaviour log-probs to train against); use a temperature > 0"
+        )
+    if (isinstance(top_p, int | float) and top_p < 1) or (isinstance(top_k, int) and top_k > 0):
+        raise ConfigError(
+            f"{where}: [actor] top_p = {top_p}, top_k = {top_k}: RL samples the whole "
+            "distribution (the learner's log-probs are of softmax(logits / temperature), "
+            "which a truncated distribution's are not); keep top_p = 1 and top_k = -1"
+        )
+    ds = learner.get("ds", {})
+    if not isinstance(ds, dict):
+        return sections
+    mine = ds.get("temperature")
+    if mine is not None and mine != temp:
+        raise ConfigError(
+            f"{where}: [learner.ds] temperature = {mine} but [actor] temperature = {temp}: "
+            "the learner must take log-probs at the temperature the rollouts were sampled at "
+            "(leave [learner.ds] temperature unset: it follows the actor's)"
+        )
+    return {**sections, "learner": {**learner, "ds": {**ds, "temperature": temp}}}
 
 
 # ---------------------------------------------------------------------------------------------
