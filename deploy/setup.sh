@@ -41,4 +41,10 @@ fi
 DS_BUILD_OPS=0 "$VENV/bin/python" -m pip install -q -e ".[${EXTRAS}]" 2>&1 \
   | grep -v -e "^WARNING: Location" -e "^  " -e "^!!" || true
 "$VENV/bin/python" -c "import harnessrl.common, harnessrl.proxy, harnessrl.actors, harnessrl.learner"
+if [[ ",$EXTRAS," == *",test,"* ]]; then
+  # tests/test_sglang_contract.py checks every engine call against SGLang's own code, read from
+  # the release pinned by the `sglang` extra (its wheel, 39 MB, cached; not installed: it
+  # needs a GPU stack to import)
+  "$VENV/bin/python" tests/sglang_source.py fetch
+fi
 echo "harnessrl installed in $VENV ($("$VENV/bin/python" --version))"

@@ -17,7 +17,8 @@ Weight versions
 ---------------
 A weight update is applied by the scheduler thread *between* two forward passes: nothing is
 dropped. Requests running across the swap finish under the new weights (their earlier tokens keep
-the KV computed by the old ones) and their reply carries ``weight_version_start``. Every update
+the KV computed by the old ones) and their reply's ``weight_versions`` (SGLang's spans of
+versions over output tokens, ``harnessrl.proxy.engine.requests.weight_version_spans``) starts with the old version. Every update
 empties the prefix cache, whatever ``flush_cache`` says: reusing KV of old weights would silently
 make new log-probs wrong. A disk update without ``weight_version`` increments a numeric version;
 a distributed bucket without one keeps the version (send it with the last bucket). A
@@ -112,6 +113,9 @@ class Request:
     cached_tokens: int = 0
     version_start: str | None = None
     version_end: str | None = None
+    version_events: list[tuple[str, int]] = field(default_factory=list)
+    """``(old version, output tokens so far)`` at each weight update while admitted: the
+    ``weight_versions`` spans of the reply (``requests.weight_version_spans``)."""
     finish: dict[str, Any] | None = None
     created: float = field(default_factory=time.perf_counter)
     finished_at: float = 0.0
@@ -660,6 +664,9 @@ class Engine:
     ) -> str:
         if abort_all:
             self._do_abort(None, True, "aborted for a weight update")
+        for req in self.active + self.waiting:
+            if req.version_start is not None:  # admitted: some of its KV is the old weights'
+                req.version_events.append((self.version, len(req.output)))
         for name, t in named:
             self._params[name].copy_(t)
         if self.lean is not None:
