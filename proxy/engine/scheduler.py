@@ -175,9 +175,12 @@ class Engine:
             from transformers.utils import logging as hf_logging
 
             hf_logging.disable_progress_bar()
+        self.device = torch.device(cfg.device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {cfg.device} asked for, but torch sees no CUDA device")
         self.folder = resolve_model(cfg.model)
         self.info = model_info(self.folder)
-        self.model = load_model(self.folder, dtype=cfg.dtype)
+        self.model = load_model(self.folder, dtype=cfg.dtype, device=self.device)
         self.model.requires_grad_(False)
         try:
             self.tokenizer = load_tokenizer(cfg.tokenizer or self.folder)
@@ -207,7 +210,9 @@ class Engine:
 
     def _new_pool(self, slots: int) -> KVPool:
         layers, heads, dim = self._kv_shape
-        return KVPool(layers, heads, dim, slots, self.model.dtype, self.max_context)
+        return KVPool(
+            layers, heads, dim, slots, self.model.dtype, self.max_context, device=self.device
+        )
 
     def _switch_attention(self) -> None:
         """Plug the packed attention in, then the lean forward where the model allows, and
@@ -218,7 +223,7 @@ class Engine:
         the one the engine passes, so only the lean forward can serve them."""
         ids = [(7 * i + 3) % self.vocab_size for i in range(9)]
         with torch.no_grad():
-            ref = self.model(input_ids=torch.tensor([ids])).logits[0, [4, 7, 8]].float()
+            ref = self.model(input_ids=self._tensor([ids])).logits[0, [4, 7, 8]].float()
         _register_attention()
         self.model.set_attn_implementation(_ATTN_NAME)
         if self.model.config._attn_implementation != _ATTN_NAME:
@@ -272,16 +277,20 @@ class Engine:
         batch = _PackedBatch(self.pool, dec_slots, dec_pos, segs)
         if self.lean is not None:
             return self.lean(
-                torch.tensor(ids), torch.tensor(pos), batch, torch.tensor(keep), max(pos) + 1
+                self._tensor(ids), self._tensor(pos), batch, self._tensor(keep), max(pos) + 1
             )
         out = self.model(
-            input_ids=torch.tensor([ids]),
-            position_ids=torch.tensor([pos]),
+            input_ids=self._tensor([ids]),
+            position_ids=self._tensor([pos]),
             attention_mask=dict.fromkeys(self._mask_keys, batch),
             use_cache=False,
-            logits_to_keep=torch.tensor(keep),
+            logits_to_keep=self._tensor(keep),
         )
         return out.logits[0]
+
+    def _tensor(self, data: Any) -> torch.Tensor:
+        """Token ids or positions as a tensor on the model's device."""
+        return torch.tensor(data, device=self.device)
 
     # -- thread-safe API -------------------------------------------------------------------
 
@@ -556,11 +565,13 @@ class Engine:
         if not sampled:
             return 0
         reqs = [r for r, _ in sampled]
-        uniforms = [
-            float(torch.rand((), generator=r.generator, dtype=torch.float64)) if r.generator else 0
+        uniforms = [  # from each request's own CPU generator, wherever the model runs
+            float(torch.rand((), generator=r.generator, dtype=torch.float64, device="cpu"))
+            if r.generator
+            else 0
             for r in reqs
         ]
-        logits = torch.stack([lg for _, lg in sampled])
+        logits = torch.stack([lg for _, lg in sampled]).float().cpu()  # sampling is on the CPU
         tokens, logps = sample(logits, [r.params for r in reqs], uniforms)
         M_GENERATED.inc(len(tokens))
         for req, tok, lp in zip(reqs, tokens, logps, strict=True):
