@@ -76,8 +76,8 @@ def prepare(folder: Path, pythons: tuple[str, ...] = PYTHONS, model: str = "tiny
     """Fill ``folder`` for a GPU machine (needs the network and this checkout's venv)."""
     folder = Path(folder)
     wheels = folder / "wheels"
-    if wheels.exists():
-        shutil.rmtree(wheels)
+    for old in [wheels, *folder.glob("site-py*")]:  # site-py*: installs of an earlier ensure
+        shutil.rmtree(old, ignore_errors=True)
     wheels.mkdir(parents=True)
     dists = {**MODULES, **NEWER}
     pins = {dist: md.version(dist) for dist in dists.values()}

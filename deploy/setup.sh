@@ -45,6 +45,7 @@ if [[ ",$EXTRAS," == *",test,"* ]]; then
   # tests/test_sglang_contract.py checks every engine call against SGLang's own code, read from
   # the release pinned by the `sglang` extra (its wheel, 39 MB, cached; not installed: it
   # needs a GPU stack to import)
-  "$VENV/bin/python" tests/sglang_source.py fetch
+  "$VENV/bin/python" tests/sglang_source.py fetch \
+    || echo "warning: the sglang wheel was not fetched; tests/test_sglang_contract.py will try again"
 fi
 echo "harnessrl installed in $VENV ($("$VENV/bin/python" --version))"
