@@ -51,4 +51,11 @@ DS_BUILD_OPS=0 quiet "$VENV/bin/python" -m pip install -q -e ".[${EXTRAS}]" "${p
 "$VENV/bin/python" -c "import harnessrl.common, harnessrl.proxy, harnessrl.actors, harnessrl.learner"
 # static tools (editors, deploy/check_imports.py) find harnessrl.* through these links
 "$VENV/bin/python" deploy/check_imports.py --links-only
+if [[ ",$EXTRAS," == *",test,"* ]]; then
+  # tests/test_sglang_contract.py checks every engine call against SGLang's own code, read from
+  # the release pinned by the `sglang` extra (its wheel, 39 MB, cached; not installed: it
+  # needs a GPU stack to import)
+  "$VENV/bin/python" tests/sglang_source.py fetch \
+    || echo "warning: the sglang wheel was not fetched; tests/test_sglang_contract.py will try again"
+fi
 echo "harnessrl installed in $VENV ($("$VENV/bin/python" --version))"

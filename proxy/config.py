@@ -34,6 +34,10 @@ class EngineConfig(HrlModel):
     """HTTP port (SGLang's default is 30000); 0 picks a free port."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weights, activations and KV cache dtype (log-probs are always computed in float32)."""
+    device: str = Field("cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$")
+    """Where the model and its KV live: ``cpu``, ``cuda`` or ``cuda:N`` (the embedded engine
+    on a GPU is for checks and small models; production GPU engines are SGLang). Sampling runs
+    on the CPU either way (one row of logits per request per step is copied back)."""
     max_batch_size: int = Field(16, ge=1, le=1024)
     """Requests decoded together in one batched forward; more wait in the queue."""
     max_queue: int = Field(4096, ge=1, le=1_000_000)

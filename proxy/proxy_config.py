@@ -47,7 +47,7 @@ class ProxySettings(SamplingSettings):
     """Model name the harness is told to use (and ``/v1/models`` reports); some harnesses pick
     prompts and tools by it."""
     max_context: int = Field(0, ge=0, le=10_000_000)
-    """Context window in tokens; 0 asks the engine (``/get_model_info``)."""
+    """Context window in tokens; 0 asks the engine (``/model_info``, then ``/server_info``)."""
     engine_api_key_file: str = ""
     """File holding the engines' API key (sent as ``Authorization: Bearer KEY`` on every
     engine call; SGLang's ``--api-key``); empty: none. Never enters a sandbox."""

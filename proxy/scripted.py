@@ -5,8 +5,9 @@ It stands in for an inference engine wherever the model's output must be known i
 (token ids, or text encoded with a tokenizer, with optional log-probs), or a callable
 ``(input_ids, request) -> reply`` — and can answer HTTP 500/503, delay, or be aborted, paused
 and "updated" like a real engine. Everything else is the same subset of the API the proxy uses:
-``/health``, ``/get_model_info``, ``/get_weight_version``, ``/abort_request``,
-``/pause_generation``, ``/continue_generation``, ``/update_weights_from_disk``.
+``/health``, ``/model_info``, ``/server_info`` (and their older ``/get_*`` names),
+``/get_weight_version``, ``/abort_request``, ``/pause_generation``, ``/continue_generation``,
+``/update_weights_from_disk`` and the weight-update group calls.
 
 In-process::
 
@@ -48,6 +49,7 @@ import numpy as np
 from aiohttp import web
 
 from harnessrl.proxy.engine.auth import api_key_middleware
+from harnessrl.proxy.engine.requests import weight_version_spans
 
 __all__ = ["Reply", "ScriptedEngine", "main"]
 
@@ -114,6 +116,7 @@ class ScriptedEngine:
         model_path: str = "scripted",
         eos_ids: Sequence[int] | None = None,
         api_key: str = "",
+        context_length: int = 0,
     ) -> None:
         if isinstance(tokenizer, str | Path):
             from harnessrl.common.models import load_tokenizer
@@ -126,6 +129,8 @@ class ScriptedEngine:
         self.host, self.port = host, port
         self.weight_version = weight_version
         self.model_path = model_path
+        self.context_length = context_length
+        """Reported as ``context_length`` by ``/server_info`` (0: not reported)."""
         if eos_ids is None and tokenizer is not None:
             from harnessrl.common.models import eos_token_ids
 
@@ -172,7 +177,10 @@ class ScriptedEngine:
         app.router.add_post("/generate", self._generate)
         app.router.add_get("/health", self._health)
         app.router.add_get("/health_generate", self._health)
+        app.router.add_get("/model_info", self._model_info)
         app.router.add_get("/get_model_info", self._model_info)
+        app.router.add_get("/server_info", self._server_info)
+        app.router.add_get("/get_server_info", self._server_info)
         app.router.add_get("/get_weight_version", self._version)
         app.router.add_post("/abort_request", self._abort)
         app.router.add_post("/pause_generation", self._pause)
@@ -180,6 +188,7 @@ class ScriptedEngine:
         app.router.add_post("/update_weights_from_disk", self._update)
         app.router.add_post("/update_weights_from_distributed", self._update)
         app.router.add_post("/init_weights_update_group", self._ok)
+        app.router.add_post("/destroy_weights_update_group", self._ok)
         return app
 
     async def start(self) -> ScriptedEngine:
@@ -332,8 +341,8 @@ class ScriptedEngine:
             "output_token_logprobs": [[lp, t, None] for lp, t in zip(lps, ids, strict=True)],
             "e2e_latency": time.monotonic() - t0,
         }
-        if v_start != self.weight_version:
-            meta["weight_version_start"] = str(v_start)
+        events = [(str(v_start), 0)] if v_start != self.weight_version else []
+        meta["weight_versions"] = weight_version_spans(events, str(self.weight_version), len(ids))
         text = ""
         if self.tokenizer is not None and ids:
             text = self.tokenizer.decode(ids, skip_special_tokens=False)
@@ -354,11 +363,18 @@ class ScriptedEngine:
             }
         )
 
+    async def _server_info(self, request: web.Request) -> web.Response:
+        info: dict[str, Any] = {"model_path": self.model_path, "version": "scripted"}
+        if self.context_length:
+            info["context_length"] = self.context_length
+        return web.json_response(info)
+
     async def _version(self, request: web.Request) -> web.Response:
         return web.json_response({"weight_version": str(self.weight_version)})
 
     async def _json(self, request: web.Request) -> dict[str, Any]:
-        body = await request.json() if request.can_read_body else {}
+        raw = await request.read()  # (cached: a middleware may have read it already)
+        body = json.loads(raw) if raw.strip() else {}
         self.control.append((request.path, body or {}))
         return body or {}
 

@@ -179,7 +179,11 @@ class GenerateResult:
     cached_tokens: int = 0
     """Prompt tokens the engine served from its prefix cache."""
     weight_version_start: int = -1
+    """Version of the weights the call started under: the first of SGLang's
+    ``meta_info.weight_versions`` spans (versions over output-token ranges), which differs from
+    the end version when the weights changed while the call ran."""
     weight_version_end: int = -1
+    """``meta_info.weight_version``: the version at the end of the call."""
     text: str = ""
     """Engine's decoding of ``output_ids`` (special tokens kept, stop not trimmed)."""
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -211,7 +215,12 @@ class GenerateResult:
             [np.nan if x[0] is None else x[0] for x in lps], dtype=np.float32
         ).tolist()
         end = parse_version(meta.get("weight_version"))
-        start = parse_version(meta.get("weight_version_start", meta.get("weight_version")))
+        start = end
+        spans = meta.get("weight_versions")
+        if isinstance(spans, list) and spans and isinstance(spans[0], dict):
+            start = parse_version(spans[0].get("version"))
+        elif "weight_version_start" in meta:  # harnessrl engines before weight_versions
+            start = parse_version(meta["weight_version_start"])
         return cls(
             output_ids=[int(i) for i in ids],
             logprobs=logprobs,
@@ -282,6 +291,8 @@ class EngineClient:
         self._aborts: set[asyncio.Task] = set()
         self.ids_json = IdsJson()
         """The last ``input_ids`` text sent per key (``generate``'s ``key``)."""
+        self._old_info = False
+        """The engine answers only ``/get_model_info`` and ``/get_server_info`` (older SGLang)."""
 
     async def __aenter__(self) -> EngineClient:
         return self
@@ -357,13 +368,19 @@ class EngineClient:
         raise EngineError(f"{where}: HTTP {status}: {msg}", url=self.url, status=status)
 
     async def _idempotent(
-        self, method: str, path: str, payload: Any = None, *, retries: int | None = None
+        self,
+        method: str,
+        path: str,
+        payload: Any = None,
+        *,
+        retries: int | None = None,
+        timeout: float | None = None,
     ) -> Any:
         """``_request`` retried on ``EngineUnavailable`` (only for calls safe to repeat)."""
         n = self.retries if retries is None else retries
         for attempt in range(n + 1):
             try:
-                return await self._request(method, path, payload)
+                return await self._request(method, path, payload, timeout=timeout)
             except EngineUnavailable:
                 if attempt >= n:
                     raise
@@ -465,17 +482,42 @@ class EngineClient:
                 await asyncio.sleep(self.retry_backoff * (2**attempt))
         return False
 
-    async def weight_version(self) -> int:
-        """The engine's current weight version (``GET /get_weight_version``; -1 if not numeric)."""
-        body = await self._idempotent("GET", "/get_weight_version")
-        if isinstance(body, dict):
-            return parse_version(body.get("weight_version"))
-        return parse_version(body)
+    async def _info(
+        self, kind: str, *, retries: int | None = None, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """``GET /<kind>_info``, or ``/get_<kind>_info`` on an engine without it (SGLang
+        releases before the rename answer only the old path; the current ones answer both but
+        log a deprecation warning for every call to the old one)."""
+        paths = [f"/{kind}_info", f"/get_{kind}_info"]
+        if self._old_info:
+            paths.reverse()
+        for i, path in enumerate(paths):
+            try:
+                body = await self._idempotent("GET", path, retries=retries, timeout=timeout)
+            except EngineError as e:
+                if e.status == 404 and i == 0:
+                    self._old_info = not self._old_info
+                    continue
+                raise
+            return body if isinstance(body, dict) else {}
+        raise AssertionError("unreachable")
+
+    async def weight_version(
+        self, *, retries: int | None = None, timeout: float | None = None
+    ) -> int:
+        """The engine's current weight version (``weight_version`` of ``GET /model_info``;
+        SGLang has no other endpoint for it; -1 if not numeric)."""
+        info = await self._info("model", retries=retries, timeout=timeout)
+        return parse_version(info.get("weight_version"))
 
     async def model_info(self) -> dict[str, Any]:
-        """``GET /get_model_info`` (model path, tokenizer path, ...)."""
-        body = await self._idempotent("GET", "/get_model_info")
-        return body if isinstance(body, dict) else {}
+        """``GET /model_info`` (model path, tokenizer path, weight version, ...)."""
+        return await self._info("model")
+
+    async def server_info(self) -> dict[str, Any]:
+        """``GET /server_info`` (the server's resolved arguments, ``context_length`` and
+        ``max_req_input_len`` among them, and live scheduler state)."""
+        return await self._info("server")
 
     async def update_weights_from_disk(
         self,
@@ -774,13 +816,21 @@ class EngineRouter:
 
     async def model_info(self) -> dict[str, Any]:
         """Model info from the first engine that answers."""
+        return await self.info("model")
+
+    async def server_info(self) -> dict[str, Any]:
+        """Server info from the first engine that answers."""
+        return await self.info("server")
+
+    async def info(self, kind: str) -> dict[str, Any]:
+        """``/<kind>_info`` (``model`` or ``server``) of the first engine that answers."""
         last: Exception | None = None
         for s in sorted(self.slots, key=lambda s: not s.healthy):
             try:
-                return await s.client.model_info()
+                return await s.client._info(kind)
             except EngineError as e:
                 last = e
-        raise EngineUnavailable(f"no engine answered get_model_info: {last}")
+        raise EngineUnavailable(f"no engine answered {kind}_info: {last}")
 
     # -- health -----------------------------------------------------------------------------
 
@@ -807,11 +857,9 @@ class EngineRouter:
             slot.oks += 1
             slot.fails = 0
             with contextlib.suppress(EngineError):
-                v = await slot.client._request(
-                    "GET", "/get_weight_version", timeout=self.health_timeout
+                slot.version = await slot.client.weight_version(
+                    retries=0, timeout=self.health_timeout
                 )
-                if isinstance(v, dict):
-                    slot.version = parse_version(v.get("weight_version"))
             if not slot.healthy and slot.oks >= self.readmit_after:
                 self._readmit(slot)
         else:

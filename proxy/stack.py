@@ -10,9 +10,9 @@ What must stay true:
 * **One wiring.** The sampling comes from the settings; the label rules are `LABEL_RULES` (the
   proxy's defaults plus harnessrl's own ``x-hrl-call-label`` header, which the reference agent
   sends); the context window is ``settings.max_context``, else what the engine's
-  ``/get_model_info`` says, and an engine that does not say (or is down at start) leaves it
-  unchecked rather than failing the start; the tokenizer is loaded once per process, off the
-  event loop.
+  ``/model_info`` or ``/server_info`` says (`engine_context`), and an engine that does not say
+  (or is down at start) leaves it unchecked rather than failing the start; the tokenizer is
+  loaded once per process, off the event loop.
 * **The engine's side of each rollout is known.** `TrackingRouter` counts, per rollout (the
   router's sticky key, which ``ModelCaller`` sets to the rollout id), the engine calls that
   succeeded and those that failed for infrastructure reasons (engine unreachable, 5xx,
@@ -210,14 +210,26 @@ def _tokenizer(spec: str) -> Any:
 
 
 async def engine_context(router: EngineRouter) -> int:
-    """The engines' context window from ``/get_model_info``; 0 when no engine says."""
-    try:
-        info = await router.model_info()
-    except Exception as e:  # an engine that does not say: context is not checked here
-        log.info("engine model info unavailable (%r): context length unchecked", e)
-        return 0
-    keys = ("context_length", "max_context_length", "max_position_embeddings")
-    return int(next((info[k] for k in keys if info.get(k)), 0))
+    """The engines' context window (prompt + completion, tokens); 0 when no engine says.
+
+    SGLang reports it in ``/server_info``: ``context_length`` (the resolved server argument)
+    or, failing that, ``max_req_input_len`` (the longest prompt its scheduler admits, a few
+    tokens under the window and under the KV pool's size). Its ``/model_info`` has no context
+    length; the embedded engine's also carries ``context_length``. SGLang refuses (400) a
+    request whose prompt plus ``max_new_tokens`` exceeds the window instead of shortening it,
+    so the proxy must know it to bound ``max_new_tokens``."""
+    for kind in ("model", "server"):
+        try:
+            info = await router.info(kind)
+        except Exception as e:  # an engine that does not say: try the next source
+            log.info("engine %s info unavailable (%r)", kind, e)
+            continue
+        for key in ("context_length", "max_context_length", "max_req_input_len"):
+            value = info.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    log.info("no engine reports its context length: context length unchecked")
+    return 0
 
 
 @contextlib.asynccontextmanager

@@ -215,7 +215,8 @@ async def test_reply_shape(model_dir: Path, ref) -> None:
     assert meta["finish_reason"] == {"type": "length", "length": 7}
     assert meta["prompt_tokens"] == 12 and meta["completion_tokens"] == 7
     assert meta["cached_tokens"] == 0 and meta["weight_version"] == "0"
-    assert "weight_version_start" not in meta and meta["logprobs_truncated"] is False
+    assert meta["weight_versions"] == [{"version": "0", "start": 0, "end": 7}]
+    assert meta["logprobs_truncated"] is False
     assert isinstance(meta["e2e_latency"], float)
     lps = meta["output_token_logprobs"]
     assert len(lps) == 7 and all(len(e) == 3 and e[2] is None for e in lps)
@@ -475,7 +476,7 @@ async def _check_new_weights(http, ref, ref_new, version: str) -> None:
     sp = {"max_new_tokens": 8, "temperature": 1.0, "ignore_eos": True}
     reply = await generate(http, prompt, **sp)
     assert reply["meta_info"]["weight_version"] == version
-    assert "weight_version_start" not in reply["meta_info"]
+    assert reply["meta_info"]["weight_versions"] == [{"version": version, "start": 0, "end": 8}]
     assert_matches(ref_new, prompt, reply, sp)
     old, _ = ref_logprobs(ref, prompt, reply["output_ids"], sp)
     assert float((old - got_logprobs(reply)).abs().max()) > 1e-2
@@ -503,7 +504,15 @@ async def test_update_from_disk_during_generation(
             meta = reply["meta_info"]
             assert meta["finish_reason"]["type"] == "length" and meta["completion_tokens"] == 150
             assert meta["weight_version"] == "1"
-        assert any(r["meta_info"].get("weight_version_start") == "0" for r in replies)
+        spans = [r["meta_info"]["weight_versions"] for r in replies]
+        assert any(s[0]["version"] == "0" for s in spans)
+        for s in spans:  # SGLang's spans: consecutive output-token ranges, ending at "1"
+            assert s[0]["start"] == 0 and s[-1] == {
+                "version": "1",
+                "start": s[-1]["start"],
+                "end": 150,
+            }
+            assert all(a["end"] == b["start"] for a, b in zip(s, s[1:], strict=False))
         await _check_new_weights(http, ref, ref_new, "1")
         # Without a version, a numeric one is incremented; abort_all_requests ends requests.
         task = asyncio.ensure_future(generate(http, rand_ids(9, 23), max_new_tokens=20000))
@@ -563,7 +572,7 @@ async def test_update_from_distributed_gloo(model_dir: Path, new_dir: Path, ref,
                 assert reply["status"] == 200 and reply["success"], reply
             done = await asyncio.wait_for(task, 60)
             assert done["meta_info"]["weight_version"] == "7"
-            assert done["meta_info"]["weight_version_start"] == "0"
+            assert done["meta_info"]["weight_versions"][0]["version"] == "0"
             await _check_new_weights(http, ref, ref_new, "7")
             status, body = await post(
                 http,

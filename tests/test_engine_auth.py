@@ -34,7 +34,9 @@ PROTECTED = [
     ("POST", "/abort_request", {"rid": "x"}),
     ("POST", "/flush_cache", {}),
     ("GET", "/flush_cache", None),
+    ("GET", "/model_info", None),
     ("GET", "/get_model_info", None),
+    ("GET", "/server_info", None),
     ("GET", "/get_server_info", None),
     ("GET", "/get_weight_version", None),
 ]

@@ -120,6 +120,41 @@ async def test_weight_version_start_reported_when_it_changed() -> None:
     assert (res.weight_version_start, res.weight_version_end) == (3, 4)
 
 
+def test_start_version_is_the_first_weight_version_span() -> None:
+    """SGLang reports the versions over output-token ranges (``weight_versions``): the call
+    started under the first span's, ended under ``weight_version``."""
+    meta = {
+        "finish_reason": {"type": "length", "length": 3},
+        "weight_version": "9",
+        "weight_versions": [
+            {"version": "8", "start": 0, "end": 2},
+            {"version": "9", "start": 2, "end": 3},
+        ],
+        "output_token_logprobs": [[-0.1, 5, None], [-0.2, 6, None], [-0.3, 7, None]],
+    }
+    res = GenerateResult.from_json({"text": "", "output_ids": [5, 6, 7], "meta_info": meta})
+    assert (res.weight_version_start, res.weight_version_end) == (8, 9)
+    meta["weight_versions"] = [{"version": "9", "start": 0, "end": 3}]
+    res = GenerateResult.from_json({"text": "", "output_ids": [5, 6, 7], "meta_info": meta})
+    assert (res.weight_version_start, res.weight_version_end) == (9, 9)
+
+
+async def test_info_falls_back_to_the_old_paths() -> None:
+    """An SGLang release before ``/model_info`` and ``/server_info`` answers only the
+    ``/get_*`` names: the client falls back to them once and remembers."""
+    async with ScriptedEngine(TOK, [], weight_version=6, context_length=4096) as eng:
+        eng.fail("/model_info", 404, times=1)
+        eng.fail("/server_info", 404, times=1)
+        async with EngineClient(eng.url) as c:
+            assert await c.weight_version() == 6
+            assert (await c.server_info())["context_length"] == 4096
+            assert await c.weight_version() == 6
+            assert c._old_info is True
+        async with EngineClient(eng.url) as c:  # a current server: the new names only
+            assert await c.weight_version() == 6
+            assert c._old_info is False
+
+
 def test_result_without_output_ids_uses_logprob_tokens() -> None:
     """Engines that omit output_ids: ids come from output_token_logprobs; misalignment fails."""
     body = {
@@ -189,9 +224,9 @@ async def test_idempotent_reads_are_retried() -> None:
         ScriptedEngine(TOK, ["a"], weight_version=2) as eng,
         EngineClient(eng.url, retries=2, retry_backoff=0.01) as c,
     ):
-        eng.fail("/get_weight_version", 503, times=2)
+        eng.fail("/model_info", 503, times=2)
         assert await c.weight_version() == 2
-        eng.fail("/get_model_info", 502, times=1)
+        eng.fail("/model_info", 502, times=1)
         assert (await c.model_info())["model_path"] == "scripted"
         eng.fail("/health", 503, times=1)
         assert await c.health() is True

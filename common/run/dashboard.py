@@ -6,7 +6,7 @@ to a process in any other way:
 * every process's Prometheus ``/metrics`` (actors, assembler, learner, updaters, engines);
   counters are accumulated across restarts of a process (a counter that goes down means the
   process restarted: its previous total is carried over);
-* each engine's ``GET /get_weight_version`` (works for SGLang too);
+* each engine's weight version (``GET /model_info``, as SGLang answers it);
 * the bus: stream depths (``TASKS``, ``SAMPLES``), the assembler's pending results, the total
   of TaskRequests ever stored (``TASKS`` last sequence = rollouts issued), and every
   RolloutResult (an ordered consumer over ``ROLLOUTS`` from the start, so a resumed
@@ -406,9 +406,16 @@ class Monitor:
 
                 key = read_secret(self.engine_api_key_file, "engine API key file")
                 headers["Authorization"] = f"Bearer {key}"
-            version_url = url.rstrip("/") + "/get_weight_version"
-            async with self._session.get(version_url, headers=headers) as resp:
-                body = await resp.json(content_type=None)
+            # SGLang reports its weight version in /model_info only (/get_model_info before
+            # the rename; /get_weight_version is gone)
+            for path in ("/model_info", "/get_model_info"):
+                async with self._session.get(url.rstrip("/") + path, headers=headers) as resp:
+                    if resp.status == 404:
+                        continue
+                    body = await resp.json(content_type=None)
+                break
+            else:
+                raise RuntimeError("the engine answers neither /model_info nor /get_model_info")
             self.engine_versions[name] = str(body.get("weight_version"))
         except Exception:
             self.engine_versions[name] = "down"

@@ -31,9 +31,10 @@ HTTP API (SGLang shapes; our additions are marked *ext*)
 ---------------------------------------------------------
 * ``POST /generate`` ``{input_ids | text, sampling_params, return_logprob, rid,
   return_text_in_logprobs}`` -> ``{text, output_ids, meta_info: {id, finish_reason, prompt_tokens,
-  completion_tokens, cached_tokens, weight_version, e2e_latency, output_token_logprobs:
-  [[logprob, token_id, text|null], ...], logprobs_truncated (ext), weight_version_start (ext,
-  only when the weights changed while the request ran)}}``. ``finish_reason`` is
+  completion_tokens, cached_tokens, weight_version, weight_versions: [{version, start, end}, ...]
+  (the versions over output-token ranges: more than one span when the weights changed while
+  the request ran), e2e_latency, output_token_logprobs: [[logprob, token_id, text|null], ...],
+  logprobs_truncated (ext)}}``. ``finish_reason`` is
   ``{"type": "stop", "matched": id}``, ``{"type": "length", "length": n}`` or
   ``{"type": "abort", "message": ...}``. A list of prompts in ``input_ids`` is a batch: the reply
   is then a list. Sampling params: ``max_new_tokens`` (default 128, capped to fit the context),
@@ -41,8 +42,11 @@ HTTP API (SGLang shapes; our additions are marked *ext*)
   ``no_stop_trim``, ``skip_special_tokens``, ``sampling_seed``; SGLang's other params are accepted
   only at their neutral values. Without ``no_stop_trim`` the matched stop token is trimmed from
   ``output_ids`` and ``text`` (not from the log-probs), as SGLang does.
-* ``GET /health`` (200 serving, 503 loading), ``GET /get_model_info``, ``GET /get_server_info``,
-  ``GET /get_weight_version``, ``GET /metrics`` (Prometheus), ``POST /flush_cache``.
+* ``GET /health`` (200 serving, 503 loading), ``GET /model_info`` (with ``weight_version``),
+  ``GET /server_info`` (with ``context_length``), both also under SGLang's older names
+  ``/get_model_info`` and ``/get_server_info``; ``GET /get_weight_version`` (ext: SGLang
+  removed it, clients read ``/model_info``), ``GET /metrics`` (Prometheus), ``GET|POST
+  /flush_cache``.
 * ``POST /update_weights_from_disk {model_path, weight_version, abort_all_requests,
   flush_cache}``; ``POST /init_weights_update_group {master_address, master_port, rank_offset,
   world_size, group_name, backend}``; ``POST /update_weights_from_distributed {names, dtypes,

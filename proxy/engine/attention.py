@@ -51,14 +51,14 @@ class _PackedBatch:
         self.pool = pool
         self.nd = len(dec_slots)
         self.segs = segs
-        dtype = pool.dtype
+        dtype, dev = pool.dtype, pool.device
         if self.nd:
-            self.dec_slots = torch.tensor(dec_slots)
-            self.dec_pos = torch.tensor(dec_pos)
+            self.dec_slots = torch.tensor(dec_slots, device=dev)
+            self.dec_pos = torch.tensor(dec_pos, device=dev)
             self.n_hi = max(dec_slots) + 1
             self.dense = self.nd == self.n_hi  # slots 0..nd-1, in order
             self.lmax = max(dec_pos) + 1
-            ar = torch.arange(self.lmax)
+            ar = torch.arange(self.lmax, device=dev)
             if self.dense:
                 mask = ar[None, :] <= self.dec_pos[:, None]
             else:
@@ -70,9 +70,10 @@ class _PackedBatch:
             None
             if s.past == 0
             else _additive(
-                (torch.arange(s.past + s.n)[None, :] <= (s.past + torch.arange(s.n))[:, None])[
-                    None, None
-                ],
+                (
+                    torch.arange(s.past + s.n, device=dev)[None, :]
+                    <= (s.past + torch.arange(s.n, device=dev))[:, None]
+                )[None, None],
                 dtype,
             )
             for s in segs
@@ -144,7 +145,9 @@ class _PackedBatch:
 
 def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A boolean mask (True: attend) as SDPA's additive mask: 0 where True, -inf elsewhere."""
-    return torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, float("-inf"))
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+        ~mask, float("-inf")
+    )
 
 
 def _packed_attention(

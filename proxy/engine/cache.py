@@ -49,17 +49,27 @@ class KVPool:
     attention masks ignore (NaN garbage would leak through a mask: 0 * NaN = NaN).
     """
 
-    def __init__(self, layers: int, heads: int, dim: int, slots: int, dtype: Any, max_len: int):
+    def __init__(
+        self,
+        layers: int,
+        heads: int,
+        dim: int,
+        slots: int,
+        dtype: Any,
+        max_len: int,
+        device: Any = "cpu",
+    ):
         self.dims = (layers, heads, dim)
         self.slots = slots
         self.dtype = dtype
+        self.device = torch.device(device)
         self.max_len = max_len
         self.kv = self._alloc(1, min(_MIN_CAP, max_len))
         self.free = list(range(slots))
 
     def _alloc(self, rows: int, cap: int) -> torch.Tensor:
         layers, heads, dim = self.dims
-        return torch.zeros(layers, 2, rows, heads, cap, dim, dtype=self.dtype)
+        return torch.zeros(layers, 2, rows, heads, cap, dim, dtype=self.dtype, device=self.device)
 
     @property
     def rows(self) -> int:

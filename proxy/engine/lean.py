@@ -114,9 +114,11 @@ class LeanForward:
         self.heads = int(tc.num_attention_heads)
         self.kv_heads = int(tc.num_key_value_heads or tc.num_attention_heads)
         self.dim = int(getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads)
-        self._eps = torch.tensor(float(tc.rms_norm_eps), dtype=torch.float32)
+        self.device = inner.embed_tokens.weight.device
+        self._eps = torch.tensor(float(tc.rms_norm_eps), dtype=torch.float32, device=self.device)
         self._n = {
-            n: torch.tensor(float(n), dtype=torch.float32) for n in (int(tc.hidden_size), self.dim)
+            n: torch.tensor(float(n), dtype=torch.float32, device=self.device)
+            for n in (int(tc.hidden_size), self.dim)
         }
         self.dtype = model.dtype
         self.embed = inner.embed_tokens.weight
@@ -124,7 +126,7 @@ class LeanForward:
         self.lm_head = model.lm_head.weight
         self.lm_bias = model.lm_head.bias
         rotary = inner.rotary_emb
-        self.inv_freq = rotary.inv_freq.detach().float().clone()
+        self.inv_freq = rotary.inv_freq.detach().float().clone().to(self.device)
         self.rope_scale = float(rotary.attention_scaling)
         self.scale = inner.layers[0].self_attn.scaling
         self.layers = [self._layer(block) for block in inner.layers]
@@ -141,7 +143,7 @@ class LeanForward:
                 )
             )
         ]
-        self.cos = self.sin = torch.empty(0)
+        self.cos = self.sin = torch.empty(0, device=self.device)
         self._table(_MIN_TABLE)
         self.refresh()
 
@@ -190,7 +192,7 @@ class LeanForward:
     def _table(self, n: int) -> None:
         """Rotary cos/sin for positions ``< n``, computed as HF computes them (fp32, then the
         model dtype); the sine's first half is negated so ``rotate_half`` becomes a flip."""
-        pos = torch.arange(n, dtype=torch.float32)
+        pos = torch.arange(n, dtype=torch.float32, device=self.device)
         freqs = pos[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = (emb.cos() * self.rope_scale).to(self.dtype)

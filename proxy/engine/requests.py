@@ -1,5 +1,6 @@
 """Request parsing of the embedded engine: ``/generate`` bodies and SGLang sampling params,
-validated into ``GenerateItem``s, and the errors every layer raises.
+validated into ``GenerateItem``s, the errors every layer raises, and the weight-version spans
+of a reply (``weight_version_spans``, shared with the scripted engine: no torch here).
 
 Bad input (bad JSON, missing or out-of-vocabulary ids, a prompt that does not fit the context,
 bad sampling values, unknown fields) raises ``BadRequest`` (HTTP 400). SGLang's sampling params
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -239,3 +241,26 @@ def _encode_text(text: Any, tokenizer: Any) -> Any:
     if isinstance(text, list) and all(isinstance(t, str) for t in text):
         return [tokenizer.encode(t, add_special_tokens=False) for t in text]
     raise BadRequest("text must be a string or a list of strings")
+
+
+def weight_version_spans(
+    events: Sequence[tuple[str, int]], current: str, n_output: int
+) -> list[dict[str, Any]]:
+    """SGLang's ``meta_info.weight_versions``: the weight versions over output-token ranges
+    ``[start, end)``, from the ``(old version, output tokens so far)`` recorded at each update
+    (SGLang's ``compute_weight_version_spans`` and ``add_weight_versions_to_meta_info``). SGLang
+    records an update only for requests that already have output; this engine records it for
+    every admitted request, so a first span of length 0 names weights that computed only
+    prompt KV, and the last span is always ``current`` (length 0 when no token followed)."""
+    spans: list[dict[str, Any]] = []
+    for version, end in [*events, (current, n_output)]:
+        end = min(end, n_output)
+        if spans and end <= spans[-1]["end"]:
+            continue
+        if spans and version == spans[-1]["version"]:
+            spans[-1]["end"] = end
+            continue
+        spans.append({"version": version, "start": spans[-1]["end"] if spans else 0, "end": end})
+    if spans[-1]["version"] != current:
+        spans.append({"version": current, "start": n_output, "end": n_output})
+    return spans

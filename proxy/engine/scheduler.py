@@ -17,7 +17,8 @@ Weight versions
 ---------------
 A weight update is applied by the scheduler thread *between* two forward passes: nothing is
 dropped. Requests running across the swap finish under the new weights (their earlier tokens keep
-the KV computed by the old ones) and their reply carries ``weight_version_start``. Every update
+the KV computed by the old ones) and their reply's ``weight_versions`` (SGLang's spans of
+versions over output tokens, ``harnessrl.proxy.engine.requests.weight_version_spans``) starts with the old version. Every update
 empties the prefix cache, whatever ``flush_cache`` says: reusing KV of old weights would silently
 make new log-probs wrong. A disk update without ``weight_version`` increments a numeric version;
 a distributed bucket without one keeps the version (send it with the last bucket). A
@@ -112,6 +113,9 @@ class Request:
     cached_tokens: int = 0
     version_start: str | None = None
     version_end: str | None = None
+    version_events: list[tuple[str, int]] = field(default_factory=list)
+    """``(old version, output tokens so far)`` at each weight update while admitted: the
+    ``weight_versions`` spans of the reply (``requests.weight_version_spans``)."""
     finish: dict[str, Any] | None = None
     created: float = field(default_factory=time.perf_counter)
     finished_at: float = 0.0
@@ -171,9 +175,12 @@ class Engine:
             from transformers.utils import logging as hf_logging
 
             hf_logging.disable_progress_bar()
+        self.device = torch.device(cfg.device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {cfg.device} asked for, but torch sees no CUDA device")
         self.folder = resolve_model(cfg.model)
         self.info = model_info(self.folder)
-        self.model = load_model(self.folder, dtype=cfg.dtype)
+        self.model = load_model(self.folder, dtype=cfg.dtype, device=self.device)
         self.model.requires_grad_(False)
         try:
             self.tokenizer = load_tokenizer(cfg.tokenizer or self.folder)
@@ -203,7 +210,9 @@ class Engine:
 
     def _new_pool(self, slots: int) -> KVPool:
         layers, heads, dim = self._kv_shape
-        return KVPool(layers, heads, dim, slots, self.model.dtype, self.max_context)
+        return KVPool(
+            layers, heads, dim, slots, self.model.dtype, self.max_context, device=self.device
+        )
 
     def _switch_attention(self) -> None:
         """Plug the packed attention in, then the lean forward where the model allows, and
@@ -214,7 +223,7 @@ class Engine:
         the one the engine passes, so only the lean forward can serve them."""
         ids = [(7 * i + 3) % self.vocab_size for i in range(9)]
         with torch.no_grad():
-            ref = self.model(input_ids=torch.tensor([ids])).logits[0, [4, 7, 8]].float()
+            ref = self.model(input_ids=self._tensor([ids])).logits[0, [4, 7, 8]].float()
         _register_attention()
         self.model.set_attn_implementation(_ATTN_NAME)
         if self.model.config._attn_implementation != _ATTN_NAME:
@@ -268,16 +277,20 @@ class Engine:
         batch = _PackedBatch(self.pool, dec_slots, dec_pos, segs)
         if self.lean is not None:
             return self.lean(
-                torch.tensor(ids), torch.tensor(pos), batch, torch.tensor(keep), max(pos) + 1
+                self._tensor(ids), self._tensor(pos), batch, self._tensor(keep), max(pos) + 1
             )
         out = self.model(
-            input_ids=torch.tensor([ids]),
-            position_ids=torch.tensor([pos]),
+            input_ids=self._tensor([ids]),
+            position_ids=self._tensor([pos]),
             attention_mask=dict.fromkeys(self._mask_keys, batch),
             use_cache=False,
-            logits_to_keep=torch.tensor(keep),
+            logits_to_keep=self._tensor(keep),
         )
         return out.logits[0]
+
+    def _tensor(self, data: Any) -> torch.Tensor:
+        """Token ids or positions as a tensor on the model's device."""
+        return torch.tensor(data, device=self.device)
 
     # -- thread-safe API -------------------------------------------------------------------
 
@@ -552,11 +565,13 @@ class Engine:
         if not sampled:
             return 0
         reqs = [r for r, _ in sampled]
-        uniforms = [
-            float(torch.rand((), generator=r.generator, dtype=torch.float64)) if r.generator else 0
+        uniforms = [  # from each request's own CPU generator, wherever the model runs
+            float(torch.rand((), generator=r.generator, dtype=torch.float64, device="cpu"))
+            if r.generator
+            else 0
             for r in reqs
         ]
-        logits = torch.stack([lg for _, lg in sampled])
+        logits = torch.stack([lg for _, lg in sampled]).float().cpu()  # sampling is on the CPU
         tokens, logps = sample(logits, [r.params for r in reqs], uniforms)
         M_GENERATED.inc(len(tokens))
         for req, tok, lp in zip(reqs, tokens, logps, strict=True):
@@ -660,6 +675,9 @@ class Engine:
     ) -> str:
         if abort_all:
             self._do_abort(None, True, "aborted for a weight update")
+        for req in self.active + self.waiting:
+            if req.version_start is not None:  # admitted: some of its KV is the old weights'
+                req.version_events.append((self.version, len(req.output)))
         for name, t in named:
             self._params[name].copy_(t)
         if self.lean is not None:

@@ -18,7 +18,13 @@ from aiohttp import web
 from harnessrl.common import metrics as m
 from harnessrl.proxy.config import EngineConfig
 from harnessrl.proxy.engine.auth import api_key_middleware, load_api_key
-from harnessrl.proxy.engine.requests import BadRequest, EngineStopped, Overloaded, parse_generate
+from harnessrl.proxy.engine.requests import (
+    BadRequest,
+    EngineStopped,
+    Overloaded,
+    parse_generate,
+    weight_version_spans,
+)
 from harnessrl.proxy.engine.scheduler import Engine, Request
 from harnessrl.proxy.engine.weights import _parse_dtype, _WeightGroup
 
@@ -132,9 +138,11 @@ class EngineServer:
         get, post = app.router.add_get, app.router.add_post
         get("/health", self._health)
         get("/health_generate", self._health)
-        get("/get_model_info", self._model_info)
-        get("/get_server_info", self._server_info)
-        get("/get_weight_version", self._weight_version)
+        get("/model_info", self._model_info)
+        get("/get_model_info", self._model_info)  # SGLang's old name, still served
+        get("/server_info", self._server_info)
+        get("/get_server_info", self._server_info)  # SGLang's old name, still served
+        get("/get_weight_version", self._weight_version)  # ext: gone from SGLang
         get("/metrics", m.metrics_handler)
         post("/generate", self._generate)
         post("/update_weights_from_disk", self._update_from_disk)
@@ -214,8 +222,9 @@ class EngineServer:
             "weight_version": req.version_end,
             "e2e_latency": round(req.finished_at - req.created, 6),
         }
-        if req.version_start != req.version_end:
-            meta["weight_version_start"] = req.version_start
+        meta["weight_versions"] = weight_version_spans(
+            req.version_events, req.version_end or self.engine.version, len(req.output)
+        )
         if req.return_logprob:
             texts: list[str | None] = [None] * len(req.output)
             if req.logprob_text and tok:
