@@ -286,7 +286,7 @@ def test_example_run_file_is_valid() -> None:
     cfg, sections = resolve(
         argparse.Namespace(run_file=str(REPO / "deploy" / "run-toy.toml"), config=None)
     )
-    assert cfg.name == "toy" and cfg.steps == 200
+    assert cfg.name == "toy" and cfg.steps == 120
     for section, table in sections.items():
         module = cli.COMMANDS[section.replace("_", "-")].module
         importlib.import_module(module).CONFIG.model_validate(table)
