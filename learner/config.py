@@ -159,9 +159,9 @@ def _learner_config() -> type:
         the filter, PPO learns only where the policy's own samples disagree. Needs
         ``group_size`` > 1."""
         updates_per_batch: int = Field(1, ge=1, le=64)
-        """Optimiser steps on each batch (PPO's epochs, DeepSeekMath GRPO's mu): a no-grad pass
-        fixes pi_old first, and every step clips its ratio against it (``loss.clip_low`` /
-        ``clip_high``). One weight version per batch however many. More than 1 gets more out
+        """Optimiser steps on each batch (PPO's epochs, DeepSeekMath GRPO's mu): the first
+        step's own forward fixes pi_old (the weights before any update on the batch), and every
+        later step clips its ratio against it (``loss.clip_low`` / ``clip_high``). One weight version per batch however many. More than 1 gets more out
         of each rollout where rollouts are the scarce resource and the learner waits for them."""
         max_staleness: int = Field(4, ge=0, le=1000)
         """Samples more than this many versions behind are dropped; the feeder keeps at most

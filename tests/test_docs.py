@@ -244,6 +244,29 @@ def test_relative_links_resolve() -> None:
     assert not bad, "\n".join(bad)
 
 
+_TOP = ("common/", "proxy/", "actors/", "learner/", "tests/", "deploy/", "benchmarks/", "examples/")
+NOT_REPO_PATHS = {
+    "tests/test.sh": "a Harbor task's own file (docs/tasks.md, formats)",
+    "benchmarks/results/quick/": "made by --quick runs, not committed",
+}
+
+
+def test_repository_paths_named_in_the_docs_exist() -> None:
+    """Every repository path the pages name in backticks (``common/bus.py``,
+    ``deploy/k8s/``...) exists; placeholders (``NAME``, ``<run>``, ``*``) are not paths."""
+    bad = []
+    for page in PAGES:
+        for token in re.findall(r"`([^`\s]+)`", page.read_text()):
+            path = token.rstrip(",.:;)")
+            if not path.startswith(_TOP) or re.search(
+                r"[<>*{}$\[\]]|\b(NAME|JOB|ROLE|ENGINE|CMD|RUN)\b", path
+            ):
+                continue
+            if path not in NOT_REPO_PATHS and not (REPO / path).exists():
+                bad.append(f"{page.relative_to(REPO)}: {path}")
+    assert not bad, "\n".join(bad)
+
+
 def test_every_harness_adapter_is_documented() -> None:
     """docs/harnesses.md has a row for each built-in adapter."""
     from harnessrl.actors.harnesses import ADAPTERS
