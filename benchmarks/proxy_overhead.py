@@ -894,7 +894,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         {
             "tito_vs_full_render": target(tito_ratio, 1.5, at_least=False),
-            # issue 19's acceptance keys (each a median of same-run repetitions)
+            # the proxy's latency and throughput targets (each a median of same-run repetitions)
             "proxy_added_p50_ms": target(lat["proxy_added_p50_ms"], 1.0, at_least=False),
             "throughput_vs_direct": target(thr["ratio"], 0.95),
             "tito_growth_40_vs_10": target(tito_40_vs_10, 1.5, at_least=False),

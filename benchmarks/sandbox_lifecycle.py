@@ -48,13 +48,13 @@ from harnessrl.actors.sandbox import SandboxSpec
 from harnessrl.actors.sandbox.bwrap import BwrapBackend
 
 TARGET_RATIO = 2.5
-"""Pooled lifecycle with forwarder ÷ bare ``bwrap true`` (issue 19)."""
+"""Pooled lifecycle with forwarder ÷ bare ``bwrap true``."""
 ROUNDS = 3
 """Rounds of all cases; the target's value is the median of the rounds' ratios."""
 POOL_SIZE = 2
 """Blanks the pooled backend keeps ready (the actor's default ``sandbox_pool``)."""
 DOCKER_TARGET_MS = 200.0
-"""Pooled docker lifecycle with forwarder, p50 (issue 19: pre-created containers)."""
+"""Pooled docker lifecycle with forwarder, p50 (pre-created containers)."""
 
 
 async def timed(

@@ -56,7 +56,9 @@ COMMANDS: dict[str, Command] = {
         "start a whole training run (all processes) from one config", "harnessrl.common.run.run"
     ),
     "demo": Command(
-        "the built-in end-to-end demo: SFT then RL on the toy suite", "harnessrl.common.run.demo"
+        "the built-in end-to-end demo: RL on the toy suite from the shipped tiny-agent, "
+        "held-out success before and after (--from-scratch: cold-start SFT first)",
+        "harnessrl.common.run.demo",
     ),
     "rollout": Command(
         "run a single rollout by hand and print its score and tree", "harnessrl.actors.rollout_cmd"

@@ -381,13 +381,19 @@ def iter_fields(cls: type[BaseModel], prefix: str = ""):
             yield dotted, info, tp
 
 
-def _bounds(info: Any) -> str:
+def field_bounds(info: Any) -> list[str]:
+    """A field's numeric bounds as ``>=0``, ``<=65535``... (empty when it has none)."""
     parts = []
     for m in info.metadata:
         for attr, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
             val = getattr(m, attr, None)
             if val is not None:
                 parts.append(f"{sym}{val}")
+    return parts
+
+
+def _bounds(info: Any) -> str:
+    parts = field_bounds(info)
     return f" [{', '.join(parts)}]" if parts else ""
 
 

@@ -76,7 +76,7 @@ class FeederConfig(HrlModel):
 
 
 class BroadcastConfig(HrlModel):
-    """How new weights reach the inference engines (DESIGN §7)."""
+    """How new weights reach the inference engines (docs/design.md, "Versions and staleness")."""
 
     transport: Literal["stream", "disk", "distributed", "none"] = "stream"
     """``stream``: <= 1 MiB WeightChunk records on the WEIGHTS stream (updaters apply them);

@@ -1,4 +1,4 @@
-"""Call labels: ``main``, ``subagent``, ``compaction`` or ``aux`` (DESIGN §4, HARNESSES.md).
+"""Call labels: ``main``, ``subagent``, ``compaction`` or ``aux`` (docs/harnesses.md).
 
 Labels decide what the assembler trains on: only ``main`` calls build the main tree by default.
 Rules look at what every harness sends anyway (headers, the normalised messages and tools) and

@@ -1,4 +1,4 @@
-"""The proxy's HTTP front: what a harness talks to (DESIGN §4).
+"""The proxy's HTTP front: what a harness talks to (docs/design.md, "The proxy").
 
 Routes: ``HEAD/GET /`` (health), ``GET /v1/models``, ``POST /v1/chat/completions`` (OpenAI chat),
 ``POST /v1/messages`` (Anthropic, also with ``?beta=true``) and ``POST /v1/responses`` (OpenAI

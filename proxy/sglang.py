@@ -1,4 +1,4 @@
-"""Client and router for any engine speaking SGLang's native HTTP API (DESIGN §5).
+"""Client and router for any engine speaking SGLang's native HTTP API (docs/design.md).
 
 ``EngineClient(url)`` talks to one engine; ``EngineRouter([urls])`` spreads calls over several
 with the same ``generate`` signature. The proxy's code path is identical for a production SGLang

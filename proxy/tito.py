@@ -48,7 +48,7 @@ than scanned, messages already normalised by the API layer are not normalised ag
 (``Normalized``), and ids stay int32 arrays (``TitoPrompt.ids``), concatenated, never rebuilt
 as lists.
 
-Seams handled (DESIGN §4 hazards):
+Seams handled (each has its test in tests/test_proxy_tito.py):
 
 * The engine stops on ``<|im_end|>`` without the ``\\n`` the template writes after it: every
   sampled id is kept and exactly that ``\\n`` is spliced in. An output that stopped on another

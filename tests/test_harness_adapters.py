@@ -73,7 +73,7 @@ def prepare(name: str, cache: Path, **kw) -> LaunchSpec:
 
 
 def test_registry_lists_every_builtin():
-    """The registry knows the issue's seven harnesses; an unknown name says which exist."""
+    """The registry knows the seven built-in harnesses; an unknown name says which exist."""
     assert (
         [a.name for a in list_adapters()]
         == list(ADAPTERS)
@@ -127,7 +127,7 @@ def test_not_installed_is_a_clear_error(name: str, tmp_path: Path):
 
 
 def test_claude_code_spec(cache: Path):
-    """Claude Code: native binary, -p with the task on stdin, the HARNESSES.md env recipe."""
+    """Claude Code: native binary, -p with the task on stdin, the documented environment."""
     spec = prepare("claude-code", cache, context_window=32768)
     mount = "/opt/hrl/harnesses/claude-code"
     assert spec.argv == [

@@ -1,4 +1,4 @@
-"""The context window and output limit real harnesses see, and where they compact (issue 13).
+"""The context window and output limit real harnesses see, and where they compact.
 
 Every harness is told the engine's window ``W`` and the run's ``max_new_tokens`` ``O`` (see the
 table in ``harnessrl.actors.harnesses``). Measured here through the real proxy (enforcing ``W``, with

@@ -84,7 +84,7 @@ def bare_imports(files: list[Path]) -> list[str]:
 
 @pytest.mark.parametrize("pkg", PACKAGES)
 def test_imports_follow_the_layering(pkg: str):
-    """Each package imports only the packages below it (DESIGN §2)."""
+    """Each package imports only the packages below it (docs/design.md)."""
     assert violations(pkg, sources(pkg)) == []
 
 

@@ -1,5 +1,5 @@
 """Token-in-token-out: prompts extend the ids the engine sampled, and equal a full render when
-nobody re-serialised anything. Each DESIGN §4 hazard has its own test."""
+nobody re-serialised anything. Each seam of proxy/tito.py's docstring has its own test."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Exact records from real harness traffic (issue 13): a linear conversation through the real
+"""Exact records from real harness traffic: a linear conversation through the real
 proxy HTTP server, whatever the API, streaming or not, however each turn ended, assembles into
 exactly one branch; and the learner's log-probs over the assembled tree are the engine's."""
 

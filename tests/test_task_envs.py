@@ -1,8 +1,8 @@
 """Task environments: how tasks and suites declare them, how the sandbox backends build them
-(once per content, cached; concurrent first use builds once) and provide them, and the
-acceptance task of issue 15.
+(once per content, cached; concurrent first use builds once) and provide them, and a
+ClawGym task that needs one.
 
-The acceptance task is in ClawGym folder format: its prompt has the agent run ``python -m
+That task is in ClawGym folder format: its prompt has the agent run ``python -m
 pytest`` on tests that import pandas, and its checker runs them again and imports pandas. With
 its environment (the built-in ``clawgym``) a correct answer scores 1.0, in the bwrap and the
 docker backend; in the base userland (no ``python`` command, no pytest, no pandas) the same

@@ -58,7 +58,7 @@ async def test_workspace_suite_passes_lint(backend: BwrapBackend):
     assert not bad
     assert all(r.untouched_reward is not None and r.untouched_reward < 0.25 for r in reports)
     assert all(r.mutations >= 3 and all(r.flips.values()) for r in reports)
-    # the in-place edit the issue found at 0.4 untouched (2 of 5 checks passed)
+    # the in-place edit that once scored 0.4 untouched (2 of 5 checks passed)
     (cfg,) = [r for r in reports if r.task == "workspace/config_port_update"]
     assert cfg.untouched_reward == 0.0 and cfg.score("solution") == 1.0
 

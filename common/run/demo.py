@@ -38,7 +38,7 @@ RL corrects is what ``tiny-agent`` was shown wrong: half its teacher trajectorie
 family's plausible wrong one-liner (``harnessrl pretrain --near-miss``), a family-level mistake
 that generalises to held-out tasks once unlearned. What it cannot fix in minutes is copying
 names from the instruction: a per-task skill that SFT on 19k conversations only half learned
-and a few thousand 1-bit rewards do not move (the README's demo section). From scratch, SFT
+and a few thousand 1-bit rewards do not move (docs/results.md). From scratch, SFT
 inside the live run is slow: held-out reward 0.28 after 40 min (success 1.4 %).
 """
 

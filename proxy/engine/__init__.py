@@ -1,6 +1,6 @@
 """The embedded engine: a small torch server speaking SGLang's native HTTP API.
 
-The proxy talks to every engine the same way (DESIGN §5), so this package reproduces the subset of
+The proxy talks to every engine the same way (docs/design.md, "Engines"), so this package reproduces the subset of
 SGLang's native API that harnessrl uses, on CPU (GPU runs use SGLang itself), for any Hugging Face
 causal LM with full attention whose attention goes through ``transformers``' attention interface
 (Qwen3, Qwen2...; a start-up self-check refuses the others), and for Llama/Qwen2/Qwen3-shaped
