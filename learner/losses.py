@@ -435,7 +435,8 @@ def sft_loss(
 def summarize(stats: Sequence[LossStats]) -> dict[str, float]:
     """Step metrics from micro-batch stats: summed terms, mismatch and IS-weight statistics.
 
-    ``mismatch/abs_dlogp`` is mean ``|log pi_old - log pi_rollout|``; ``mismatch/kl`` the k3
+    ``mismatch/abs_dlogp`` is mean ``|log pi_old - log pi_rollout|`` (``max_abs_dlogp`` its
+    largest); ``mismatch/kl`` the k3
     estimate of KL(pi_rollout || pi_old) on the rollout's own tokens, ``mean(r - 1 - log r)``.
     PPO: ``value/explained_variance`` is ``1 - Var(R - V) / Var(R)`` over the scored tokens,
     with the ``V`` the advantage subtracts: 1 for a perfect critic, 0 for one no better than a
@@ -454,6 +455,7 @@ def summarize(stats: Sequence[LossStats]) -> dict[str, float]:
         return out
     out["tokens"] = float(len(lw))
     out["mismatch/abs_dlogp"] = float(lw.abs().mean())
+    out["mismatch/max_abs_dlogp"] = float(lw.abs().max())
     out["mismatch/kl"] = float((torch.exp(lw) - 1 - lw).mean())
     w = toks["is_w"]
     for q in (0.05, 0.5, 0.95):

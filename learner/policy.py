@@ -7,7 +7,9 @@ position (a position with several children is gathered once per child), and only
 the LM head. Log-probs and entropies are of the temperature-scaled distribution
 ``softmax(logits / temperature)``: per target, the temperature its sample was drawn at (the
 batch's ``target_temp``, from the temperature the proxy recorded in every CallRecord), so they
-are comparable with the rollout log-probs; without it, the policy's own ``temperature``.
+are comparable with the rollout log-probs; without it, the policy's own ``temperature``. The
+head runs in float32 whatever the model's dtype (``common.models.head``: a bf16 head rounds
+logits of 8-32 by up to 0.06, which every log-prob inherits).
 
 Value head (PPO): a zero-initialised ``Linear(hidden, 1)`` on the same last hidden state, at the
 same source position as the token's log-prob, so ``V(t)`` is the value of the state *before*
@@ -38,6 +40,7 @@ import torch
 from torch import nn
 
 from harnessrl.common.models import load_model
+from harnessrl.common.models.head import lm_logits
 
 TREE_SDPA = "tree_sdpa"
 """``attn_implementation`` name of the block-sparse tree attention below (CPU default)."""
@@ -95,7 +98,8 @@ class Policy(nn.Module):
         )
         flat = out.last_hidden_state.flatten(0, 1)
         hidden = flat[target_src]
-        logits = self.lm.get_output_embeddings()(hidden).float()
+        head = self.lm.get_output_embeddings()
+        logits = lm_logits(hidden, head.weight, head.bias)  # fp32 even for a bf16 model
         if target_temp is not None and bool((target_temp != 1.0).any()):
             # each target at its sample's sampling temperature
             logits = logits / target_temp.to(logits.dtype)[:, None]

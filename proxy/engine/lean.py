@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from harnessrl.common.models.head import lm_logits
 from harnessrl.proxy.engine.attention import _PackedBatch
 
 log = logging.getLogger("harnessrl.engine")
@@ -241,6 +242,6 @@ class LeanForward:
             n = gu.shape[1] // 2
             x += F.linear(F.silu(gu[:, :n]) * gu[:, n:], lay.down, lay.down_bias)
         h = self._rms(x[keep], self.norm)
-        return F.linear(h, self.lm_head, self.lm_bias)
+        return lm_logits(h, self.lm_head, self.lm_bias)  # fp32, as the learner's
 
     __call__ = forward

@@ -50,6 +50,7 @@ from harnessrl.common.models import (
     model_info,
     resolve_model,
 )
+from harnessrl.common.models.head import lm_logits
 from harnessrl.proxy.config import EngineConfig
 from harnessrl.proxy.engine.attention import _ATTN_NAME, _PackedBatch, _register_attention, _Segment
 from harnessrl.proxy.engine.cache import KVPool, PrefixCache, _lcp
@@ -279,14 +280,15 @@ class Engine:
             return self.lean(
                 self._tensor(ids), self._tensor(pos), batch, self._tensor(keep), max(pos) + 1
             )
-        out = self.model(
+        out = self.model.base_model(
             input_ids=self._tensor([ids]),
             position_ids=self._tensor([pos]),
             attention_mask=dict.fromkeys(self._mask_keys, batch),
             use_cache=False,
-            logits_to_keep=self._tensor(keep),
         )
-        return out.logits[0]
+        head = self.model.get_output_embeddings()
+        hidden = out.last_hidden_state[0, self._tensor(keep)]
+        return lm_logits(hidden, head.weight, head.bias)  # fp32, as the learner's
 
     def _tensor(self, data: Any) -> torch.Tensor:
         """Token ids or positions as a tensor on the model's device."""
