@@ -292,3 +292,37 @@ async def test_the_learner_takes_log_probs_at_the_sampled_temperature(tmp_path) 
     (line,) = step_lines(tmp_path)
     assert line.metrics["tokens"] > 10
     assert line.metrics["mismatch/abs_dlogp"] < 1e-4, line.metrics["mismatch/abs_dlogp"]
+
+
+def test_per_token_corruption_of_behaviour_log_probs_changes_the_step() -> None:
+    """Under the default TIS, behaviour log-probs are not decoration: corrupting them per token
+    (zero-mean noise, so no constant offset Adam would scale away) changes the update and shows
+    in the mismatch metrics, while a constant offset does not change the update direction
+    (a learner that ignored them would take the same step either way)."""
+    cfg = DeepSpeedConfig(zero_stage=0, lr=1e-3, micro_batch_rows=4, grad_clip=0.0)
+    engine = LearnerEngine("tiny-1m", cfg, LossConfig(algo="grpo"))
+    rows = rows_for(make_samples(5), budget=256)
+    own = engine.logprobs(rows)
+    snapshot = copy.deepcopy(engine.engine.module.state_dict())
+    opt = copy.deepcopy(engine.engine.optimizer.state_dict())
+    rng = np.random.default_rng(0)
+
+    def step(rollout: list[np.ndarray]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        engine.engine.module.load_state_dict(snapshot)
+        engine.engine.optimizer.load_state_dict(opt)
+        batch = copy.deepcopy(rows)
+        for r, lp in zip(batch, rollout, strict=True):
+            r.rollout_logp = lp.astype(np.float32)
+        m = engine.train_step(batch)
+        return params(engine), m
+
+    clean, m_clean = step(own)
+    noisy, m_noisy = step([lp + rng.normal(0, 0.7, len(lp)) for lp in own])
+    shifted, _ = step([lp - 0.2 for lp in own])  # w = e^0.2 on every token: a rescaled step
+    assert m_clean["mismatch/abs_dlogp"] == 0.0 and m_noisy["mismatch/abs_dlogp"] > 0.3
+    assert m_noisy["is/tis_clip_frac"] > 0
+    moved = max(float((clean[k] - noisy[k]).abs().max()) for k in clean)
+    assert moved > 1e-5, moved
+    # Adam normalises a uniform rescale away: the offset alone barely moves the update
+    offset = max(float((clean[k] - shifted[k]).abs().max()) for k in clean)
+    assert offset < moved / 10, (offset, moved)

@@ -18,6 +18,7 @@ from harnessrl.learner.losses import (
     is_weights,
     norm_weights,
     policy_loss,
+    ppo_advantages,
     sequence_log_weights,
     sft_loss,
     summarize,
@@ -67,34 +68,85 @@ def test_gae_gamma_lambda_one_is_return_minus_value() -> None:
     assert not torch.allclose(adv_discounted, 0.8 - v)  # the recursion is real
 
 
-def test_ppo_tree_advantage_is_mean_over_branches() -> None:
-    """Packed PPO advantage (R - V) = per-branch GAE averaged over the branches through a token."""
-    rng = np.random.default_rng(0)
-    nodes = [TreeNode(parent=-1, token_ids=pack_ids([5, 6, 7]))]
-    for parent, n in [(0, 3), (1, 2), (1, 4), (0, 2)]:
-        nodes.append(
-            TreeNode(
-                parent=parent,
-                token_ids=pack_ids(rng.integers(3, 100, n)),
-                logprobs=pack_f32(np.zeros(n)),
-                loss_mask=pack_u8(np.ones(n)),
-            )
+def _shared_prefix_samples(rng: np.random.Generator) -> list[TreeSample]:
+    """Two rollouts of one task with opposite rewards: the same prompt and the same first reply
+    (model tokens in both), then a tool result and replies of their own, one with a branch."""
+    prompt, reply = rng.integers(3, 100, 5), rng.integers(3, 100, 4)
+
+    def model(parent: int, ids) -> TreeNode:
+        ids = np.asarray(ids)
+        return TreeNode(
+            parent=parent,
+            token_ids=pack_ids(ids),
+            logprobs=pack_f32(np.full(len(ids), -1.0)),
+            loss_mask=pack_u8(np.ones(len(ids))),
         )
-    sample = TreeSample(rollout_id="p-0-1", group_id="p", k=0, reward=0.75, nodes=nodes)
-    value = {}  # V depends only on the token (its state), not on the branch
-    per_token: dict[tuple[int, int], list[float]] = {}
-    for br in branches(sample):
-        keys = list(zip(br.node_of.tolist(), br.offset_of.tolist(), strict=True))[1:]
-        v = torch.tensor([value.setdefault(k, float(rng.normal())) for k in keys])
-        r = torch.zeros(len(keys))
-        r[-1] = sample.reward
-        adv, _ = gae(r, v)
-        for k, a in zip(keys, adv.tolist(), strict=True):
-            per_token.setdefault(k, []).append(a)
-    row = pack([sample]).rows[0]
-    for j in range(len(row.target_ids)):
-        k = (int(row.target_node[j]), int(row.target_offset[j]))
-        assert row.returns[j] - value[k] == pytest.approx(np.mean(per_token[k]), abs=1e-6)
+
+    out = []
+    for k, reward in enumerate((1.0, 0.0)):
+        nodes = [TreeNode(parent=-1, token_ids=pack_ids(prompt)), model(0, reply)]
+        nodes.append(TreeNode(parent=1, token_ids=pack_ids(rng.integers(3, 100, 3))))
+        nodes.append(model(2, rng.integers(3, 100, 3)))
+        if k == 0:  # a retry from the tool result: a second branch
+            nodes.append(model(2, rng.integers(3, 100, 2)))
+        out.append(TreeSample(rollout_id=f"p-{k}-1", group_id="p", k=k, reward=reward, nodes=nodes))
+    return out
+
+
+def test_ppo_tree_advantage_is_mean_over_branches() -> None:
+    """PPO on packed trees equals per-branch GAE averaged over the branches through a token,
+    per sample, when samples share a prefix that is a model reply in both (computed once,
+    trained for each with its own return): ``ppo_advantages`` and the gradient ``policy_loss``
+    gives each target match the branch-expanded computation with ``gae``."""
+    rng = np.random.default_rng(0)
+    samples = _shared_prefix_samples(rng)
+    values: dict[tuple[int, ...], float] = {}  # V of a state: the same state, the same value
+
+    def value(path: np.ndarray) -> float:
+        return values.setdefault(tuple(path.tolist()), float(rng.normal()))
+
+    expected: dict[tuple[int, int, int], list[float]] = {}
+    state: dict[tuple[int, int, int], float] = {}
+    for s, sample in enumerate(samples):
+        for br in branches(sample):
+            scored = [t for t in range(1, len(br.token_ids)) if br.loss_mask[t]]
+            v = torch.tensor([value(br.token_ids[:t]) for t in scored])
+            r = torch.zeros(len(scored))
+            r[-1] = sample.reward
+            adv, _ = gae(r, v)
+            for t, a, vt in zip(scored, adv.tolist(), v.tolist(), strict=True):
+                key = (s, int(br.node_of[t]), int(br.offset_of[t]))
+                expected.setdefault(key, []).append(a)
+                state[key] = vt
+    packing = pack(samples, PackConfig(share_prefixes=True))
+    assert packing.stats.shared_tokens > 0
+    (row,) = packing.rows
+    keys = [
+        (int(s), int(n), int(o))
+        for s, n, o in zip(row.sample_index, row.target_node, row.target_offset, strict=True)
+    ]
+    assert sorted(keys) == sorted(expected)  # every scored token once per sample
+    returns = torch.from_numpy(row.returns)
+    v = torch.tensor([state[k] for k in keys])
+    adv = ppo_advantages(returns, v)
+    want = torch.tensor([float(np.mean(expected[k])) for k in keys])
+    torch.testing.assert_close(adv, want, rtol=0, atol=1e-6)
+    assert {float(a) for k, a in zip(keys, adv, strict=True) if k[:2] == (1, 1)} != {
+        float(a) for k, a in zip(keys, adv, strict=True) if k[:2] == (0, 1)
+    }  # the shared reply: each sample's own return
+    logp = torch.zeros(len(keys), requires_grad=True)
+    nw = torch.full((len(keys),), 1.0 / len(keys))
+    loss, _ = policy_loss(
+        LossConfig(algo="ppo", value_baseline="token"),
+        logp=logp,
+        rollout_logp=torch.zeros(len(keys)),
+        loss_mask=torch.ones(len(keys)),
+        norm_weight=nw,
+        values=v,
+        returns=returns,
+    )
+    (grad,) = torch.autograd.grad(loss, logp)
+    torch.testing.assert_close(grad, -nw * want, rtol=0, atol=1e-7)
 
 
 def test_tis_weights_truncated_at_cap() -> None:

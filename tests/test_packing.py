@@ -18,6 +18,7 @@ from harnessrl.common.records import (
     unpack_u8,
 )
 from harnessrl.common.tree import expand as branches
+from harnessrl.common.tree import node_arrays
 from harnessrl.learner import policy as policy_mod
 from harnessrl.learner.losses import LossConfig, norm_weights, policy_loss
 from harnessrl.learner.packing import PackConfig, collate, dense_tree_mask, pack
@@ -454,6 +455,12 @@ def test_packed_equals_expanded_count_once(
 
     batch = collate(packing.rows)
     out = policy(**batch.model_inputs())
+    keys = row_keys(packing)
+    assert len(keys) == len(set(keys))  # every scored token is one target, once
+    ref = expanded_outputs(policy, samples)
+    assert set(keys) == set(ref)
+    # a fixed pi_old a little away from pi, per token, so ratios move and some clip
+    old_of = {k: float(ref[k][0]) + float(rng.normal(0, 0.3)) for k in sorted(ref)}
     tg = {
         "returns": batch.returns,
         "rollout_logp": batch.rollout_logp,
@@ -464,20 +471,31 @@ def test_packed_equals_expanded_count_once(
             norm_weights(batch.sample_index.numpy(), batch.loss_mask.numpy(), cfg.norm)
         ),
     }
-    # a fixed pi_old a little away from pi, so ratios move and some clip
-    old = (out.logprobs.detach() + torch.from_numpy(rng.normal(0, 0.3, batch.n_targets))).float()
+    old = torch.tensor([old_of[k] for k in keys])
     packed_loss = _loss(cfg, out.logprobs, out.entropy, out.values, tg, old, out.baselines)
     packed_loss.backward()
     g_packed = _grads(policy)
 
-    ref = expanded_outputs(policy, samples)
-    keys = row_keys(packing)
-    assert set(keys) == set(ref)
-    logp, ent, val, base = (torch.stack([ref[k][i] for k in keys]) for i in range(4))
-    torch.testing.assert_close(logp, out.logprobs.detach(), rtol=0, atol=1e-5)
-    torch.testing.assert_close(val, out.values.detach(), rtol=0, atol=1e-5)
-    torch.testing.assert_close(base, out.baselines.detach(), rtol=0, atol=1e-5)
-    exp_loss = _loss(cfg, logp, ent, val, tg, old, base)
+    # the expanded side from the branches alone: each scored token of each sample once, its
+    # sample's reward, advantage and rollout log-prob, normalised over those tokens
+    exp_keys = sorted(ref)
+    s_idx = np.array([k[0] for k in exp_keys])
+    node_lp = [[node_arrays(n)[1] for n in s.nodes] for s in samples]
+    exp_tg = {
+        "returns": torch.tensor([samples[s].reward for s, _, _ in exp_keys]),
+        "rollout_logp": torch.tensor([float(node_lp[s][n][o]) for s, n, o in exp_keys]),
+        "loss_mask": torch.ones(len(exp_keys)),
+        "advantage": torch.from_numpy(adv[s_idx]),
+        "sample_index": torch.from_numpy(s_idx),
+        "norm_weight": torch.from_numpy(norm_weights(s_idx, np.ones(len(s_idx)), cfg.norm)),
+    }
+    logp, ent, val, base = (torch.stack([ref[k][i] for k in exp_keys]) for i in range(4))
+    order = [keys.index(k) for k in exp_keys]
+    torch.testing.assert_close(logp, out.logprobs.detach()[order], rtol=0, atol=1e-5)
+    torch.testing.assert_close(val, out.values.detach()[order], rtol=0, atol=1e-5)
+    torch.testing.assert_close(base, out.baselines.detach()[order], rtol=0, atol=1e-5)
+    exp_old = torch.tensor([old_of[k] for k in exp_keys])
+    exp_loss = _loss(cfg, logp, ent, val, exp_tg, exp_old, base)
     exp_loss.backward()
     g_exp = _grads(policy)
 
