@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -96,10 +97,18 @@ def test_the_wheel_installs_one_top_level_package(tmp_path: Path):
     """The wheel built from this checkout, installed into a fresh venv (dependencies borrowed
     from this environment's site-packages, not its editable harnessrl): ``harnessrl`` is the
     only import package it adds, ``import common`` fails, the CLI and the shipped data work."""
-    dist = tmp_path / "dist"
+    dist, src = tmp_path / "dist", tmp_path / "src"
+    # a copy of the tracked tree: setuptools builds in place, and would leave build/ here
+    files = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=REPO, check=True, capture_output=True
+    ).stdout.split(b"\0")
+    for name in filter(None, (f.decode() for f in files)):
+        if (REPO / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, src / name)
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
-        + ["-w", str(dist), str(REPO)],
+        + ["-w", str(dist), str(src)],
         check=True,
         capture_output=True,
         timeout=600,
