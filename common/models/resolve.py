@@ -193,3 +193,14 @@ def model_info(path: str | os.PathLike[str]) -> dict[str, Any]:
         "eos_token_ids": eos_list,
         "weights_dtype": wdtype,
     }
+
+
+def tokenizer_fingerprint(tok: Any) -> str:
+    """A short hash of a tokenizer's vocabulary and rules: recorded token ids mean something
+    only to the tokenizer that made them."""
+    import hashlib
+    import json
+
+    backend = getattr(tok, "backend_tokenizer", None)
+    text = backend.to_str() if backend is not None else json.dumps(tok.get_vocab(), sort_keys=True)
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
