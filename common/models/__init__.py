@@ -53,6 +53,7 @@ from .resolve import (
     model_info,
     model_max_new_tokens,
     resolve_model,
+    shipped_harnesses,
     tokenizer_fingerprint,
 )
 from .tokenizer import build_tiny_tokenizer
@@ -81,6 +82,7 @@ __all__ = [
     "parse_tiny_spec",
     "render_chat",
     "resolve_model",
+    "shipped_harnesses",
     "special_token_ids",
     "tokenizer_fingerprint",
 ]

@@ -47,6 +47,20 @@ def _shipped(name: str) -> Path:
     return folder
 
 
+def shipped_harnesses() -> dict[str, list[str]]:
+    """Shipped policy -> the harnesses it was taught to drive: ``harnesses`` in its
+    ``harnessrl_recipe.json`` (written by ``harnessrl pretrain``; empty when not listed)."""
+    out: dict[str, list[str]] = {}
+    for name, folder in SHIPPED.items():
+        try:
+            meta = json.loads((folder / "harnessrl_recipe.json").read_text())
+        except (OSError, ValueError):
+            meta = {}
+        names = meta.get("harnesses") if isinstance(meta, dict) else None
+        out[name] = [str(h) for h in names] if isinstance(names, list) else []
+    return out
+
+
 def model_max_new_tokens(spec: str | os.PathLike[str]) -> int | None:
     """The model's own output limit: ``max_new_tokens`` in its ``generation_config.json``."""
     try:
