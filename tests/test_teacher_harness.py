@@ -27,9 +27,11 @@ TOK = load_tokenizer("tiny-1m")
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
 
-def teacher_data(out: Path, tmp_path: Path, *families: str) -> subprocess.CompletedProcess:
+def teacher_data(
+    out: Path, tmp_path: Path, *families: str, harness: str = "mini-swe-agent"
+) -> subprocess.CompletedProcess:
     argv = [sys.executable, "-m", "harnessrl.common.cli", "teacher-data", "--out", str(out)]
-    argv += ["--harness", "mini-swe-agent", "--per-family", "1", "--vary-names", "0"]
+    argv += ["--harness", harness, "--per-family", "1", "--vary-names", "0"]
     argv += ["--model", "tiny-1m", "--concurrency", "2", "--sandbox-root", str(tmp_path / "sb")]
     for f in families:
         argv += ["--family", f]
@@ -108,3 +110,38 @@ async def test_live_recording_resumes_after_a_crash(tmp_path: Path, mini_install
     assert json.loads(lines[1])["family"] == "copy"
     stats = json.loads(Path(f"{out}.stats.json").read_text())
     assert (stats["skipped"], stats["rollouts"]) == (1, 1)
+
+
+# harness -> its shell tool and that tool's command parameter, as its request declares them
+OTHERS = {
+    "claude-code": ("Bash", "command"),
+    "codex": ("exec_command", "cmd"),
+    "opencode": ("bash", "command"),
+    "openclaw": ("exec", "command"),
+}
+
+
+@pytest.mark.parametrize("harness", sorted(OTHERS))
+async def test_teacher_through_each_real_harness(tmp_path: Path, harness: str) -> None:
+    """The same teacher through the other real harnesses: the task (found in whichever user
+    message holds it: Codex sends its environment context first) solved with the harness's
+    own shell tool, then a plain answer that ends its turn; exact records."""
+    from tests.conftest import bwrap_or_skip
+    from tests.harness_env import ensure_installed
+
+    await ensure_installed(harness)
+    await bwrap_or_skip(tmp_path / "probe")
+    out = tmp_path / "teacher.jsonl"
+    run = teacher_data(out, tmp_path, "count_word", harness=harness)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (r,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert (r["reward"], r["tito_misses"], r["false_forks"]) == (1.0, 0, 0)
+    (task,) = tasks_for(TeacherDataConfig(per_family=1, vary_names=0, families=["count_word"]))
+    model = TOK.decode(
+        [i for n in r["nodes"] for i, m in zip(n["ids"], n["mask"], strict=True) if m == "1"],
+        skip_special_tokens=False,
+    )
+    tool, key = OTHERS[harness]
+    call = f'{{"name": "{tool}", "arguments": {json.dumps({key: task.command})}}}'
+    assert model.startswith(f"<tool_call>\n{call}\n</tool_call><|im_end|>"), model[:300]
+    assert model.endswith(f"Wrote {task.params['output']}.<|im_end|>")  # the final answer

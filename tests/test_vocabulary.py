@@ -236,3 +236,23 @@ def test_style_for_is_a_stable_share_of_instructions() -> None:
     assert styles == [style_for(i, "shell", 0.3, seed=0) for i in instructions]
     assert styles != [style_for(i, "shell", 0.3, seed=1) for i in instructions]
     assert {style_for(i, "edit", 0.9) for i in instructions} == {"edit"}
+
+
+def test_teacher_finds_the_task_in_a_later_user_message() -> None:
+    """Codex sends its environment context as the first user message and the task after it:
+    the teacher finds the task in whichever user message holds it, and answers with
+    ``exec_command``."""
+    body = json.loads((FIXTURES / "codex_first_request.json").read_text())["body"]
+    task = load_task("toy", "count_word_02")
+    body["input"][-1]["content"][0]["text"] = task.instruction
+    req = responses_request(body, "r-0-1", {})
+    prompt = render_chat(req.messages, tools=req.tools, add_generation_prompt=True)
+    teacher = Teacher(TOK, ["toy"], style="shell")
+    reply = teacher.reply_text(prompt)
+    fam, params = family_of(task)
+    cmd = json.dumps({"cmd": fam.command(params)})
+    assert (
+        reply
+        == f'<tool_call>\n{{"name": "exec_command", "arguments": {cmd}}}\n</tool_call><|im_end|>'
+    )
+    assert teacher.unknown == 0

@@ -9,8 +9,8 @@ the RL phase will sample in. For each ``/generate`` call it:
    back into chat messages: system, user, assistant (``<think>``, content, ``<tool_call>``
    blocks, parsed by the proxy's own Hermes parser) and tool results (``<tool_response>``
    blocks of a user turn, paired in order with the previous assistant turn's calls);
-2. identifies the toy task from the first user message (exact instruction match, else the
-   longest instruction contained in it) among the tasks of ``suites``;
+2. identifies the toy task from the first user message that holds one (exact instruction
+   match, else the longest instruction contained in it) among the tasks of ``suites``;
 3. reads the harness's tool vocabulary from the prompt: the tools it declared (the template's
    ``<tools>`` block, one tool per line as the harness sent it) and its instructions (a submit
    command) — `harnessrl.common.tasks.vocabulary.Vocabulary`;
@@ -146,7 +146,23 @@ class Teacher:
         self.unusable = 0
         """Calls of a harness that declares no tool the teacher can use."""
         self._vocab: dict[str, Any] = {}
+        self._found: dict[str, Any] = {}
         self._warned: set[str] = set()
+
+    def find_task(self, messages: list[dict[str, Any]]) -> Any | None:
+        """The task of the first user message that holds a known instruction (Codex sends its
+        environment context first, the task after it); cached by message text."""
+        for m in messages:
+            if m["role"] != "user" or not isinstance(m.get("content"), str):
+                continue
+            text = m["content"]
+            if text not in self._found:
+                if len(self._found) > 4096:
+                    self._found.clear()
+                self._found[text] = self.tasks.find(text)
+            if self._found[text] is not None:
+                return self._found[text]
+        return None
 
     def vocabulary(self, prompt: str, messages: list[dict[str, Any]]) -> Any:
         """The harness's vocabulary (cached per tool block and instructions); raises
@@ -176,8 +192,7 @@ class Teacher:
         from harnessrl.common.tasks.vocabulary import VocabularyError
 
         messages = parse_prompt(prompt)
-        first_user = next((m for m in messages if m["role"] == "user"), None)
-        task = self.tasks.find(first_user["content"]) if first_user else None
+        task = self.find_task(messages)
         self.served += 1
         if "<tools>" not in prompt:  # a title or summary request: no tools to act with
             words = (task.instruction if task else "Toy task").split()
