@@ -225,7 +225,14 @@ def main_live(cfg: TeacherDataConfig, tasks: list[ToyTask]) -> int:
 
     near = cfg.near_miss if cfg.split == "train" and cfg.style == "shell" else 0.0
     styles = [style_for(t.instruction, cfg.style, near, cfg.seed) for t in tasks]
-    stats = run(record_live(cfg, tasks, styles, near), subprocesses=True)
+    try:
+        stats = run(record_live(cfg, tasks, styles, near), subprocesses=True)
+    except (OSError, RuntimeError, ValueError) as e:  # no sandbox, no bus, no tokenizer...
+        print(
+            f"harnessrl teacher-data: live recording through {cfg.harness} failed: {e}",
+            file=sys.stderr,
+        )
+        return 1
     part = Path(f"{cfg.out}.part")
     print(f"teacher-data: {stats.line()}", file=sys.stderr)
     atomic_write_json(Path(f"{cfg.out}.stats.json"), stats.as_dict())

@@ -212,9 +212,16 @@ async def record_live(cfg: Any, tasks: list[Any], styles: list[str], near_miss: 
         engine = make_teacher_engine(
             [str(suite)], cfg.model, style=cfg.style, near_miss=near_miss, seed=cfg.seed
         )
-        await engine.start()
         run = "teach" + secrets.token_hex(4)
-        bus = await connect(cfg.nats or f"memory://{run}", run, name="harnessrl teacher-data")
+        stack = contextlib.AsyncExitStack()
+        await engine.start()
+        stack.push_async_callback(engine.stop)
+        try:
+            bus = await connect(cfg.nats or f"memory://{run}", run, name="harnessrl teacher-data")
+        except BaseException:
+            await stack.aclose()
+            raise
+        stack.push_async_callback(bus.close)
         settings = RolloutSettings(
             engines=[engine.url],
             model=cfg.model,
@@ -316,7 +323,5 @@ async def record_live(cfg: Any, tasks: list[Any], styles: list[str], near_miss: 
             c1_self, c1_child = cpu_seconds()
             stats.cpu_self_s, stats.cpu_children_s = c1_self - c0_self, c1_child - c0_child
             stats.load = loadavg()
-            with contextlib.suppress(Exception):
-                await bus.close()
-            await engine.stop()
+            await stack.aclose()
     return stats

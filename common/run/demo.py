@@ -23,8 +23,9 @@ from its weights.
 
 Each training phase ends at its steps or its wall-clock limit (``--rl-minutes``,
 ``--sft-minutes``), whichever comes first. The demo ends by printing the before/after table,
-the RL phase's rollouts/s and the plot's path; ``<out>/demo.json`` keeps the numbers and the
-phase timings.
+the RL phase's rollouts/s and the plot's path (``rl/plot.png``, redrawn with the held-out
+evaluation's before/after points on it); ``<out>/demo.json`` keeps the numbers and the phase
+timings.
 
 What to expect on a 2-core CPU (measured; ``benchmarks/results/demo_learning.json``): the
 defaults take 10-13 min (RL 9-12, eval 0.7-1.3). The warm start succeeds on 0.295
