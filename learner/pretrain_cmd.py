@@ -122,8 +122,8 @@ class PretrainConfig(HrlModel):
     threads: int = Field(0, ge=0, le=1024)
     """torch CPU threads (0: every core)."""
     quick: bool = False
-    """Shrink every budget (20 tasks per family, 30 SFT steps, 10 warm-up steps at most) to
-    check the recipe end to end."""
+    """Shrink every budget (20 tasks per family through the reference loop, 1 through a live
+    harness; 30 SFT steps, 10 warm-up steps at most) to check the recipe end to end."""
 
 
 CONFIG = PretrainConfig
@@ -139,7 +139,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def quick(cfg: PretrainConfig) -> PretrainConfig:
     return cfg.model_copy(
         update={
-            "per_family": min(cfg.per_family, 20),
+            # a live harness records ~0.25-1 conversations/s here, the reference loop ~30/s
+            "per_family": min(cfg.per_family, 20 if cfg.harness == "reference" else 1),
             "steps": min(cfg.steps, 30),
             "corpus_steps": min(cfg.corpus_steps, 10),
             "warmup_steps": min(cfg.warmup_steps, 5),
