@@ -27,7 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = f"Harnesses: {names}."
     sub = parser.add_subparsers(dest="harness_action", metavar="ACTION", required=True)
 
-    p = sub.add_parser("list", help="list harness adapters and whether they are installed")
+    p = sub.add_parser(
+        "list",
+        help="list harness adapters: installed version, first-request tokens, shipped "
+        "policies that speak them",
+    )
     _cache_arg(p)
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
 
@@ -68,7 +72,9 @@ def main(cfg: object, args: argparse.Namespace) -> int:
 
 def _rows(cache_dir: Path) -> list[dict]:
     from harnessrl.actors.harnesses import list_adapters
+    from harnessrl.common.models import shipped_harnesses
 
+    spoken = shipped_harnesses()
     rows = []
     for a in list_adapters():
         installed = a.is_installed(cache_dir)
@@ -81,9 +87,23 @@ def _rows(cache_dir: Path) -> list[dict]:
                 "version": None if a.builtin or not installed else a.installed_version(cache_dir),
                 "install_dir": None if a.builtin else str(a.install_dir(cache_dir)),
                 "summary": a.summary,
+                "first_request_tokens": a.first_request_tokens,
+                "first_request_measured_at": a.measured_version or None,
+                "spoken_by": sorted(p for p, hs in spoken.items() if a.name in hs),
             }
         )
     return rows
+
+
+def _first_request(r: dict) -> str:
+    """Measured first-request tokens; ``~N@V`` when measured at another version than the one
+    installed."""
+    n, at = r["first_request_tokens"], r["first_request_measured_at"]
+    if n is None:
+        return "-"
+    if at and r["version"] and r["version"] != at:
+        return f"~{n}@{at}"
+    return str(n)
 
 
 def _list(cache_dir: Path, *, as_json: bool) -> int:
@@ -91,11 +111,23 @@ def _list(cache_dir: Path, *, as_json: bool) -> int:
     if as_json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"{'NAME':<15} {'API':<10} {'INSTALLED':<10} {'VERSION':<14} INSTALL DIR")
+    print(
+        f"{'NAME':<15} {'API':<10} {'INSTALLED':<10} {'VERSION':<10} {'1ST REQ':>14} "
+        f"{'SPOKEN BY':<12} INSTALL DIR"
+    )
     for r in rows:
         inst = "built-in" if r["builtin"] else "yes" if r["installed"] else "no"
         where = r["install_dir"] or "-"
-        print(f"{r['name']:<15} {r['api']:<10} {inst:<10} {r['version'] or '-':<14} {where}")
+        by = ",".join(r["spoken_by"]) or "-"
+        print(
+            f"{r['name']:<15} {r['api']:<10} {inst:<10} {r['version'] or '-':<10} "
+            f"{_first_request(r):>14} {by:<12} {where}"
+        )
+    print(
+        "1ST REQ: tokens of its first request for a one-line task (system prompt, tools, task;\n"
+        "  tiny tokenizer), measured at the version after @ where that is not the installed one."
+        "\nSPOKEN BY: shipped policies taught to drive it (their recipe's `harnesses`)."
+    )
     return 0
 
 

@@ -547,6 +547,8 @@ class _Rollout:
             raise _Fail("sandbox_error", "sandbox_run", f"sandbox failed: {e}") from None
         finally:
             self.durations["harness"] = time.monotonic() - t0
+        if done.cpu_s is not None:
+            self.durations["harness_cpu"] = done.cpu_s
         rep = self.report
         rep.harness_exit, rep.timed_out = done.returncode, done.timed_out
         rep.harness_stdout, rep.harness_stderr = _tail(done.stdout), _tail(done.stderr)

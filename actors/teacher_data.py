@@ -1,6 +1,13 @@
-"""``harnessrl teacher-data``: toy-teacher trajectories through the real reference agent, offline.
+"""``harnessrl teacher-data``: toy-teacher trajectories through a harness, for warm-start SFT.
 
     harnessrl teacher-data --out teacher.jsonl --per-family 1000 [--seed 0] [--family copy ...]
+    harnessrl teacher-data --harness mini-swe-agent --out teacher.jsonl [--concurrency 4] ...
+
+With ``--harness reference`` (the default) and without ``--live``, trajectories come from the
+reference harness's own loop run in this process (below). With any other harness — or
+``--live`` — every trajectory is a live rollout of the unmodified harness in a sandbox, behind
+its proxy, with the scripted teacher as the model, recorded as the token tree the assembler
+builds (`harnessrl.actors.teacher_live`); the teacher speaks the tools that harness declares.
 
 Warm-start SFT data for the ``tiny-agent`` recipe (``harnessrl pretrain``). Each trajectory is
 the reference harness's own agent loop (``actors/harnesses/reference_agent.py``: its system
@@ -17,7 +24,9 @@ instead (for a teacher-forced held-out loss; never trained on).
 
 Output: one JSON object per line: ``task``, ``family``, ``level``, ``split``, ``style``, ``solved`` (False for a near miss that got it wrong),
 ``messages`` (the whole conversation: system, user, assistant/tool turns, ending with the teacher's ``finish``
-call) and ``tools`` (the schema the harness sent). Written atomically.
+call) and ``tools`` (the schema the harness sent). Written atomically. A live recording
+writes the token tree (``nodes``) instead of ``messages``; `harnessrl.learner.pretrain`
+reads both.
 """
 
 from __future__ import annotations
@@ -76,6 +85,27 @@ class TeacherDataConfig(HrlModel):
     finishes as if it were right — demonstrations with mistakes, which RL then corrects."""
     max_turns: int = Field(12, ge=1, le=100)
     """Model turns per trajectory (the teacher needs at most 7)."""
+    harness: str = "reference"
+    """Harness the trajectories go through (``harnessrl harness list``): ``reference`` runs its
+    loop in this process (unless ``live``); any other is run live, unmodified, in a sandbox."""
+    live: bool = False
+    """Record the ``reference`` harness live too (sandbox, proxy, tokens as sampled)."""
+    model: str = "tiny-1m"
+    """Live: the tokenizer and chat template of the recorded tokens (the model the data
+    trains must use the same tokenizer)."""
+    concurrency: int = Field(4, ge=1, le=256)
+    """Live: rollouts at once."""
+    max_new_tokens: int = Field(128, ge=1, le=1_000_000)
+    """Live: output limit of each call (told to the harness as its ``max_tokens``): the one
+    the trained policy will run with (``tiny-agent``: 128)."""
+    harness_timeout_s: float = Field(180.0, gt=0, le=86_400)
+    """Live: wall-clock limit of one harness run."""
+    sandbox_root: Path | None = None
+    """Live: host folder for sandbox state (empty: the backend's default)."""
+    nats: str = ""
+    """Live: NATS URL for the CallRecords; empty: an in-memory bus."""
+    progress_s: float = Field(30.0, gt=0)
+    """Live: seconds between progress lines."""
 
 
 CONFIG = TeacherDataConfig
@@ -166,13 +196,70 @@ def tasks_for(cfg: TeacherDataConfig) -> list[ToyTask]:
     return [t for t in tasks if not cfg.families or t.family.name in cfg.families]
 
 
+def bad_config(cfg: TeacherDataConfig) -> str:
+    """Why the configuration cannot record anything ("" when it can)."""
+    from harnessrl.actors.harnesses import ADAPTERS, unknown_harness
+
+    if cfg.harness not in ADAPTERS or cfg.harness == "command":
+        return (
+            unknown_harness(cfg.harness)
+            if cfg.harness not in ADAPTERS
+            else ("--harness command runs a fixed command line, not a model: choose a harness")
+        )
+    if cfg.style == "edit" and cfg.harness != "reference":
+        return (
+            f"--style edit needs the reference harness's read_file/list_dir tools; "
+            f"{cfg.harness} is recorded with --style shell"
+        )
+    return ""
+
+
+def main_live(cfg: TeacherDataConfig, tasks: list[ToyTask]) -> int:
+    """Record ``tasks`` live through ``cfg.harness`` (`harnessrl.actors.teacher_live`)."""
+    import os
+
+    from harnessrl.actors.teacher_live import record_live
+    from harnessrl.common.aio import run
+    from harnessrl.common.files import atomic_write_json
+    from harnessrl.common.tasks.teacher import style_for
+
+    near = cfg.near_miss if cfg.split == "train" and cfg.style == "shell" else 0.0
+    styles = [style_for(t.instruction, cfg.style, near, cfg.seed) for t in tasks]
+    try:
+        stats = run(record_live(cfg, tasks, styles, near), subprocesses=True)
+    except (OSError, RuntimeError, ValueError) as e:  # no sandbox, no bus, no tokenizer...
+        print(
+            f"harnessrl teacher-data: live recording through {cfg.harness} failed: {e}",
+            file=sys.stderr,
+        )
+        return 1
+    part = Path(f"{cfg.out}.part")
+    print(f"teacher-data: {stats.line()}", file=sys.stderr)
+    atomic_write_json(Path(f"{cfg.out}.stats.json"), stats.as_dict())
+    n_done = stats.skipped + stats.scored + sum(stats.dropped.values())
+    if n_done < len(tasks):  # interrupted: the partial file stays for the next run
+        print(
+            f"teacher-data: {n_done}/{len(tasks)} tasks done; run again to resume", file=sys.stderr
+        )
+        return 1
+    if part.exists():
+        os.replace(part, cfg.out)
+    print(f"teacher-data: {cfg.out} ({len(tasks)} tasks)", file=sys.stderr)
+    return 0
+
+
 def main(cfg: TeacherDataConfig, args: argparse.Namespace | None = None) -> int:
     t0 = time.monotonic()
+    bad = bad_config(cfg)
     try:
+        if bad:
+            raise ValueError(bad)
         tasks = tasks_for(cfg)
     except ValueError as e:
         print(f"harnessrl teacher-data: {e}", file=sys.stderr)
         return 2
+    if cfg.harness != "reference" or cfg.live:
+        return main_live(cfg, tasks)
     rng = random.Random(f"near-miss:{cfg.seed}")
     styles = [
         "near_miss"

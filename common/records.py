@@ -344,7 +344,9 @@ class RolloutResult(Record, kw_only=True):
     n_calls: int = 0
     """Number of CallRecords the proxy published (and flushed) for this rollout."""
     durations: dict[str, float] = {}
-    """Seconds per phase: ``sandbox``, ``harness``, ``verify``, ``total``."""
+    """Seconds per phase: ``sandbox``, ``harness``, ``verify``, ``total``; and
+    ``harness_cpu``, the CPU seconds of the harness and the processes it waited for, where the
+    sandbox measured them (independent of the machine's load, unlike the wall times)."""
     error: str = ""
     """Error text for failed statuses; for ``ok``, notes on the scoring (a checker that failed
     and scored 0, with its traceback; a rubric judge that failed)."""

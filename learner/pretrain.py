@@ -12,6 +12,11 @@ Token layout = what the proxy produces: per assistant turn, the rendered prompt 
 (``\\n<|im_start|>…<|im_start|>assistant\\n``) then the reply's tokens through ``<|im_end|>``,
 each piece encoded on its own, as TITO appends them.
 
+Conversations recorded live through a harness (``harnessrl teacher-data --harness NAME``)
+carry their tokens already: the prefix tree the assembler built from the proxy's CallRecords
+(``nodes``: parent, ids, loss mask), used as it is — whatever the harness's prompt, tool
+wrapping, retries or forks — after checking that they were made by this tokenizer.
+
 Held-out measure (cheap, every ``eval_every`` steps): on the held-out tasks' teacher
 trajectories, the loss and the *teacher-forced exact-match* rate: the share of trajectories
 whose every assistant token is the model's argmax. A trajectory that matches would be
@@ -42,6 +47,9 @@ class Encoded:
     ids: np.ndarray
     mask: np.ndarray
     family: str = ""
+    nodes: list[tuple[int, np.ndarray, np.ndarray]] | None = None
+    """A recorded prefix tree: ``(parent index or -1, ids, mask)`` per node (``ids``/``mask``
+    are then every node's tokens in order); None: one sequence."""
 
 
 def _encode(tok: Any, text: str) -> list[int]:
@@ -87,26 +95,77 @@ def read_conversations(path: str | Path) -> list[dict[str, Any]]:
                 continue
             try:
                 rec = json.loads(line)
-                if not isinstance(rec.get("messages"), list):
-                    raise ValueError("no messages list")
+                if not isinstance(rec.get("messages"), list) and not isinstance(
+                    rec.get("nodes"), list
+                ):
+                    raise ValueError("neither a messages list nor a token tree (nodes)")
             except (ValueError, AttributeError) as e:
                 raise ValueError(f"{path}:{n}: not a conversation record ({e})") from None
             out.append(rec)
     return out
 
 
+def decode_tree(rec: dict[str, Any], fingerprint: str, vocab: int) -> Encoded:
+    """A recorded token tree (``nodes``) as an `Encoded`; ValueError when it is malformed or
+    its tokenizer is not this one (``fingerprint``, ``vocab``: the tokenizer's)."""
+    made_by = (rec.get("tokenizer") or {}).get("fingerprint")
+    if made_by != fingerprint:
+        name = (rec.get("tokenizer") or {}).get("name", "an unnamed tokenizer")
+        raise ValueError(
+            f"its tokens were made by {name} (fingerprint {made_by}), not by this model's "
+            f"tokenizer ({fingerprint}): record the data again with --model set to this model"
+        )
+    nodes: list[tuple[int, np.ndarray, np.ndarray]] = []
+    for i, n in enumerate(rec["nodes"]):
+        parent, ids, mask = int(n["parent"]), np.asarray(n["ids"], np.int32), str(n["mask"])
+        if not -1 <= parent < i or len(mask) != len(ids) or set(mask) - {"0", "1"}:
+            raise ValueError(f"node {i}: bad parent, or mask not one 0/1 per token")
+        if len(ids) and (ids.min() < 0 or ids.max() >= vocab):
+            raise ValueError(f"node {i}: token id outside the vocabulary ({vocab})")
+        nodes.append((parent, ids, np.frombuffer(mask.encode(), np.uint8) - ord("0")))
+    if not nodes:
+        raise ValueError("an empty token tree")
+    ids = np.concatenate([n[1] for n in nodes])
+    mask = np.concatenate([n[2] for n in nodes]).astype(np.uint8)
+    return Encoded(ids, mask, str(rec.get("family", "")), nodes)
+
+
 def encode_file(tok: Any, path: str | Path) -> list[Encoded]:
-    """Every conversation of a ``harnessrl teacher-data`` JSONL file, encoded."""
+    """Every conversation of a ``harnessrl teacher-data`` JSONL file, encoded (rendered from
+    ``messages``, or a recorded token tree taken as it is)."""
+    from harnessrl.common.models import tokenizer_fingerprint
+
+    fingerprint, vocab = "", 0
     out = []
-    for rec in read_conversations(path):
-        enc = encode_conversation(tok, rec["messages"], rec.get("tools"))
-        enc.family = str(rec.get("family", ""))
+    for n, rec in enumerate(read_conversations(path), 1):
+        if isinstance(rec.get("nodes"), list):
+            if not fingerprint:
+                fingerprint, vocab = tokenizer_fingerprint(tok), len(tok)
+            try:
+                enc = decode_tree(rec, fingerprint, vocab)
+            except (ValueError, KeyError, TypeError) as e:
+                raise ValueError(f"{path}: conversation {n}: {e}") from None
+        else:
+            enc = encode_conversation(tok, rec["messages"], rec.get("tools"))
+            enc.family = str(rec.get("family", ""))
         out.append(enc)
     return out
 
 
 def as_sample(enc: Encoded, key: str) -> TreeSample:
-    """A one-root TreeSample of a conversation (reward 1: SFT data)."""
+    """A TreeSample of a conversation (reward 1: SFT data): one root, or the recorded tree."""
+    if enc.nodes is not None:
+        nodes = [
+            TreeNode(
+                parent=p,
+                token_ids=ids.astype("<i4").tobytes(),
+                logprobs=np.zeros(len(ids), np.float32).tobytes(),
+                loss_mask=mask.astype(np.uint8).tobytes(),
+                weight_version=0,
+            )
+            for p, ids, mask in enc.nodes
+        ]
+        return TreeSample(rollout_id=key, group_id=key, k=0, reward=1.0, nodes=nodes)
     node = TreeNode(
         parent=-1,
         token_ids=enc.ids.astype(np.int32).tobytes(),

@@ -2,9 +2,11 @@
 
     harnessrl pretrain --config deploy/pretrain-tiny-agent.toml [--out DIR] [--quick]
 
-1. **data**: ``harnessrl teacher-data`` writes the toy teacher's trajectories through the real
-   reference agent (fresh training tasks, never a held-out one) to ``<out>/teacher.jsonl``, and
-   the held-out tasks' to ``<out>/teacher-eval.jsonl`` (for the held-out measure only);
+1. **data**: ``harnessrl teacher-data`` writes the toy teacher's trajectories through the
+   ``harness`` (the reference agent's loop in-process by default; any other harness live and
+   unmodified, recorded as the tokens it was served) — fresh training tasks, never a held-out
+   one — to ``<out>/teacher.jsonl``, and the held-out tasks' to ``<out>/teacher-eval.jsonl``
+   (for the held-out measure only); a live recording resumes where it stopped;
 2. **language warm-up** (``corpus_steps``, optional): next-token loss on windows of the
    synthetic corpus the tokenizer was trained on;
 3. **SFT** (``steps``): the reply tokens of the teacher conversations, through the real learner
@@ -63,6 +65,14 @@ class PretrainConfig(HrlModel):
     """How the teacher solves a task (``harnessrl teacher-data --style``): ``shell``, one
     ``run`` of the family's shell one-liner then ``finish``; ``edit``, read the inputs and write
     the answer with ``write_file`` (the model must copy and transform file text)."""
+    harness: str = "reference"
+    """The harness the policy learns to drive: the teacher data is recorded through it
+    (``harnessrl teacher-data --harness``: the reference harness's loop in-process, any other
+    harness live and unmodified, as token trees), the held-out success is measured through
+    it, and the exported policy's ``harnessrl_recipe.json`` lists it under ``harnesses``
+    (what ``harnessrl harness list`` shows as spoken)."""
+    teacher_concurrency: int = Field(4, ge=1, le=256)
+    """Live teacher rollouts at once (a harness other than ``reference``)."""
     data: Path | None = None
     """An existing ``harnessrl teacher-data`` file to train on instead of generating one."""
     corpus_steps: int = Field(0, ge=0, le=10_000_000)
@@ -105,15 +115,15 @@ class PretrainConfig(HrlModel):
     ``edit`` teacher's 154."""
     eval_n: int = Field(3, ge=0, le=1000)
     """Last step: ``harnessrl eval`` of the exported policy on every ``eval_suite`` task this
-    many times through the real reference harness at temperature 1, recorded as the warm
-    start's held-out success in ``harnessrl_recipe.json`` (0: skip)."""
+    many times through the real ``harness`` at temperature 1, recorded as the warm start's
+    held-out success in ``harnessrl_recipe.json`` (0: skip)."""
     eval_suite: str = "toy-eval"
     """Held-out suite of that evaluation."""
     threads: int = Field(0, ge=0, le=1024)
     """torch CPU threads (0: every core)."""
     quick: bool = False
-    """Shrink every budget (20 tasks per family, 30 SFT steps, 10 warm-up steps at most) to
-    check the recipe end to end."""
+    """Shrink every budget (20 tasks per family through the reference loop, 1 through a live
+    harness; 30 SFT steps, 10 warm-up steps at most) to check the recipe end to end."""
 
 
 CONFIG = PretrainConfig
@@ -129,7 +139,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def quick(cfg: PretrainConfig) -> PretrainConfig:
     return cfg.model_copy(
         update={
-            "per_family": min(cfg.per_family, 20),
+            # a live harness records ~0.25-1 conversations/s here, the reference loop ~30/s
+            "per_family": min(cfg.per_family, 20 if cfg.harness == "reference" else 1),
             "steps": min(cfg.steps, 30),
             "corpus_steps": min(cfg.corpus_steps, 10),
             "warmup_steps": min(cfg.warmup_steps, 5),
@@ -155,6 +166,9 @@ def teacher_data(cfg: PretrainConfig, out: Path, split: str) -> Path:
     argv = [sys.executable, "-m", "harnessrl.common.cli", "teacher-data", "--out", str(path)]
     argv += ["--split", split, "--seed", str(cfg.seed), "--per-family", str(cfg.per_family)]
     argv += ["--style", cfg.teacher_style, "--vary-names", str(cfg.vary_names)]
+    if cfg.harness != "reference":  # recorded live: the tokens of this model's tokenizer
+        argv += ["--harness", cfg.harness, "--model", cfg.model]
+        argv += ["--concurrency", str(cfg.teacher_concurrency)]
     if cfg.near_miss and split == "train":
         argv += ["--near-miss", str(cfg.near_miss)]
     for f in cfg.families:
@@ -204,11 +218,17 @@ def held_out_eval(cfg: PretrainConfig, folder: Path, out: Path) -> dict[str, Any
     proxy and engine); its summary for the reference harness."""
     report = out / "eval.json"
     argv = [sys.executable, "-m", "harnessrl.common.cli", "eval", "--policy", str(folder)]
-    argv += ["--suite", cfg.eval_suite, "--harness", "reference", "--n", str(cfg.eval_n)]
+    argv += ["--suite", cfg.eval_suite, "--harness", cfg.harness, "--n", str(cfg.eval_n)]
     argv += ["--temperature", "1.0", "--out", str(report), "--log-dir", str(out / "eval-logs")]
     subprocess.run(argv, check=True)
-    summary = json.loads(report.read_text())["summary"][str(folder)]["reference"]
-    return {"suite": cfg.eval_suite, "n_per_task": cfg.eval_n, "temperature": 1.0, **summary}
+    summary = json.loads(report.read_text())["summary"][str(folder)][cfg.harness]
+    return {
+        "suite": cfg.eval_suite,
+        "harness": cfg.harness,
+        "n_per_task": cfg.eval_n,
+        "temperature": 1.0,
+        **summary,
+    }
 
 
 def prior_elapsed(metrics: Path) -> float:
@@ -355,6 +375,7 @@ def main(cfg: PretrainConfig, args: argparse.Namespace | None = None) -> int:
     folder = cfg.export or out / "model"
     meta = {
         "recipe": json.loads(json.dumps(cfg.model_dump(mode="json"))),
+        "harnesses": [cfg.harness],
         "steps": step,
         "stopped": stopped or "steps",
         "train_data_sha256": file_sha256(train_path),

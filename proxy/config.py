@@ -19,8 +19,9 @@ class EngineConfig(HrlModel):
     kind: Literal["torch", "teacher"] = "torch"
     """Which engine: ``torch`` serves ``model``; ``teacher`` answers as the scripted toy teacher
     (cold-start SFT data, eval ceiling) for the tasks of ``suites``, with the tokenizer named by
-    ``model`` (it must match the actors' model). The teacher ignores the other fields except
-    ``host``, ``port`` and ``log_level``."""
+    ``model`` (it must match the actors' model), in each harness's own tools. The teacher
+    reads ``suites``, ``teacher_style``, ``near_miss``, ``seed``, ``host``, ``port``, the API
+    key and ``log_level``, and ignores the other fields."""
     model: str = "tiny-agent"
     """Model folder (any Hugging Face causal LM with safetensors), ``tiny-agent`` (the shipped
     warm-start policy) or a random tiny spec (``tiny``, ``tiny-1m``, ``tiny-8m@seed1``...)
@@ -64,6 +65,14 @@ class EngineConfig(HrlModel):
     """Timeout of the distributed weight-update group (joining it and each broadcast)."""
     suites: list[str] = ["toy"]
     """``kind = "teacher"``: the task suites whose tasks the teacher knows (repeat the flag)."""
+    teacher_style: Literal["edit", "shell"] = "edit"
+    """``kind = "teacher"``: ``edit`` reads the inputs and writes the answer (through the
+    reference harness; other harnesses get ``shell``), ``shell`` runs the family's one-line
+    shell solution, then finishes (``harnessrl.common.tasks.teacher``)."""
+    near_miss: float = Field(0.0, ge=0.0, le=1.0)
+    """``kind = "teacher"``, ``teacher_style = "shell"``: share of task instructions (chosen by
+    a hash of the instruction and ``seed``) on which the teacher runs its family's plausible
+    wrong one-liner instead: demonstrations with mistakes."""
     api_key_file: str = ""
     """File holding the API key every request must carry as ``Authorization: Bearer KEY``
     (SGLang's ``--api-key`` convention; generation, weight updates and groups, pause/continue/

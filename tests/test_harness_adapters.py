@@ -498,6 +498,10 @@ def test_cli_list_json(monkeypatch, cache: Path, capsys):
     assert rows["codex"]["installed"] and rows["codex"]["version"] == "9.9.9"
     assert rows["codex"]["install_dir"] == str(cache / "codex")
     assert rows["reference"]["builtin"] and rows["reference"]["install_dir"] is None
+    assert rows["reference"]["spoken_by"] == ["tiny-agent"] and rows["codex"]["spoken_by"] == []
+    assert rows["codex"]["first_request_tokens"] == 12543
+    assert rows["codex"]["first_request_measured_at"] == "0.171.0"
+    assert rows["command"]["first_request_tokens"] is None
 
 
 def test_cli_list_table_and_show(monkeypatch, tmp_path: Path, capsys):
@@ -506,9 +510,61 @@ def test_cli_list_table_and_show(monkeypatch, tmp_path: Path, capsys):
     out = capsys.readouterr().out
     assert out.splitlines()[0].split()[:3] == ["NAME", "API", "INSTALLED"]
     line = next(ln for ln in out.splitlines() if ln.startswith("claude-code"))
-    assert line.split()[:3] == ["claude-code", "messages", "no"]
+    assert line.split()[:6] == ["claude-code", "messages", "no", "-", "1346", "-"]
+    line = next(ln for ln in out.splitlines() if ln.startswith("reference"))
+    assert line.split()[:6] == ["reference", "chat", "built-in", "-", "458", "tiny-agent"]
     assert run_cli(monkeypatch, ["harness", "show", "codex"]) == 0
     assert 'wire_api = "responses"' in capsys.readouterr().out
+
+
+def test_cli_list_marks_a_measure_of_another_version(monkeypatch, cache: Path, capsys):
+    """First-request tokens measured at another version than the one installed say so."""
+    assert run_cli(monkeypatch, ["harness", "list", "--cache-dir", str(cache)]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("codex"))
+    assert line.split()[3:5] == ["9.9.9", "~12543@0.171.0"]
+
+
+FIRST_REQUESTS = {  # harness -> (captured first main request, API)
+    "mini-swe-agent": ("mini_swe_agent_first_request", "chat"),
+    "claude-code": ("claude_code_first_request", "messages"),
+    "codex": ("codex_first_request", "responses"),
+    "openclaw": ("openclaw_first_request", "chat"),
+    "opencode": ("opencode_second_request", "chat"),  # its first is the title request
+}
+
+
+@pytest.mark.parametrize("name", sorted(FIRST_REQUESTS))
+def test_recorded_first_request_tokens_match_the_captured_requests(name: str):
+    """Each adapter's `first_request_tokens` is the token count of the request the harness
+    sent at `measured_version`, through the proxy's conversion and the chat template."""
+    from harnessrl.common.models import load_tokenizer, render_chat
+    from harnessrl.proxy.messages_api import messages_request
+    from harnessrl.proxy.responses_api import responses_request
+    from harnessrl.proxy.server import chat_request
+
+    fixture, api = FIRST_REQUESTS[name]
+    captured = json.loads((Path(__file__).parent / "fixtures" / "harness_requests" / f"{fixture}.json").read_text())  # fmt: skip
+    convert = {"chat": chat_request, "messages": messages_request, "responses": responses_request}
+    req = convert[api](captured["body"], "r-0-1", {})
+    text = render_chat(req.messages, tools=req.tools, add_generation_prompt=True)
+    tok = load_tokenizer("tiny-1m")
+    adapter = get_adapter(name)
+    assert adapter.first_request_tokens == len(tok.encode(text, add_special_tokens=False))
+    agent = captured["headers"].get("User-Agent", "")
+    assert adapter.measured_version in agent or name in ("mini-swe-agent", "openclaw")
+
+
+def test_reference_first_request_tokens():
+    from harnessrl.actors.harnesses import reference_agent as ra
+    from harnessrl.common.models import load_tokenizer, render_chat
+
+    msgs = [
+        {"role": "system", "content": ra.SYSTEM_PROMPT.format(workspace="/workspace")},
+        {"role": "user", "content": "Create hello.txt containing a greeting."},
+    ]
+    text = render_chat(msgs, tools=ra.TOOLS, add_generation_prompt=True)
+    n = len(load_tokenizer("tiny-1m").encode(text, add_special_tokens=False))
+    assert get_adapter("reference").first_request_tokens == n
 
 
 def test_cli_install_unknown_and_already_installed(monkeypatch, cache: Path, capsys):

@@ -135,7 +135,7 @@ def test_vary_names_renames_only_the_names(family: str):
         teacher_data.trajectory(r, style="shell")  # raises unless solved
 
 
-def test_teacher_data_cli(tmp_path: Path):
+def test_teacher_data_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     out = tmp_path / "t.jsonl"
     cfg = teacher_data.TeacherDataConfig(out=out, per_family=8, families=["copy", "count_lines"])
     assert teacher_data.main(cfg) == 0
@@ -147,6 +147,14 @@ def test_teacher_data_cli(tmp_path: Path):
     assert not any((r["family"], r["messages"][1]["content"]) in held for r in recs)
     bad = teacher_data.TeacherDataConfig(out=out, families=["nope"])
     assert teacher_data.main(bad) == 2
+    for fields, why in (
+        ({"harness": "mini-swe-agnet"}, "did you mean 'mini-swe-agent'"),
+        ({"harness": "command"}, "not a model"),
+        ({"harness": "mini-swe-agent", "style": "edit"}, "--style edit needs the reference"),
+    ):
+        capsys.readouterr()
+        assert teacher_data.main(teacher_data.TeacherDataConfig(out=out, **fields)) == 2
+        assert why in capsys.readouterr().err
 
 
 def test_bad_conversation_file_names_the_line(tmp_path: Path):
@@ -154,6 +162,44 @@ def test_bad_conversation_file_names_the_line(tmp_path: Path):
     f.write_text('{"messages": []}\n{"nope": 1}\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:2: not a conversation record"):
         read_conversations(f)
+
+
+def test_recorded_token_trees_are_read_as_they_are(tmp_path: Path):
+    """A live record's token tree (``nodes``) becomes the SFT sample node for node, with its
+    loss mask; a tree made by another tokenizer, or malformed, is refused, naming the record."""
+    from harnessrl.common.models import tokenizer_fingerprint
+    from harnessrl.learner.pretrain import as_sample, encode_file
+
+    tok = load_tokenizer("tiny-1m")
+    task = next(t for t in generate(0) if t.family.name == "copy" and t.split == "train")
+    enc = encode_conversation(tok, teacher_data.trajectory(task)["messages"], ra.TOOLS)
+    cut = int(np.argmax(enc.mask))  # a root (the prompt) and a child (the rest)
+    nodes = [
+        {"parent": -1, "ids": enc.ids[:cut].tolist(), "mask": "0" * cut},
+        {
+            "parent": 0,
+            "ids": enc.ids[cut:].tolist(),
+            "mask": "".join(str(int(m)) for m in enc.mask[cut:]),
+        },
+    ]
+    rec = {"task": "t", "family": "copy", "nodes": nodes}
+    rec["tokenizer"] = {"name": "tiny-1m", "fingerprint": tokenizer_fingerprint(tok)}
+    f = tmp_path / "live.jsonl"
+    f.write_text(json.dumps(rec) + "\n")
+    (got,) = encode_file(tok, f)
+    assert got.ids.tolist() == enc.ids.tolist() and got.mask.tolist() == enc.mask.tolist()
+    sample = as_sample(got, "k")
+    assert [n.parent for n in sample.nodes] == [-1, 0]
+    assert np.frombuffer(sample.nodes[1].loss_mask, np.uint8).tolist() == enc.mask[cut:].tolist()
+    for bad, why in (
+        ({**rec, "tokenizer": {"name": "other", "fingerprint": "0" * 16}}, "made by other"),
+        ({**rec, "nodes": [{**nodes[0], "mask": "0"}]}, "mask not one 0/1 per token"),
+        ({**rec, "nodes": [{**nodes[0], "parent": 3}]}, "bad parent"),
+        ({**rec, "nodes": [{**nodes[0], "ids": [10**6] * cut}]}, "outside the vocabulary"),
+    ):
+        f.write_text(json.dumps(rec) + "\n" + json.dumps(bad) + "\n")
+        with pytest.raises(ValueError, match=f"live.jsonl: conversation 2: .*{why}"):
+            encode_file(tok, f)
 
 
 def test_sft_sample_layout_is_the_proxys():

@@ -154,6 +154,8 @@ async def test_reference_harness_with_scripted_engine(nats_url, run_name, bwrap)
     assert eng.requests[1]["input_ids"][: len(full_first)] == full_first
     sample = assemble(calls, res)
     assert not sample.is_tombstone and sample.counters.n_leaves == 1
+    # the harness's own CPU (a Python agent: its start-up alone is tens of ms), measured inside
+    assert 0.01 < res.durations["harness_cpu"] < res.durations["harness"] * 2 + 1
 
 
 async def test_timeout_kills_and_cleans_up(nats_url, run_name, bwrap):

@@ -241,6 +241,31 @@ async def test_forwarder_without_proxy_fails_fast(fwd_backend: BwrapBackend, tmp
     assert r.stdout.startswith(b"failed") and r.duration_s < 5, r
 
 
+async def test_forwarder_measures_the_commands_cpu(fwd_backend: BwrapBackend, unix_http: Path):
+    """The launcher inside reports the CPU seconds of the command and of the processes it
+    waited for (a child that burns CPU counts): bwrap's pid namespace hides them from the
+    host's ``RUSAGE_CHILDREN``. A run without the forwarder measures nothing."""
+    import resource
+
+    code = """
+        import subprocess, sys, time
+        subprocess.run([sys.executable, "-c", "t = __import__('time').process_time()\\n"
+                        "while __import__('time').process_time() - t < 0.4: pass"])
+        t = time.process_time()
+        while time.process_time() - t < 0.3:
+            pass
+    """
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    async with await fwd_backend.create(SandboxSpec(proxy_socket=unix_http)) as s:
+        r = await s.run(py(code), timeout=60)
+        assert r.returncode == 0, r
+        assert r.cpu_s is not None and 0.65 <= r.cpu_s < 5.0, r.cpu_s
+        quiet = await s.run(["true"], proxy=False)
+        assert quiet.cpu_s is None
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert after.ru_utime - before.ru_utime < 0.5  # what the forwarder's report is for
+
+
 async def test_forwarder_half_close_and_bulk(fwd_backend: BwrapBackend, tmp_path: Path):
     """A client that shuts down its write side still gets the whole reply (8 MiB each way)."""
 

@@ -68,12 +68,15 @@ def test_parse_prompt_recovers_the_messages(tmp_path: Path) -> None:
 
 
 def test_unknown_task_gets_finish() -> None:
-    """A prompt with no known instruction is answered with a finish call, not an error."""
-    prompt = render_chat([{"role": "user", "content": "Write a poem."}], add_generation_prompt=True)
+    """A prompt with no known instruction is answered with the harness's finish, not an
+    error; a call that declares no tools (a title request) gets a short plain answer."""
+    msgs = [{"role": "user", "content": "Write a poem."}]
     teacher = Teacher(TOK, ["toy"])
-    reply = teacher.reply_text(prompt)
+    reply = teacher.reply_text(render_chat(msgs, tools=TOOLS, add_generation_prompt=True))
     assert '"name": "finish"' in reply and reply.endswith("<|im_end|>")
     assert teacher.unknown == 1
+    reply = teacher.reply_text(render_chat(msgs, add_generation_prompt=True))
+    assert reply == "Toy task<|im_end|>"
 
 
 def test_reply_ids_have_zero_logprobs() -> None:
@@ -180,4 +183,7 @@ def test_teacher_kind_ready_line_and_sigterm() -> None:
     deadline = time.monotonic() + 10  # the reader thread drains the pipe
     while "engine stopped\n" not in proc.output_lines and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert any("teacher served 0 calls (0 unknown tasks)" in line for line in proc.output_lines)
+    assert any(
+        "teacher served 0 calls (0 unknown tasks, 0 without a usable tool)" in line
+        for line in proc.output_lines
+    )

@@ -188,6 +188,15 @@ class HarnessAdapter:
     """One line for ``harnessrl harness list``."""
     builtin: ClassVar[bool] = True
     """Ships with harnessrl: nothing to install."""
+    first_request_tokens: ClassVar[int | None] = None
+    """Tokens of the harness's first main request for a one-line task ("Create hello.txt
+    containing a greeting."): its system prompt, tool schema and the task, as the proxy renders
+    them with the tiny models' chat template and tokenizer. Measured on the request the
+    harness sent at `measured_version` (``tests/fixtures/harness_requests``, checked by
+    ``tests/test_harness_list.py``); None: not measured. What a policy must read before its
+    first token, and what every rollout's prefix tree starts with."""
+    measured_version: ClassVar[str] = ""
+    """The harness version `first_request_tokens` was measured at ("" for a built-in)."""
 
     def install_dir(self, cache_dir: Path) -> Path:
         return Path(cache_dir) / self.name

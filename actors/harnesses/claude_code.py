@@ -56,6 +56,8 @@ from harnessrl.actors.harnesses.install import NpmAdapter
 class ClaudeCodeAdapter(NpmAdapter):
     name = "claude-code"
     api = "messages"
+    first_request_tokens = 1346
+    measured_version = "2.1.332"
     summary = "Anthropic Claude Code CLI (npm @anthropic-ai/claude-code)"
     packages = ("@anthropic-ai/claude-code",)
 

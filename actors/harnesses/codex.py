@@ -83,6 +83,8 @@ def toml_table(name: str | None, values: dict[str, Any]) -> str:
 class CodexAdapter(NpmAdapter):
     name = "codex"
     api = "responses"
+    first_request_tokens = 12543
+    measured_version = "0.171.0"
     summary = "OpenAI Codex CLI (npm @openai/codex), Responses API"
     packages = ("@openai/codex",)
 

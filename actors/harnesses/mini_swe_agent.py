@@ -46,6 +46,8 @@ from harnessrl.actors.harnesses.install import PipVenvAdapter
 class MiniSweAgentAdapter(PipVenvAdapter):
     name = "mini-swe-agent"
     api = "chat"
+    first_request_tokens = 1201
+    measured_version = "2.4.6"
     summary = "mini-swe-agent (pip, own venv), bash-only, chat completions"
     packages = ("mini-swe-agent",)
     dist_name = "mini-swe-agent"

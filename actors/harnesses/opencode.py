@@ -49,6 +49,8 @@ from harnessrl.actors.harnesses.install import NpmAdapter
 class OpencodeAdapter(NpmAdapter):
     name = "opencode"
     api = "chat"
+    first_request_tokens = 9482
+    measured_version = "1.18.33"
     summary = "opencode CLI (npm opencode-ai), chat completions"
     packages = ("opencode-ai",)
 

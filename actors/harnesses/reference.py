@@ -43,6 +43,7 @@ _FLAGS = {
 class ReferenceAdapter(HarnessAdapter):
     name = "reference"
     api = "chat"
+    first_request_tokens = 458
     summary = "harnessrl's own stdlib agent CLI (chat completions; compaction, sub-agents)"
 
     def install_dir(self, cache_dir: Path) -> Path:

@@ -4,7 +4,8 @@
 
    Relays 127.0.0.1:PORT (and [::1]:PORT when the namespace has IPv6) to the proxy's unix
    socket while CMD runs, then exits with CMD's status (128+N for a signal) after writing
-   "exit N" / "signal N" to FD. ``--rlimit`` sets a limit (soft = hard) before anything else,
+   "exit N cpu S" / "signal N cpu S" to FD (S: CPU seconds, user + system, of CMD and of the
+   processes it waited for). ``--rlimit`` sets a limit (soft = hard) before anything else,
    in place of a ``prlimit`` exec before it. See _forwarder.py for the why; the two behave the same and
    tests/test_sandbox_bwrap.py runs its forwarder tests against both. Built once per host by
    actors/sandbox/bwrap.py (`cc -O2`); where no C compiler works the Python one is used.
@@ -203,11 +204,14 @@ static int listen_on(int family, int port) {
     return s;
 }
 
-static void report(int fd, int status) {
+static void report(int fd, int status, const struct rusage *ru) {
     if (fd < 0) return;
-    char line[32];
-    int n = WIFSIGNALED(status) ? snprintf(line, sizeof line, "signal %d\n", WTERMSIG(status))
-                                : snprintf(line, sizeof line, "exit %d\n", WEXITSTATUS(status));
+    char line[64];
+    double cpu = (double)ru->ru_utime.tv_sec + (double)ru->ru_utime.tv_usec / 1e6 +
+                 (double)ru->ru_stime.tv_sec + (double)ru->ru_stime.tv_usec / 1e6;
+    int n = WIFSIGNALED(status)
+                ? snprintf(line, sizeof line, "signal %d cpu %.3f\n", WTERMSIG(status), cpu)
+                : snprintf(line, sizeof line, "exit %d cpu %.3f\n", WEXITSTATUS(status), cpu);
     if (write(fd, line, (size_t)n) < 0) { /* best effort */
     }
     close(fd);
@@ -319,9 +323,10 @@ int main(int argc, char **argv) {
         }
         for (int j = 0; j < nd; j++) free(dead[j]);
         int st;
-        pid_t w = waitpid(pid, &st, WNOHANG);
+        struct rusage ru;
+        pid_t w = wait4(pid, &st, WNOHANG, &ru);
         if (w == pid) {
-            report(status_fd, st);
+            report(status_fd, st, &ru);
             return WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
         }
     }

@@ -15,9 +15,12 @@ docker's forwarder serves every command of its container, and a run with ``proxy
 must find nothing listening (the host waits for it on ``/proc/PID/net/tcp``).
 
 ``--status-fd FD`` (an inherited pipe from the host, not passed on to the command): before
-exiting, write how the command ended, ``exit N`` or ``signal N``. An exit status of 137 is
-ambiguous (``exit 137`` or death by SIGKILL); this line is not, and its absence tells the host
-that this launcher (or the sandbox's init) itself died before the command ended.
+exiting, write how the command ended, ``exit N`` or ``signal N``, then ``cpu S``: the CPU
+seconds (user + system) of the command and of every process it waited for (``wait4``), which
+the host cannot see itself (bwrap's pid namespace keeps them from its ``RUSAGE_CHILDREN``). An
+exit status of 137 is ambiguous (``exit 137`` or death by SIGKILL); this line is not, and its
+absence tells the host that this launcher (or the sandbox's init) itself died before the
+command ended.
 
 One thread, epoll, non-blocking sockets; both directions of every connection are relayed
 independently, with half-close (EOF on one side becomes shutdown(SHUT_WR) on the other once the
@@ -256,8 +259,9 @@ def on_control(sel, fd, port, listeners):
                 sel.register(s, READ, None)
 
 
-def report(fd, status):
-    """Write how the command ended to the host's status pipe (best effort)."""
+def report(fd, status, usage):
+    """Write how the command ended, and the CPU seconds it and the processes it waited for
+    used, to the host's status pipe (best effort)."""
     if fd is None:
         return
     kind = (
@@ -265,8 +269,9 @@ def report(fd, status):
         if os.WIFSIGNALED(status)
         else f"exit {os.WEXITSTATUS(status)}"
     )
+    cpu = usage.ru_utime + usage.ru_stime
     try:
-        os.write(fd, (kind + "\n").encode())
+        os.write(fd, f"{kind} cpu {cpu:.3f}\n".encode())
         os.close(fd)
     except OSError:
         pass
@@ -308,9 +313,9 @@ def main(argv):
             else:
                 relay, i = data
                 relay.on_event(i, events)
-        done, status = os.waitpid(pid, os.WNOHANG)
+        done, status, usage = os.wait4(pid, os.WNOHANG)
         if done:
-            report(status_fd, status)
+            report(status_fd, status, usage)
             code = os.waitstatus_to_exitcode(status)
             return 128 - code if code < 0 else code
 

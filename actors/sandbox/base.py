@@ -73,6 +73,10 @@ class ExecResult:
     """Non-empty when the sandbox was killed from outside while the command ran (not by `run`'s
     own timeout, not by the command itself): the OOM killer, an operator, the infrastructure.
     Says what was killed; the command's outcome then says nothing about the command."""
+    cpu_s: float | None = None
+    """CPU seconds (user + system) of the command and of the processes it waited for, as its
+    launcher inside the sandbox measured them (bwrap runs with a proxy); None: not measured.
+    Independent of how busy the machine is, unlike ``duration_s``."""
 
     @property
     def ok(self) -> bool:
@@ -82,15 +86,25 @@ class ExecResult:
 # -- the forwarder's status report (``_forwarder.py --status-fd``) ---------------------------
 
 
-def _read_status(fd: int | None) -> tuple[str, int] | None:
-    """The forwarder's ``exit N`` / ``signal N`` line from the status pipe (None: none)."""
+@dataclass(frozen=True, slots=True)
+class LauncherStatus:
+    """The forwarder's report of how the command ended: ``exit N`` / ``signal N``, ``cpu S``."""
+
+    kind: str
+    n: int
+    cpu_s: float | None = None
+
+
+def read_status(fd: int | None) -> LauncherStatus | None:
+    """The forwarder's status line from the status pipe (None: no pipe, or nothing written)."""
     if fd is None:
         return None
     try:
         os.set_blocking(fd, False)
-        kind, n = os.read(fd, 64).decode().split()
-        return kind, int(n)
-    except (OSError, ValueError, UnicodeDecodeError):
+        words = os.read(fd, 128).decode().split()
+        cpu = float(words[3]) if len(words) >= 4 and words[2] == "cpu" else None
+        return LauncherStatus(words[0], int(words[1]), cpu)
+    except (OSError, ValueError, UnicodeDecodeError, IndexError):
         return None
 
 
@@ -101,10 +115,10 @@ def _signame(n: int) -> str:
         return f"signal {n}"
 
 
-def killed_from_outside(rc: int, status_fd: int | None) -> str:
+def killed_from_outside(rc: int, status: LauncherStatus | None, forwarded: bool) -> str:
     """Why a command that ``run`` did not kill was killed from outside the sandbox ("" when it
     ended on its own). ``rc``: the sandbox process's return code (negative: died of a signal);
-    ``status_fd``: the read end of the forwarder's status pipe (None: no forwarder ran).
+    ``status``: what the forwarder reported (`read_status`); ``forwarded``: a forwarder ran.
     What tells, in order:
 
     * the sandbox process (bwrap) itself died of a signal: only something outside sends it
@@ -123,13 +137,11 @@ def killed_from_outside(rc: int, status_fd: int | None) -> str:
     """
     if rc < 0:
         return f"the sandbox process was killed by {_signame(-rc)}"
-    status = _read_status(status_fd)
     if status is not None:
-        kind, n = status
-        if kind == "signal" and n == signal.SIGKILL:
+        if status.kind == "signal" and status.n == signal.SIGKILL:
             return "the command was killed by SIGKILL (the OOM killer or a kill from outside)"
         return ""
-    if status_fd is not None and rc > 128:
+    if forwarded and rc > 128:
         return (
             f"the sandbox's init or launcher died of {_signame(rc - 128)} before the command ended"
         )

@@ -94,6 +94,7 @@ from harnessrl.actors.sandbox.base import (
     SandboxPool,
     SandboxSpec,
     killed_from_outside,
+    read_status,
 )
 from harnessrl.actors.sandbox.envs import (
     BUILD_ENV,
@@ -840,10 +841,12 @@ class BwrapSandbox(SandboxBase):
         if not timed_out and _setup_failed(proc.returncode, err):
             raise SandboxError(f"sandbox setup failed: {err.decode(errors='replace').strip()}")
         gone = timed_out or self._destroyed  # killed by ``run`` itself, not from outside
-        killed = "" if gone else killed_from_outside(proc.returncode, status_fd)
+        status = read_status(status_fd)
+        killed = "" if gone else killed_from_outside(proc.returncode, status, status_fd is not None)
         return ExecResult(
             returncode=proc.returncode,
             killed=killed,
+            cpu_s=status.cpu_s if status is not None else None,
             stdout=out,
             stderr=err,
             timed_out=timed_out,

@@ -47,7 +47,15 @@ from .cache import RECIPE_VERSION as RECIPE_VERSION
 from .cache import _build_atomically as _build_atomically
 from .cache import default_cache_dir
 from .chat_template import CHAT_TEMPLATE, render_chat
-from .resolve import load_model, load_tokenizer, model_info, model_max_new_tokens, resolve_model
+from .resolve import (
+    load_model,
+    load_tokenizer,
+    model_info,
+    model_max_new_tokens,
+    resolve_model,
+    shipped_harnesses,
+    tokenizer_fingerprint,
+)
 from .tokenizer import build_tiny_tokenizer
 from .tokens import ADDED_TOKENS, SPECIAL_TOKENS, eos_token_ids, special_token_ids
 from .tokens import ENDOFTEXT as ENDOFTEXT
@@ -74,5 +82,7 @@ __all__ = [
     "parse_tiny_spec",
     "render_chat",
     "resolve_model",
+    "shipped_harnesses",
     "special_token_ids",
+    "tokenizer_fingerprint",
 ]

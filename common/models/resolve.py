@@ -47,6 +47,20 @@ def _shipped(name: str) -> Path:
     return folder
 
 
+def shipped_harnesses() -> dict[str, list[str]]:
+    """Shipped policy -> the harnesses it was taught to drive: ``harnesses`` in its
+    ``harnessrl_recipe.json`` (written by ``harnessrl pretrain``; empty when not listed)."""
+    out: dict[str, list[str]] = {}
+    for name, folder in SHIPPED.items():
+        try:
+            meta = json.loads((folder / "harnessrl_recipe.json").read_text())
+        except (OSError, ValueError):
+            meta = {}
+        names = meta.get("harnesses") if isinstance(meta, dict) else None
+        out[name] = [str(h) for h in names] if isinstance(names, list) else []
+    return out
+
+
 def model_max_new_tokens(spec: str | os.PathLike[str]) -> int | None:
     """The model's own output limit: ``max_new_tokens`` in its ``generation_config.json``."""
     try:
@@ -193,3 +207,14 @@ def model_info(path: str | os.PathLike[str]) -> dict[str, Any]:
         "eos_token_ids": eos_list,
         "weights_dtype": wdtype,
     }
+
+
+def tokenizer_fingerprint(tok: Any) -> str:
+    """A short hash of a tokenizer's vocabulary and rules: recorded token ids mean something
+    only to the tokenizer that made them."""
+    import hashlib
+    import json
+
+    backend = getattr(tok, "backend_tokenizer", None)
+    text = backend.to_str() if backend is not None else json.dumps(tok.get_vocab(), sort_keys=True)
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()

@@ -23,8 +23,9 @@ from its weights.
 
 Each training phase ends at its steps or its wall-clock limit (``--rl-minutes``,
 ``--sft-minutes``), whichever comes first. The demo ends by printing the before/after table,
-the RL phase's rollouts/s and the plot's path; ``<out>/demo.json`` keeps the numbers and the
-phase timings.
+the RL phase's rollouts/s and the plot's path (``rl/plot.png``, redrawn with the held-out
+evaluation's before/after points on it); ``<out>/demo.json`` keeps the numbers and the phase
+timings.
 
 What to expect on a 2-core CPU (measured; ``benchmarks/results/demo_learning.json``): the
 defaults take 10-13 min (RL 9-12, eval 0.7-1.3). The warm start succeeds on 0.295
@@ -586,6 +587,17 @@ class Demo:
         argv += ["--out", str(self.dir / "eval.json"), "--log-dir", str(self.dir / "eval-logs")]
         return argv
 
+    def replot(self, rows: list[tuple[str, dict, dict]], version: int) -> None:
+        """Redraw the RL phase's plot with the held-out evaluation's points on it."""
+        from harnessrl.common.run.plot import plot_run
+
+        try:
+            plot_run(
+                self.dir / "rl", f"harnessrl run {self.tag}-rl", held_out_points(rows, version)
+            )
+        except Exception as e:  # a plot never fails the demo
+            self.say(f"plot with the held-out points failed: {e!r}")
+
     def finish(self, sft: Path, rl: Path | None, report: dict[str, Any] | None) -> None:
         cfg = self.cfg
         rows = []
@@ -620,6 +632,8 @@ class Demo:
             },
         }
         (self.dir / "demo.json").write_text(json.dumps(doc, indent=1) + "\n")
+        if rows:
+            self.replot(rows, phases["rl"].version if phases["rl"] and rl is not None else 0)
         p = self.out
         print("", file=p)
         if report is not None:
@@ -672,6 +686,18 @@ class Demo:
         folders = "sft/, rl/" if cfg.from_scratch else "rl/"
         print(f"everything: {self.dir} (demo.json, {folders}, eval.json)", file=p)
         p.flush()
+
+
+def held_out_points(rows: list[tuple[str, dict, dict]], version: int) -> list[Any]:
+    """The before/after evaluation as points of the RL phase's reward plot: the starting
+    policy at version 0, the final one at ``version``, per harness."""
+    from harnessrl.common.run.plot import HeldOut
+
+    out = []
+    for h, b, a in rows:
+        out.append(HeldOut(0, b["reward"], int(b["n"]), h, "before"))
+        out.append(HeldOut(version, a["reward"], int(a["n"]), h, "after"))
+    return out
 
 
 def paired(report: dict[str, Any], before: str, after: str, harness: str) -> dict[str, int]:

@@ -9,15 +9,24 @@ the RL phase will sample in. For each ``/generate`` call it:
    back into chat messages: system, user, assistant (``<think>``, content, ``<tool_call>``
    blocks, parsed by the proxy's own Hermes parser) and tool results (``<tool_response>``
    blocks of a user turn, paired in order with the previous assistant turn's calls);
-2. identifies the toy task from the first user message (exact instruction match, else the
-   longest instruction contained in it) among the tasks of ``suites``;
-3. asks ``teacher_step(task, messages)`` for the next assistant message and renders it exactly
-   as the chat template would after the generation prompt (``[content\\n]<tool_call>\\n{json}
-   \\n</tool_call><|im_end|>``), returning those token ids with log-probs 0 (the teacher is
-   deterministic).
+2. identifies the toy task from the first user message that holds one (exact instruction
+   match, else the longest instruction contained in it) among the tasks of ``suites``;
+3. reads the harness's tool vocabulary from the prompt: the tools it declared (the template's
+   ``<tools>`` block, one tool per line as the harness sent it) and its instructions (a submit
+   command) — `harnessrl.common.tasks.vocabulary.Vocabulary`;
+4. asks ``teacher_step(task, messages, style, vocab)`` for the next assistant message, in that
+   harness's tools, and renders it exactly as the chat template would after the generation
+   prompt (``[content\\n]<tool_call>\\n{json}\\n</tool_call><|im_end|>``), returning those
+   token ids with log-probs 0 (the teacher is deterministic).
 
-A prompt it cannot read, or whose task it does not know, gets a ``finish`` call (the harness
-ends; the rollout scores 0, and an SFT learner with ``sft_min_reward`` drops it).
+The style is ``style`` (``edit`` or ``shell``), with a ``near_miss`` share of instructions
+demonstrating the family's plausible mistake (``harnessrl.common.tasks.teacher.style_for``).
+
+A prompt whose task it does not know gets the harness's way of finishing (the harness ends;
+the rollout scores 0, and an SFT learner with ``sft_min_reward`` drops it); a call that
+declares no tools (a title request) gets a short plain answer; a harness that declares no tool
+the teacher can use gets a plain answer saying so, and the reason is logged (once per
+harness tool set).
 
 Run it as a kind of ``harnessrl engine`` (prints the engine's ready line,
 ``engine ready: URL (...)``, and stops on SIGTERM/SIGINT)::
@@ -29,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import re
 import signal
@@ -117,30 +125,96 @@ class TaskIndex:
 class Teacher:
     """The ``(input_ids, body) -> Reply`` callable behind the teacher engine."""
 
-    def __init__(self, tokenizer: Any, suites: list[str]) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        suites: list[str],
+        *,
+        style: str = "edit",
+        near_miss: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        from harnessrl.common.tasks.teacher import STYLES
+
+        if style not in STYLES or style == "near_miss":
+            raise ValueError(f"teacher style {style!r}: choose edit or shell")
         self.tokenizer = tokenizer
         self.tasks = TaskIndex(suites)
+        self.style, self.near_miss, self.seed = style, near_miss, seed
         self.served = 0
         self.unknown = 0
+        self.unusable = 0
+        """Calls of a harness that declares no tool the teacher can use."""
+        self._vocab: dict[str, Any] = {}
+        self._found: dict[str, Any] = {}
+        self._warned: set[str] = set()
+
+    def find_task(self, messages: list[dict[str, Any]]) -> Any | None:
+        """The task of the first user message that holds a known instruction (Codex sends its
+        environment context first, the task after it); cached by message text."""
+        for m in messages:
+            if m["role"] != "user" or not isinstance(m.get("content"), str):
+                continue
+            text = m["content"]
+            if text not in self._found:
+                if len(self._found) > 4096:
+                    self._found.clear()
+                self._found[text] = self.tasks.find(text)
+            if self._found[text] is not None:
+                return self._found[text]
+        return None
+
+    def vocabulary(self, prompt: str, messages: list[dict[str, Any]]) -> Any:
+        """The harness's vocabulary (cached per tool block and instructions); raises
+        `VocabularyError` when it declares nothing usable."""
+        from harnessrl.common.tasks.vocabulary import Vocabulary, prompt_text, tools_in_prompt
+
+        m = re.search(r"<tools>\n.*?\n</tools>", prompt, re.DOTALL)
+        text = prompt_text(messages)
+        key = (m.group(0) if m else "") + "\0" + text
+        got = self._vocab.get(key)
+        if got is None:
+            tools = tools_in_prompt(prompt)
+            try:
+                got = Vocabulary.from_request(tools, text)
+            except ValueError as e:
+                got = e
+            if len(self._vocab) > 256:
+                self._vocab.clear()
+            self._vocab[key] = got
+        if isinstance(got, Exception):
+            raise got
+        return got
 
     def reply_text(self, prompt: str) -> str:
         """The teacher's completion for a rendered prompt (ending with ``<|im_end|>``)."""
-        from harnessrl.common.tasks.teacher import teacher_step
+        from harnessrl.common.tasks.teacher import style_for, teacher_step
+        from harnessrl.common.tasks.vocabulary import VocabularyError
 
         messages = parse_prompt(prompt)
-        first_user = next((m for m in messages if m["role"] == "user"), None)
-        task = self.tasks.find(first_user["content"]) if first_user else None
+        task = self.find_task(messages)
+        self.served += 1
+        if "<tools>" not in prompt:  # a title or summary request: no tools to act with
+            words = (task.instruction if task else "Toy task").split()
+            return render_reply({"role": "assistant", "content": " ".join(words[:6])})
+        try:
+            vocab = self.vocabulary(prompt, messages)
+        except VocabularyError as e:
+            self.unusable += 1
+            if str(e) not in self._warned:
+                self._warned.add(str(e))
+                log.warning("teacher: %s", e)
+            return render_reply({"role": "assistant", "content": f"I cannot act here: {e}"})
         if task is None:
             self.unknown += 1
-            log.warning("teacher: no known task in this prompt; answering finish")
-            message = _finish("I do not know this task.")
-        else:
-            try:
-                message = teacher_step(task, messages)
-            except Exception as e:  # a conversation the teacher cannot follow
-                log.warning("teacher: %s: %r; answering finish", task.name, e)
-                message = _finish(f"teacher error: {e}")
-        self.served += 1
+            log.warning("teacher: no known task in this prompt; finishing")
+            return render_reply(vocab.message("finish", summary="I do not know this task."))
+        style = style_for(task.instruction, self.style, self.near_miss, self.seed)
+        try:
+            message = teacher_step(task, messages, style, vocab)
+        except Exception as e:  # a conversation the teacher cannot follow
+            log.warning("teacher: %s: %r; finishing", task.name, e)
+            message = vocab.message("finish", summary=f"teacher error: {e}")
         return render_reply(message)
 
     def __call__(self, input_ids: list[int], body: dict[str, Any]) -> Any:
@@ -152,20 +226,6 @@ class Teacher:
         return Reply(ids=ids, logprobs=[0.0] * len(ids))
 
 
-def _finish(summary: str) -> dict[str, Any]:
-    return {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [
-            {
-                "id": "call_finish",
-                "type": "function",
-                "function": {"name": "finish", "arguments": json.dumps({"summary": summary})},
-            }
-        ],
-    }
-
-
 def make_teacher_engine(
     suites: list[str],
     tokenizer: str = "tiny",
@@ -173,16 +233,19 @@ def make_teacher_engine(
     host: str = "127.0.0.1",
     port: int = 0,
     api_key: str = "",
+    style: str = "edit",
+    near_miss: float = 0.0,
+    seed: int = 0,
 ) -> Any:
     """A `ScriptedEngine` (not started) answering as the toy teacher (``api_key``: required
-    on every request but ``/health``)."""
+    on every request but ``/health``; ``style``, ``near_miss``, ``seed``: see `Teacher`)."""
     from harnessrl.common.models import load_tokenizer, resolve_model
     from harnessrl.proxy.scripted import ScriptedEngine
 
     tok = load_tokenizer(resolve_model(tokenizer))
     return ScriptedEngine(
         tok,
-        Teacher(tok, suites),
+        Teacher(tok, suites, style=style, near_miss=near_miss, seed=seed),
         host=host,
         port=port,
         model_path=f"teacher:{tokenizer}",
@@ -200,7 +263,16 @@ async def serve_teacher(cfg: EngineConfig, stop: asyncio.Event | None = None) ->
             loop.add_signal_handler(sig, stop.set)
     try:
         key = load_api_key(cfg.api_key, cfg.api_key_file)
-        eng = make_teacher_engine(cfg.suites, cfg.model, host=cfg.host, port=cfg.port, api_key=key)
+        eng = make_teacher_engine(
+            cfg.suites,
+            cfg.model,
+            host=cfg.host,
+            port=cfg.port,
+            api_key=key,
+            style=cfg.teacher_style,
+            near_miss=cfg.near_miss,
+            seed=cfg.seed,
+        )
         await eng.start()
     except (ValueError, KeyError, OSError) as e:
         print(f"harnessrl engine: {e}", file=sys.stderr, flush=True)
@@ -208,12 +280,18 @@ async def serve_teacher(cfg: EngineConfig, stop: asyncio.Event | None = None) ->
     try:
         print(
             f"engine ready: {eng.url} (teacher, tokenizer {cfg.model}, "
-            f"suites {', '.join(cfg.suites)}, weight_version {eng.weight_version})",
+            f"suites {', '.join(cfg.suites)}, style {cfg.teacher_style}, "
+            f"weight_version {eng.weight_version})",
             flush=True,
         )
         await stop.wait()
         teacher = eng.fn
-        log.info("teacher served %d calls (%d unknown tasks)", teacher.served, teacher.unknown)
+        log.info(
+            "teacher served %d calls (%d unknown tasks, %d without a usable tool)",
+            teacher.served,
+            teacher.unknown,
+            teacher.unusable,
+        )
     finally:
         await eng.stop()
     print("engine stopped", flush=True)
