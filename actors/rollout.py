@@ -497,6 +497,7 @@ class _Rollout:
             {self.token: self.rid},
             model_name=self.settings.model_name,
             unix_path=str(self.sock),
+            max_body_bytes=self.settings.request_limit(self.deps.max_context),
         )
         await self.server.start()
 

@@ -54,6 +54,7 @@ __all__ = [
     "ContextTooLong",
     "ModelCaller",
     "PendingCall",
+    "TooLarge",
     "Unavailable",
     "UpstreamError",
     "call_seed",
@@ -83,6 +84,19 @@ class BadRequest(CallError):
 
     status = 400
 
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.param = param
+        """The field at fault, as OpenAI's ``param`` names it (``messages[0].role``)."""
+        self.code = code
+        """OpenAI's ``code`` (``invalid_type``, ``invalid_value``…)."""
+
+
+class TooLarge(BadRequest):
+    """The request body is over the proxy's limit (413)."""
+
+    status = 413
+
 
 class ContextTooLong(BadRequest):
     """The prompt leaves no room to generate (400, like the real APIs)."""
@@ -90,7 +104,8 @@ class ContextTooLong(BadRequest):
     def __init__(self, n_tokens: int, limit: int) -> None:
         super().__init__(
             f"prompt is too long: {n_tokens} tokens > {limit - 1} maximum "
-            f"(context window {limit} tokens)"
+            f"(context window {limit} tokens)",
+            code="context_length_exceeded",
         )
         self.n_tokens, self.limit = n_tokens, limit
 
