@@ -97,6 +97,11 @@ M_HANGUPS = metrics.counter(
 )
 _HANGUP = (ConnectionError, aiohttp.ClientPayloadError)
 """What reading a request or writing its answer raises when the client went away."""
+OFFLOAD_BYTES = 256 << 10
+"""Requests at least this large are parsed, labelled and tokenised in a worker thread
+(``ModelCaller.admit_offloaded``): tokenising releases the GIL, and the rest gives it up at
+least every switch interval, so the other rollouts of the process are served meanwhile.
+Below it, the thread's hops cost more than they save."""
 LINGER_S = 1.0
 """How long the body of a request answered without reading it (401, 413) is still read and
 discarded after the answer, so that a client still sending gets the answer rather than a
@@ -482,9 +487,14 @@ class ProxyServer:
 
     async def _call(self, request: web.Request, api: Api, rollout: str) -> web.StreamResponse:
         try:
-            body = await self._body(request)
-            req = _convert(api, body, rollout, request.headers)
-            pending = self.caller.admit(req)
+            raw = await self._body(request)
+            args = (api, raw, request.charset, rollout, request.headers)
+            if len(raw) >= OFFLOAD_BYTES:  # parse and tokenise in a worker thread
+                body, req = await asyncio.to_thread(_request, *args)
+                pending = await self.caller.admit_offloaded(req)
+            else:
+                body, req = _request(*args)
+                pending = self.caller.admit(req)
         except RecursionError:  # a free-form field (a tool schema) too deep to render
             return api.error(_TOO_DEEP)
         except CallError as e:
@@ -499,13 +509,13 @@ class ProxyServer:
             return web.json_response(api.response(reply, model, rid))
         return await self._pseudo_stream(request, pending, api, model, rid, body)
 
-    async def _body(self, request: web.Request) -> Any:
-        """The JSON body, read only while it stays under ``max_body_bytes`` (`TooLarge`)."""
+    async def _body(self, request: web.Request) -> bytes:
+        """The body, read only while it stays under ``max_body_bytes`` (`TooLarge`)."""
         limit = self.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             raise TooLarge(_too_large(request.content_length, limit))
         try:
-            return await _json_body(request)
+            return await request.read()
         except web.HTTPRequestEntityTooLarge:  # a chunked body, past the limit
             raise TooLarge(_too_large(None, limit)) from None
 
@@ -575,15 +585,22 @@ def _too_large(size: int | None, limit: int) -> str:
     )
 
 
-async def _json_body(request: web.Request) -> Any:
-    """The request's JSON body, as ``request.json()`` reads it. A UTF-8 body (every harness's)
-    is decoded by msgspec, several times faster than the standard library on a long
+def _request(
+    api: Api, raw: bytes, charset: str | None, rollout: str, headers: Mapping[str, str]
+) -> tuple[Any, CallRequest]:
+    """The JSON body and the call it asks for (touches no shared state: may run in a worker
+    thread)."""
+    body = _json_body(raw, charset)
+    return body, _convert(api, body, rollout, headers)
+
+
+def _json_body(raw: bytes, charset: str | None) -> Any:
+    """The JSON body, as ``request.json()`` reads it. A UTF-8 body (every harness's) is
+    decoded by msgspec, several times faster than the standard library on a long
     conversation; what msgspec refuses and the standard library accepts (``NaN``, numbers
     beyond float range) goes the standard library's way. ``BadRequest`` for what is not JSON,
     is nested too deeply to parse, or holds a lone surrogate (not Unicode text)."""
-    utf8 = (request.charset or "utf-8").lower() in ("utf-8", "utf8")
-    raw = await request.read()
-    if utf8:
+    if (charset or "utf-8").lower() in ("utf-8", "utf8"):
         try:
             return _decode_json(raw)
         except RecursionError:
@@ -591,7 +608,7 @@ async def _json_body(request: web.Request) -> Any:
         except msgspec.DecodeError:
             pass
     try:
-        body = json.loads(raw.decode(request.charset or "utf-8"))
+        body = json.loads(raw.decode(charset or "utf-8"))
     except RecursionError:
         raise _TOO_DEEP from None
     except (ValueError, LookupError):  # not JSON, or in an unknown charset

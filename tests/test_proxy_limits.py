@@ -14,14 +14,15 @@ import json
 import logging
 import time
 
+import aiohttp
 import pytest
 
 from harnessrl.common import metrics
 from harnessrl.common.records import CallRecord
 from harnessrl.proxy.proxy_config import ProxySettings, request_bytes_limit
 from harnessrl.proxy.scripted import Reply
-from harnessrl.proxy.server import LINGER_S
-from tests.test_proxy_server import MSGS, ROLLOUT, TOKEN, proxy
+from harnessrl.proxy.server import LINGER_S, OFFLOAD_BYTES
+from tests.test_proxy_server import MSGS, ROLLOUT, TOKEN, R, proxy
 
 MB = 1 << 20
 PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages"}
@@ -148,3 +149,31 @@ async def test_hangups_are_one_info_line_each(run_name: str, caplog) -> None:
     lines = [r for r in caplog.records if "hung up" in r.getMessage()]
     assert len(lines) == 204 and all(r.levelno == logging.INFO for r in lines)
     assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.WARNING]
+
+
+async def test_a_large_prompt_is_tokenised_off_the_event_loop(run_name: str) -> None:
+    """A request over ``OFFLOAD_BYTES`` builds its prompt in a worker thread: while ~1 MB of
+    text is tokenised (seconds here), the proxy's event loop keeps answering (another client's
+    health checks every 10 ms), and the call is answered as it would be on the loop."""
+    text = "lorem ipsum dolor sit amet " * 40_000
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": text}]})
+    assert len(body) > OFFLOAD_BYTES
+    async with proxy(run_name, ["done"], max_context=4_000_000) as (sdk, srv, eng, *_):
+        async with aiohttp.ClientSession() as http:
+            call = asyncio.ensure_future(
+                http.post(
+                    srv.url + PATHS["chat"],
+                    data=body,
+                    headers={"Authorization": f"Bearer {TOKEN}"},
+                )
+            )
+            pings = 0
+            while not call.done():
+                async with http.get(srv.url + "/") as r:
+                    pings += r.status == 200
+                await asyncio.sleep(0.01)
+            async with call.result() as r:
+                assert r.status == 200, await r.text()
+        want = R.encode(R.render([{"role": "user", "content": text}], None, gen=True))
+        assert eng.requests[0]["input_ids"] == want
+    assert pings >= 10, pings
