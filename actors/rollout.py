@@ -311,6 +311,16 @@ class _Fail(Exception):
         self.status, self.reason, self.error = status, reason, error
 
 
+def _said(done: ExecResult, n: int = 1500) -> str:
+    """The tails of what a command wrote, stderr then stdout (harnesses differ in where their
+    reason goes: Codex prints its fatal errors on stdout)."""
+    parts = [
+        (name, _tail(data, n)) for name, data in (("stderr", done.stderr), ("stdout", done.stdout))
+    ]
+    said = [f"{name}: {text}" for name, text in parts if text]
+    return " | ".join(said) or "no output"
+
+
 def _tail(data: bytes | str, n: int = 2000) -> str:
     s = data.decode(errors="replace") if isinstance(data, bytes) else data
     s = s.strip()
@@ -632,7 +642,7 @@ class _Rollout:
                 "sandbox_error",
                 "sandbox_killed",
                 f"sandbox killed from outside while the harness ran ({done.killed}; exit "
-                f"{done.returncode}, {n_calls} model calls): {_tail(done.stderr, 1000)}",
+                f"{done.returncode}, {n_calls} model calls): {_said(done, 1000)}",
             )
         if done.timed_out:
             msg = f"harness killed at its {timeout:g} s timeout"
@@ -645,9 +655,7 @@ class _Rollout:
         if rc in NOT_RUNNABLE_EXITS or (rc != 0 and n_calls == 0):
             why = "could not start" if rc in NOT_RUNNABLE_EXITS else "failed before any model call"
             raise _Fail(
-                "harness_error",
-                "harness_exit",
-                f"harness {why} (exit {rc}): {_tail(done.stderr, 1500)}",
+                "harness_error", "harness_exit", f"harness {why} (exit {rc}): {_said(done)}"
             )
         return True
 

@@ -32,6 +32,20 @@ def request_bytes_limit(max_context: int, configured: int = 0) -> int:
     return REQUEST_BYTES_PER_TOKEN * max_context + REQUEST_BYTES_SLACK
 
 
+def _shipped_limit() -> str:
+    from harnessrl.common.models.resolve import SHIPPED, declared_max_new_tokens
+
+    return str(declared_max_new_tokens(SHIPPED["tiny-agent"]) or "none")
+
+
+_MAX_NEW_TOKENS_DOC = (
+    "Most tokens one call may generate (a harness's max_tokens can only lower it); 0: the "
+    "model's own limit (``max_new_tokens`` in its ``generation_config.json``; ``tiny-agent`` "
+    f"declares {_shipped_limit()}), else {DEFAULT_MAX_NEW_TOKENS}."
+)
+"""The doc of ``max_new_tokens``, quoting what the shipped model's files say."""
+
+
 class SamplingSettings(HrlModel):
     """How the engines sample every call of a rollout (set by the run, never by the harness;
     what was used is recorded in each CallRecord's ``sampling``)."""
@@ -42,10 +56,7 @@ class SamplingSettings(HrlModel):
     """Nucleus sampling mass."""
     top_k: int = Field(-1, ge=-1, le=1_000_000)
     """Top-k sampling; -1 disables it."""
-    max_new_tokens: int = Field(0, ge=0, le=1_000_000)
-    """Most tokens one call may generate (a harness's max_tokens can only lower it); 0: the
-    model's own limit (``max_new_tokens`` in its ``generation_config.json``; ``tiny-agent``
-    declares 256), else 4096."""
+    max_new_tokens: int = Field(0, ge=0, le=1_000_000, description=_MAX_NEW_TOKENS_DOC)
 
 
 class ProxySettings(SamplingSettings):

@@ -212,6 +212,20 @@ async def test_harness_that_cannot_start_is_harness_error(nats_url, run_name, bw
     assert "no-such-harness-xyz" in res.error and not report.bad_request
 
 
+async def test_harness_failing_with_its_reason_on_stdout_keeps_it(nats_url, run_name, bwrap):
+    """A harness that says why it failed on stdout (as Codex does for a fatal error) and exits
+    1 before any model call: the reason is in the result's error and the report keeps the tail
+    of both streams."""
+    cmd = "echo 'Error: no provider configured for model harnessrl'; echo warm-up >&2; exit 1"
+    async with rollout_env(nats_url, run_name, bwrap) as (deps, _, _):
+        report = RolloutReport()
+        res = await run_rollout(request(cmd=cmd, group_id="gso"), 1, deps, report=report)
+    assert (res.status, res.reason) == ("harness_error", "harness_exit"), res
+    assert "no provider configured" in res.error and "warm-up" in res.error
+    assert "no provider configured" in report.harness_stdout
+    assert report.harness_stderr == "warm-up"
+
+
 async def test_unknown_task_is_a_bad_request(nats_url, run_name, bwrap):
     """A task the actor cannot load is a failed result and flagged as a bad request."""
     async with rollout_env(nats_url, run_name, bwrap) as (deps, _, _):
