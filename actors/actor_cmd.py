@@ -24,16 +24,6 @@ SECTION = "actor"
 log = logging.getLogger("harnessrl.actor")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--engine",
-        dest="cfg__engines",
-        action="append",
-        metavar="URL",
-        help="engine URL (SGLang native API); repeat for several (same as --engines)",
-    )
-
-
 async def serve(cfg: ActorConfig, stop: asyncio.Event | None = None, *, backend: Any = None) -> int:
     """Run the actor until ``stop`` (or SIGTERM/SIGINT). ``backend``: a sandbox backend to use
     instead of the configured one (``benchmarks/fleet.py`` passes its no-op backend)."""

@@ -37,6 +37,10 @@ class RolloutSettings(ProxySettings):
     rollout fails (the task is retried) instead of publishing a result with calls missing."""
     engine_health_interval_s: float = Field(2.0, gt=0, le=3600)
     """Seconds between engine health checks."""
+    engine_grace_s: float = Field(30.0, gt=0, le=86_400)
+    """How long a harness runs on while no engine is in rotation (all failed their health
+    checks or refused calls) before it is stopped and its rollout ends as ``engine_error``:
+    reported in seconds, not at the harness's own timeout."""
     sandbox: Literal["bwrap", "docker"] = "bwrap"
     """Sandbox backend: bubblewrap (no daemon) or docker."""
     sandbox_root: Path | None = None

@@ -56,7 +56,10 @@ What must stay true:
     such failure, whatever the harness did then. A transient failure followed by calls that
     generate is not one; neither is a 400 the harness caused nor a call it abandoned. This is
     judged first, before the harness's exit or timeout: a harness that gave up (or hung) on a
-    dead engine is never scored.
+    dead engine is never scored. When no engine at all has been in rotation for
+    ``engine_grace_s`` while the harness runs, the harness is stopped then and there (reason
+    ``engine_unreachable``): a dead engine is reported in seconds, not at the harness's own
+    timeout, however long the harness keeps retrying.
 
 Shared state: one `RolloutDeps` per process (the proxy stack of ``harnessrl.proxy.stack`` — engine
 router, renderer, ModelCaller, Recorder — the sandbox backend and the judge); one `ProxyServer`
@@ -308,6 +311,16 @@ class _Fail(Exception):
         self.status, self.reason, self.error = status, reason, error
 
 
+def _said(done: ExecResult, n: int = 1500) -> str:
+    """The tails of what a command wrote, stderr then stdout (harnesses differ in where their
+    reason goes: Codex prints its fatal errors on stdout)."""
+    parts = [
+        (name, _tail(data, n)) for name, data in (("stderr", done.stderr), ("stdout", done.stdout))
+    ]
+    said = [f"{name}: {text}" for name, text in parts if text]
+    return " | ".join(said) or "no output"
+
+
 def _tail(data: bytes | str, n: int = 2000) -> str:
     s = data.decode(errors="replace") if isinstance(data, bytes) else data
     s = s.strip()
@@ -363,6 +376,8 @@ class _Rollout:
             meta=dict(req.meta),
         )
         self.durations: dict[str, float] = {}
+        self.engines_gone = ""
+        """Why the harness was stopped for want of an engine ("": it was not)."""
 
     async def run(self) -> RolloutResult:
         res = self.result
@@ -401,8 +416,8 @@ class _Rollout:
                 await self._keep(sandbox)
             await self._close_proxy()
             n_calls = await self._flush()
-            self._judge_engine(n_calls)
-            if self._judge_exit(done, n_calls, timeout):
+            self._judge_engine(n_calls)  # raises when the harness was stopped (done is None)
+            if done is not None and self._judge_exit(done, n_calls, timeout):
                 await self._verify(task, sandbox)
         finally:
             await self._destroy(sandbox)
@@ -497,6 +512,7 @@ class _Rollout:
             {self.token: self.rid},
             model_name=self.settings.model_name,
             unix_path=str(self.sock),
+            max_body_bytes=self.settings.request_limit(self.deps.max_context),
         )
         await self.server.start()
 
@@ -531,7 +547,7 @@ class _Rollout:
         M_SANDBOX_CREATE.labels(backend=self.deps.backend.name).observe(took)
         return sandbox
 
-    async def _launch(self, sandbox: Sandbox, spec: LaunchSpec) -> ExecResult:
+    async def _launch(self, sandbox: Sandbox, spec: LaunchSpec) -> ExecResult | None:
         t0 = time.monotonic()
         try:
             try:
@@ -540,19 +556,56 @@ class _Rollout:
                 if isinstance(e, SandboxError):
                     raise
                 raise _Fail("harness_error", "launch_files", str(e)) from None
-            done = await sandbox.run(
-                spec.argv, env=spec.env, cwd=spec.cwd, timeout=spec.timeout_s, stdin=spec.stdin
-            )
+            done = await self._run_harness(sandbox, spec)
         except SandboxError as e:
             raise _Fail("sandbox_error", "sandbox_run", f"sandbox failed: {e}") from None
         finally:
             self.durations["harness"] = time.monotonic() - t0
+        rep = self.report
+        if done is None:  # stopped: no engine
+            rep.harness_exit = -9
+            return None
         if done.cpu_s is not None:
             self.durations["harness_cpu"] = done.cpu_s
-        rep = self.report
         rep.harness_exit, rep.timed_out = done.returncode, done.timed_out
         rep.harness_stdout, rep.harness_stderr = _tail(done.stdout), _tail(done.stderr)
         return done
+
+    async def _run_harness(self, sandbox: Sandbox, spec: LaunchSpec) -> ExecResult | None:
+        """The harness's run, or None when it was stopped because no engine was in rotation
+        for ``engine_grace_s`` (`engines_gone` says why). Cancelling ``sandbox.run`` kills
+        the harness and every process it started."""
+        run = asyncio.ensure_future(
+            sandbox.run(
+                spec.argv, env=spec.env, cwd=spec.cwd, timeout=spec.timeout_s, stdin=spec.stdin
+            )
+        )
+        watch = asyncio.ensure_future(self._engines_down_for(self.settings.engine_grace_s))
+        try:
+            await asyncio.wait({run, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (run, watch):
+                t.cancel()  # a no-op for the one that finished
+            await asyncio.gather(run, watch, return_exceptions=True)
+        if not run.cancelled():
+            return run.result()
+        router = self.deps.router
+        self.engines_gone = (
+            f"no engine in rotation for {self.settings.engine_grace_s:g} s: the harness was "
+            f"stopped ({_tail(router.down(), 500)})"
+        )
+        log.warning("rollout %s: %s", self.rid, self.engines_gone)
+        return None
+
+    async def _engines_down_for(self, grace: float) -> None:
+        """Return once no engine has been in rotation for ``grace`` seconds on end."""
+        router = self.deps.router
+        while True:
+            since = router.down_since
+            left = grace if since is None else since + grace - time.monotonic()
+            if since is not None and left <= 0:
+                return
+            await asyncio.sleep(min(max(left, 0.05), 1.0))
 
     async def _keep(self, sandbox: Sandbox) -> None:
         dest = Path(self.keep_workspace)  # type: ignore[arg-type]
@@ -563,8 +616,11 @@ class _Rollout:
             log.warning("rollout %s: keeping the workspace in %s failed: %s", self.rid, dest, e)
 
     def _judge_engine(self, n_calls: int) -> None:
-        """Raise `_Fail` (``engine_error``) when the engines failed the rollout: a model call
-        failed for an infrastructure reason and none generated after it."""
+        """Raise `_Fail` (``engine_error``) when the engines failed the rollout: the harness
+        was stopped for want of an engine, or a model call failed for an infrastructure reason
+        and none generated after it."""
+        if self.engines_gone:
+            raise _Fail("engine_error", "engine_unreachable", self.engines_gone)
         router = self.deps.router
         o = router.outcome(self.rid)
         if not o.failed:
@@ -586,7 +642,7 @@ class _Rollout:
                 "sandbox_error",
                 "sandbox_killed",
                 f"sandbox killed from outside while the harness ran ({done.killed}; exit "
-                f"{done.returncode}, {n_calls} model calls): {_tail(done.stderr, 1000)}",
+                f"{done.returncode}, {n_calls} model calls): {_said(done, 1000)}",
             )
         if done.timed_out:
             msg = f"harness killed at its {timeout:g} s timeout"
@@ -599,9 +655,7 @@ class _Rollout:
         if rc in NOT_RUNNABLE_EXITS or (rc != 0 and n_calls == 0):
             why = "could not start" if rc in NOT_RUNNABLE_EXITS else "failed before any model call"
             raise _Fail(
-                "harness_error",
-                "harness_exit",
-                f"harness {why} (exit {rc}): {_tail(done.stderr, 1500)}",
+                "harness_error", "harness_exit", f"harness {why} (exit {rc}): {_said(done)}"
             )
         return True
 

@@ -17,15 +17,20 @@ sample, even when ``--nats`` points at a live run.
 Exit status (`EXIT_STATUS`): 0 the rollout was scored (status ``ok``); 1 it ended in an
 infrastructure failure (any other status: ``engine_error``, ``harness_error``, ...), with
 ``harnessrl rollout: STATUS (REASON): ERROR`` on stderr (when no engine answers ``/health``
-the rollout is refused at once as ``engine_error (engine_unreachable)``); 2 bad arguments — a missing or
-unknown task, suite or harness, contradicting flags — refused in well under a second, before
-any nats-server, engine check, sandbox or proxy is started.
+the rollout is refused at once as ``engine_error (engine_unreachable)``; a bus that refuses
+the credential or the publishes and reads is ``bus_error`` — ``cannot_connect``,
+``permission_denied`` naming the role needed, ``records_not_stored``); 2 bad arguments — a
+missing or unknown task, suite or harness, contradicting flags — refused in well under a
+second, before any nats-server, engine check, sandbox or proxy is started. Every failure is
+that one line, never a traceback; with ``--json`` a failure without a rollout result is one
+object on stdout too: ``status``, ``reason``, ``error``, ``exit``.
 
 ``--json`` prints one object: ``rollout_id``, ``task``, ``harness``, ``harness_version``,
 ``status``, ``reason``, ``reward``, ``metrics``, ``n_calls``, ``durations``, ``error``,
-``harness_exit``, ``timed_out``, ``workspace``, ``tree`` {``n_calls``, ``n_leaves``,
-``dropped``, ``unique_tokens``, ``expanded_tokens``, ``model_tokens``, ``tito_misses``,
-``false_forks``, ``n_nodes``, ``dropped_reason``}.
+``harness_exit``, ``timed_out``, ``workspace``, ``harness_stderr`` and ``harness_stdout``
+(their tails), ``verifier_output``, ``tree`` {``n_calls``, ``n_leaves``, ``dropped``,
+``truncated_calls``, ``unique_tokens``, ``expanded_tokens``, ``model_tokens``,
+``tito_misses``, ``false_forks``, ``n_nodes``, ``dropped_reason``}.
 """
 
 from __future__ import annotations
@@ -52,8 +57,9 @@ log = logging.getLogger("harnessrl.rollout")
 
 EXIT_STATUS = (
     "exit status: 0 the rollout was scored (status ok); 1 an infrastructure failure (any other "
-    "status, printed on stderr as STATUS (REASON): ERROR); 2 bad arguments (unknown task, suite "
-    "or harness; contradicting flags), refused before anything starts"
+    "status, printed on stderr as STATUS (REASON): ERROR; with --json also a JSON object on "
+    "stdout); 2 bad arguments (unknown task, suite or harness; contradicting flags), refused "
+    "before anything starts"
 )
 
 
@@ -68,13 +74,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="",
         metavar="CMD",
         help="command line run by the 'command' harness (implies --harness command)",
-    )
-    g.add_argument(
-        "--engine",
-        dest="cfg__engines",
-        action="append",
-        metavar="URL",
-        help="engine URL (SGLang native API); repeat for several (same as --engines)",
     )
     g.add_argument(
         "--timeout", type=float, default=0.0, metavar="S", help="harness wall-clock limit, s"
@@ -184,7 +183,8 @@ async def progress(bus: Any, rid: str, every: float = 2.0, out: Any = None) -> N
 async def rollout(cfg: RolloutConfig, args: argparse.Namespace) -> dict[str, Any]:
     """Run the rollout and assemble its tree; the report as a JSON-able dict."""
     from harnessrl.actors.rollout import RolloutDeps, RolloutReport, run_rollout
-    from harnessrl.common.bus import connect
+    from harnessrl.common.bus import BusConnectError, BusError, PermissionDenied, connect
+    from harnessrl.common.natsauth import ROLES
     from harnessrl.common.natsd import NatsServer
     from harnessrl.common.records import CallRecord, rollout_id
     from harnessrl.common.tree import assemble
@@ -195,9 +195,18 @@ async def rollout(cfg: RolloutConfig, args: argparse.Namespace) -> dict[str, Any
         if not url:
             store = stack.enter_context(tempfile.TemporaryDirectory(prefix="hrl-rollout-nats-"))
             url = stack.enter_context(NatsServer(store)).url
-        bus = await connect(
-            url, cfg.run, name="harnessrl rollout", creds=cfg.nats_creds, ca=cfg.nats_ca
-        )
+        try:
+            bus = await connect(
+                url, cfg.run, name="harnessrl rollout", creds=cfg.nats_creds, ca=cfg.nats_ca
+            )
+        except BusError as e:  # the run's streams missing and not ours to create, say
+            if isinstance(e, BusConnectError):
+                raise
+            raise BusConnectError(str(e)) from None
+        role = getattr(bus, "user", "")
+        if role in ROLES and role != "admin":  # refused before anything runs, not at the end
+            await bus.close()
+            raise PermissionDenied(f"this credential is the {role!r} role's")
         try:
             watch = None
             if not getattr(args, "quiet", False):
@@ -234,11 +243,13 @@ async def rollout(cfg: RolloutConfig, args: argparse.Namespace) -> dict[str, Any
         "timed_out": report.timed_out,
         "workspace": str(report.workspace) if report.workspace is not None else None,
         "harness_stderr": report.harness_stderr,
+        "harness_stdout": report.harness_stdout,
         "verifier_output": report.verifier_output,
         "tree": {
             "n_calls": c.n_calls,
             "n_leaves": c.n_leaves,
             "dropped": dict(c.dropped),
+            "truncated_calls": c.truncated_calls,
             "unique_tokens": c.unique_tokens,
             "expanded_tokens": c.expanded_tokens,
             "model_tokens": c.model_tokens,
@@ -270,7 +281,7 @@ def format_report(r: dict[str, Any]) -> str:
         f"  tree     {t['n_calls']} calls, {t['n_leaves']} leaves, {t['n_nodes']} nodes, "
         f"{t['unique_tokens']} unique / {t['expanded_tokens']} expanded tokens, "
         f"{t['model_tokens']} model tokens, {t['tito_misses']} TITO misses, "
-        f"{t['false_forks']} false forks"
+        f"{t['false_forks']} false forks, {t['truncated_calls']} cut at max tokens"
     )
     if t["dropped"]:
         dropped = ", ".join(f"{k} {v}" for k, v in sorted(t["dropped"].items()))
@@ -279,9 +290,11 @@ def format_report(r: dict[str, Any]) -> str:
         lines.append(f"           no sample: {t['dropped_reason']}")
     if r["workspace"]:
         lines.append(f"  workspace kept in {r['workspace']}")
-    if r["status"] != "ok" and r["harness_stderr"]:
-        lines.append("  harness stderr (tail):")
-        lines.extend("    " + ln for ln in r["harness_stderr"].splitlines()[-20:])
+    for stream in ("stderr", "stdout"):
+        text = r.get(f"harness_{stream}") or ""
+        if r["status"] != "ok" and text:
+            lines.append(f"  harness {stream} (tail):")
+            lines.extend("    " + ln for ln in text.splitlines()[-20:])
     return "\n".join(lines)
 
 
@@ -309,22 +322,25 @@ async def engines_down(urls: list[str], timeout: float = 5.0) -> list[str]:
 
 
 def main(cfg: RolloutConfig, args: argparse.Namespace) -> int:
-    from harnessrl.common.aio import run, setup_logging
+    from harnessrl.common.aio import StartupError, run, setup_logging
+    from harnessrl.common.bus import BusError, PermissionDenied
 
     bad = bad_arguments(args)
     if bad:
-        print(f"harnessrl rollout: {bad}", file=sys.stderr)
-        return 2
+        return failed(args, 2, "bad_arguments", "", bad)
     setup_logging(cfg.log_level, "rollout")
     down = run(engines_down(cfg.engines))
     if len(down) == len(cfg.engines):
-        print(
-            f"harnessrl rollout: engine_error (engine_unreachable): no engine answers /health at "
-            f"{', '.join(down)}",
-            file=sys.stderr,
-        )
-        return 1
-    report = run(rollout(cfg, args), subprocesses=True)
+        why = f"no engine answers /health at {', '.join(down)}"
+        return failed(args, 1, "engine_error", "engine_unreachable", why)
+    try:
+        report = run(rollout(cfg, args), subprocesses=True)
+    except PermissionDenied as e:
+        return failed(args, 1, "bus_error", "permission_denied", f"{e}. {NEEDS_ADMIN}")
+    except StartupError as e:  # the server refused the credential, or it cannot be read
+        return failed(args, 1, "bus_error", "cannot_connect", unprefixed(str(e)))
+    except (BusError, TimeoutError) as e:
+        return failed(args, 1, "bus_error", "records_not_stored", str(e))
     if args.json:
         print(json.dumps(report, sort_keys=True))
     else:
@@ -333,6 +349,31 @@ def main(cfg: RolloutConfig, args: argparse.Namespace) -> int:
         print(failure_line(report), file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+NEEDS_ADMIN = (
+    "harnessrl rollout records the rollout's calls and reads them back (as an actor and the "
+    "assembler do): on a secured nats-server it needs the admin credential (--nats-creds "
+    "<auth>/admin.cred)"
+)
+
+
+def failed(args: argparse.Namespace, code: int, status: str, reason: str, error: str) -> int:
+    """A rollout that failed before it had a result: one line on stderr and, with ``--json``,
+    one object on stdout (``status``, ``reason``, ``error``, ``exit``); returns ``code``."""
+    error = " ".join(error.split())
+    if getattr(args, "json", False):
+        obj = {"status": status, "reason": reason, "error": error, "exit": code}
+        print(json.dumps(obj, sort_keys=True), flush=True)
+    why = f"{status} ({reason})" if reason else ""
+    print(f"harnessrl rollout: {why + ': ' if why else ''}{error}", file=sys.stderr, flush=True)
+    return code
+
+
+def unprefixed(message: str) -> str:
+    """``message`` without a leading ``harnessrl rollout:`` (the bus names its client so)."""
+    prefix = "harnessrl rollout:"
+    return message[len(prefix) :].strip() if message.startswith(prefix) else message
 
 
 if __name__ == "__main__":  # ``python -m harnessrl.actors.rollout_cmd`` is ``harnessrl rollout``

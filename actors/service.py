@@ -269,5 +269,12 @@ class ActorService:
             res.error[:500],
             res.n_calls,
             total,
-            f"; harness stderr: {report.harness_stderr[-800:]}" if report.harness_stderr else "",
+            "".join(
+                f"; harness {name}: {text[-800:]}"
+                for name, text in (
+                    ("stderr", report.harness_stderr),
+                    ("stdout", report.harness_stdout),
+                )
+                if text
+            ),
         )

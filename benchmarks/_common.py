@@ -24,7 +24,7 @@ smoke runs must not overwrite the measured full runs)."""
 
 def parse_args(description: str, argv: list[str] | None = None) -> argparse.Namespace:
     """Common flags: ``--quick`` (under a minute) and ``--out`` (results folder)."""
-    p = argparse.ArgumentParser(description=description)
+    p = argparse.ArgumentParser(allow_abbrev=False, description=description)
     p.add_argument("--quick", action="store_true", help="small sizes; finishes in under a minute")
     p.add_argument("--out", type=Path, default=RESULTS_DIR, help="folder for NAME.json")
     return p.parse_args(argv)

@@ -171,7 +171,7 @@ def measure(root: Path, budget_s: float, quick: bool) -> dict[str, dict[str, Any
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--budget-s", type=float, default=0.0)
     known, rest = pre.parse_known_args(argv)
     args = parse_args(__doc__.split("\n")[0], rest)

@@ -39,7 +39,7 @@ TARGET_GAIN = 0.25
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="smoke test, under a minute")
     p.add_argument("--out", type=Path, default=RESULTS_DIR, help="folder for NAME.json")
     p.add_argument("--algo", action="append", choices=["grpo", "ppo"], help="repeat; default both")

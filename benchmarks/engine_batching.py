@@ -152,7 +152,7 @@ async def run(quick: bool, model: str, threads: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    extra = argparse.ArgumentParser(add_help=False)
+    extra = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     extra.add_argument("--model", default="tiny", help="model folder or tiny spec")
     extra.add_argument("--threads", type=int, default=1, help="torch threads (0 = all cores)")
     known, rest = extra.parse_known_args(argv)

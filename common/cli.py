@@ -91,6 +91,7 @@ def _selected(argv: list[str]) -> str | None:
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="harnessrl",
         description="RL training of language models through real, unmodified agent harnesses.",
         epilog="Run `harnessrl COMMAND --help` for a command's options.",
@@ -98,7 +99,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = _selected(argv)
     for name, cmd in COMMANDS.items():
-        p = sub.add_parser(name, help=cmd.help, description=cmd.help)
+        p = sub.add_parser(name, help=cmd.help, description=cmd.help, allow_abbrev=False)
         if name == chosen:
             mod = importlib.import_module(cmd.module)
             if hasattr(mod, "add_arguments"):
@@ -136,8 +137,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(mod.main(cfg, args) or 0)
     except KeyboardInterrupt:
         return 130
-    except StartupError as e:
-        print(f"harnessrl {args.command}: {e}", file=sys.stderr)
+    except StartupError as e:  # a message may already name the command (a bus client's name)
+        prefix = f"harnessrl {args.command}:"
+        text = str(e)
+        print(text if text.startswith(prefix) else f"{prefix} {text}", file=sys.stderr)
         return 1
 
 

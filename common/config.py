@@ -397,8 +397,18 @@ def _bounds(info: Any) -> str:
     return f" [{', '.join(parts)}]" if parts else ""
 
 
+FLAG_ALIASES: dict[str, tuple[str, ...]] = {
+    "engines": ("--engine",),
+    "harnesses": ("--harness",),
+}
+"""Other spellings of a field's flag, the same for every command that has the field: the
+singular of a list (``--engine URL``, repeated) reads as users write it. A command whose own
+arguments already use the spelling keeps its own."""
+
+
 def add_config_args(parser: argparse.ArgumentParser, cls: type[BaseModel]) -> None:
-    """Add ``--config``, ``--print-config`` and one flag per config field to ``parser``."""
+    """Add ``--config``, ``--print-config`` and one flag per config field to ``parser`` (with
+    its `FLAG_ALIASES`)."""
     parser.add_argument(
         "--config", metavar="TOML", help="TOML config file (CLI flags override its values)"
     )
@@ -434,7 +444,9 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type[BaseModel]) -> No
             kwargs["choices"] = [str(a) for a in typing.get_args(tp)]
         else:
             kwargs["metavar"] = getattr(tp, "__name__", "VALUE").upper()
-        group.add_argument(flag, **kwargs)
+        taken = parser._option_string_actions  # argparse has no public view of it
+        aliases = [a for a in FLAG_ALIASES.get(dotted, ()) if a not in taken]
+        group.add_argument(flag, *aliases, **kwargs)
 
 
 def _json_arg(s: str) -> Any:

@@ -31,9 +31,11 @@ What must stay true:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -44,7 +46,7 @@ from harnessrl.proxy.labels import DEFAULT_RULES, LabelRules, kept_headers, labe
 from harnessrl.proxy.parsers import ParsedOutput, Parser
 from harnessrl.proxy.recorder import Recorder, RecorderFull, Ticket
 from harnessrl.proxy.sglang import EngineBadRequest, EngineError, EngineUnavailable, GenerateResult
-from harnessrl.proxy.tito import ChatRenderer, Tito, TitoPrompt
+from harnessrl.proxy.tito import ChatRenderer, PromptTooLong, Tito, TitoPrompt, TitoSession
 
 __all__ = [
     "BadRequest",
@@ -54,6 +56,7 @@ __all__ = [
     "ContextTooLong",
     "ModelCaller",
     "PendingCall",
+    "TooLarge",
     "Unavailable",
     "UpstreamError",
     "call_seed",
@@ -83,14 +86,28 @@ class BadRequest(CallError):
 
     status = 400
 
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.param = param
+        """The field at fault, as OpenAI's ``param`` names it (``messages[0].role``)."""
+        self.code = code
+        """OpenAI's ``code`` (``invalid_type``, ``invalid_value``…)."""
+
+
+class TooLarge(BadRequest):
+    """The request body is over the proxy's limit (413)."""
+
+    status = 413
+
 
 class ContextTooLong(BadRequest):
     """The prompt leaves no room to generate (400, like the real APIs)."""
 
-    def __init__(self, n_tokens: int, limit: int) -> None:
+    def __init__(self, n_tokens: int, limit: int, *, at_least: bool = False) -> None:
+        n = f"at least {n_tokens}" if at_least else str(n_tokens)
         super().__init__(
-            f"prompt is too long: {n_tokens} tokens > {limit - 1} maximum "
-            f"(context window {limit} tokens)"
+            f"prompt is too long: {n} tokens > {limit - 1} maximum (context window {limit} tokens)",
+            code="context_length_exceeded",
         )
         self.n_tokens, self.limit = n_tokens, limit
 
@@ -239,7 +256,26 @@ class ModelCaller:
         check. Raises ``Unavailable``/``BadRequest`` before any engine work, so an API layer can
         still answer with a real HTTP status before it starts a stream. The returned call must
         be passed to ``run`` (or ``abandon``)."""
-        label, _ = label_call(req.messages, req.tools, req.headers, self.label_rules)
+        pending = self._begin(req, self._label(req))
+        with self._failing(pending):
+            self._admitted(pending, self._prompt(pending, self.tito.session(req.rollout_id)))
+        return pending
+
+    async def admit_offloaded(self, req: CallRequest) -> PendingCall:
+        """``admit``, with the prompt built in a worker thread: tokenising a long text releases
+        the GIL, so the event loop serves the other rollouts meanwhile (for large requests,
+        where that saves more than the thread's hop costs)."""
+        pending = self._begin(req, await asyncio.to_thread(self._label, req))
+        with self._failing(pending):
+            session = self.tito.session(req.rollout_id)
+            prompt = await asyncio.to_thread(self._prompt, pending, session)
+            self._admitted(pending, prompt)
+        return pending
+
+    def _label(self, req: CallRequest) -> str:
+        return label_call(req.messages, req.tools, req.headers, self.label_rules)[0]
+
+    def _begin(self, req: CallRequest, label: str) -> PendingCall:
         try:
             ticket = self.recorder.begin(req.rollout_id)
         except RecorderFull as e:
@@ -251,19 +287,36 @@ class ModelCaller:
             "requested": req.requested,
             "headers": kept_headers(req.headers, self.label_rules),
         }
+        return pending
+
+    def _prompt(self, pending: PendingCall, session: TitoSession) -> TitoPrompt:
+        """The call's TITO prompt (touches no shared state: may run in a worker thread)."""
+        req = pending.req
         try:
-            session = self.tito.session(req.rollout_id)
-            pending.prompt = session.prepare(req.messages, req.tools, track=label)
-            pending.base["tito_hit"] = pending.prompt.hit
-            pending.base["parent_hint"] = pending.prompt.anchor_seq
-            n = len(pending.prompt.ids)
-            if self.max_context and n >= self.max_context:
-                raise ContextTooLong(n, self.max_context)
-            pending.base["sampling"] = self.engine_sampling(n, req.max_tokens)
+            return session.prepare(
+                req.messages, req.tools, track=pending.base["label"], max_ids=self.max_context
+            )
+        except PromptTooLong as e:
+            raise ContextTooLong(e.at_least, e.max_ids, at_least=True) from None
+
+    def _admitted(self, pending: PendingCall, prompt: TitoPrompt) -> None:
+        pending.prompt = prompt
+        pending.base["tito_hit"] = prompt.hit
+        pending.base["parent_hint"] = prompt.anchor_seq
+        n = len(prompt.ids)
+        if self.max_context and n >= self.max_context:
+            raise ContextTooLong(n, self.max_context)
+        pending.base["sampling"] = self.engine_sampling(n, pending.req.max_tokens)
+
+    @contextlib.contextmanager
+    def _failing(self, pending: PendingCall) -> Iterator[None]:
+        """Record the call as failed when admitting it fails (every admitted call has exactly
+        one record)."""
+        try:
+            yield
         except BaseException as e:
             self._record_failure(pending, e)
             raise
-        return pending
 
     async def run(self, pending: PendingCall) -> CallReply:
         """Second half of ``call``: engine, parse, TITO commit, record."""

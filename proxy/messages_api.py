@@ -251,9 +251,12 @@ def message_events(reply: CallReply) -> list[dict[str, Any]]:
 
 
 def messages_error(e: CallError) -> web.Response:
-    """Anthropic's error shape: 400 invalid_request_error, 529 overloaded_error, 5xx api_error."""
+    """Anthropic's error shape: 400 invalid_request_error, 413 request_too_large, 529
+    overloaded_error, 5xx api_error."""
     if e.status == 400:
         status, kind = 400, "invalid_request_error"
+    elif e.status == 413:
+        status, kind = 413, "request_too_large"
     elif e.status == 503:
         status, kind = 529, "overloaded_error"
     else:

@@ -45,6 +45,7 @@ async def serve(cfg: ProxyConfig) -> int:
                 port=cfg.port,
                 ping_s=cfg.ping_s,
                 stream_grace_s=cfg.stream_grace_s,
+                max_body_bytes=cfg.request_limit(stack.max_context),
             )
             await server.start()
             served = await metrics.start_metrics_server(cfg.metrics_port)

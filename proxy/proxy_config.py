@@ -13,6 +13,37 @@ from harnessrl.common.records import check_token
 
 DEFAULT_MAX_NEW_TOKENS = 4096
 """Output limit per call when neither the run nor the model says."""
+REQUEST_BYTES_PER_TOKEN = 32
+"""Request bytes allowed per token of the context window: a conversation's JSON averages 4-5
+bytes per token, at most ~9 with every character ``\\u``-escaped."""
+REQUEST_BYTES_SLACK = 4 << 20
+"""Bytes allowed on top (images, which a text model never sees, and tool schemas)."""
+REQUEST_BYTES_UNKNOWN_CONTEXT = 64 << 20
+"""The limit when the context window is unknown."""
+
+
+def request_bytes_limit(max_context: int, configured: int = 0) -> int:
+    """The largest request body a proxy reads: ``configured``, else sized from the context
+    window (`REQUEST_BYTES_PER_TOKEN` per token + `REQUEST_BYTES_SLACK`; 0: unknown)."""
+    if configured:
+        return configured
+    if not max_context:
+        return REQUEST_BYTES_UNKNOWN_CONTEXT
+    return REQUEST_BYTES_PER_TOKEN * max_context + REQUEST_BYTES_SLACK
+
+
+def _shipped_limit() -> str:
+    from harnessrl.common.models.resolve import SHIPPED, declared_max_new_tokens
+
+    return str(declared_max_new_tokens(SHIPPED["tiny-agent"]) or "none")
+
+
+_MAX_NEW_TOKENS_DOC = (
+    "Most tokens one call may generate (a harness's max_tokens can only lower it); 0: the "
+    "model's own limit (``max_new_tokens`` in its ``generation_config.json``; ``tiny-agent`` "
+    f"declares {_shipped_limit()}), else {DEFAULT_MAX_NEW_TOKENS}."
+)
+"""The doc of ``max_new_tokens``, quoting what the shipped model's files say."""
 
 
 class SamplingSettings(HrlModel):
@@ -25,10 +56,7 @@ class SamplingSettings(HrlModel):
     """Nucleus sampling mass."""
     top_k: int = Field(-1, ge=-1, le=1_000_000)
     """Top-k sampling; -1 disables it."""
-    max_new_tokens: int = Field(0, ge=0, le=1_000_000)
-    """Most tokens one call may generate (a harness's max_tokens can only lower it); 0: the
-    model's own limit (``max_new_tokens`` in its ``generation_config.json``; ``tiny-agent``
-    declares 256), else 4096."""
+    max_new_tokens: int = Field(0, ge=0, le=1_000_000, description=_MAX_NEW_TOKENS_DOC)
 
 
 class ProxySettings(SamplingSettings):
@@ -48,9 +76,17 @@ class ProxySettings(SamplingSettings):
     prompts and tools by it."""
     max_context: int = Field(0, ge=0, le=10_000_000)
     """Context window in tokens; 0 asks the engine (``/model_info``, then ``/server_info``)."""
+    max_request_bytes: int = Field(0, ge=0, le=1 << 40)
+    """Largest request body a harness may send; a larger one is refused with 413 before it
+    is read (by its Content-Length, or once a chunked body passes it). 0: sized from the
+    context window, 32 bytes per token + 4 MiB (64 MiB when the context is unknown)."""
     engine_api_key_file: str = ""
     """File holding the engines' API key (sent as ``Authorization: Bearer KEY`` on every
     engine call; SGLang's ``--api-key``); empty: none. Never enters a sandbox."""
+
+    def request_limit(self, max_context: int) -> int:
+        """The request body limit for a context window of ``max_context`` tokens."""
+        return request_bytes_limit(max_context, self.max_request_bytes)
 
     def output_limit(self) -> int:
         """``max_new_tokens``, or when 0 the model's own limit (else `DEFAULT_MAX_NEW_TOKENS`)."""

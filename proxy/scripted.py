@@ -451,7 +451,9 @@ async def _serve(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m harnessrl.proxy.scripted", description=__doc__.split("\n")[0]
+        allow_abbrev=False,
+        prog="python -m harnessrl.proxy.scripted",
+        description=__doc__.split("\n")[0],
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=0, help="port (0 = free port)")

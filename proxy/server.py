@@ -16,6 +16,18 @@ What must stay true:
 * Errors come in the API's own shape with the right status: 400 for what can never succeed
   (malformed, context too long), 503 + ``Retry-After`` for what may succeed later. Admission
   and context errors are known before any engine work, so they always get a real status.
+* Bad input is never a 5xx. A body is checked against its API's schema
+  (``harnessrl.proxy.schema``) before it is converted: a violation is a 400 naming the field;
+  fields outside the schema are ignored and counted (``hrl_proxy_unknown_fields_total``).
+  Text that is not Unicode (a lone surrogate) and JSON nested beyond what the parser or the
+  template can recurse into are 400s too.
+* A body over ``max_body_bytes`` (sized from the context window, see
+  ``harnessrl.proxy.proxy_config.request_bytes_limit``) is a 413 before it is read: by its
+  ``Content-Length``, or as soon as a chunked body passes the limit. One harness cannot make
+  the proxy parse and tokenise megabytes that can never fit the context.
+* A client that hangs up (mid-body, while the engine works, mid-stream) is one info line and
+  ``hrl_proxy_client_hangups_total``, never a traceback; its engine call is aborted when it
+  was streaming.
 * Pseudo-streaming: the model's output is parsed once, complete, and then sent as well-formed
   events. While the engine works the stream is kept alive with SSE comments; the response
   headers are held back for ``stream_grace_s`` so that a fast failure (engine down) still gets
@@ -30,23 +42,26 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import msgspec
 from aiohttp import web
 
+from harnessrl.common import metrics
 from harnessrl.proxy.calls import (
     BadRequest,
     CallError,
     CallReply,
     CallRequest,
-    ContextTooLong,
     ModelCaller,
     PendingCall,
+    TooLarge,
 )
 from harnessrl.proxy.messages_api import (
     message_events,
@@ -56,6 +71,7 @@ from harnessrl.proxy.messages_api import (
     messages_request,
     new_message_id,
 )
+from harnessrl.proxy.proxy_config import request_bytes_limit
 from harnessrl.proxy.responses_api import (
     failed_event,
     new_response_id,
@@ -64,9 +80,36 @@ from harnessrl.proxy.responses_api import (
     response_object,
     responses_request,
 )
+from harnessrl.proxy.schema import SchemaError, check, openai_param
 from harnessrl.proxy.tito import normalize_messages
 
 log = logging.getLogger("harnessrl.proxy.server")
+
+M_UNKNOWN_FIELDS = metrics.counter(
+    "hrl_proxy_unknown_fields_total",
+    "Top-level request fields outside the API's schema (ignored), by API",
+    ("api",),
+)
+M_HANGUPS = metrics.counter(
+    "hrl_proxy_client_hangups_total",
+    "Requests whose client hung up before the answer was sent, by API",
+    ("api",),
+)
+_HANGUP = (ConnectionError, aiohttp.ClientPayloadError)
+"""What reading a request or writing its answer raises when the client went away."""
+OFFLOAD_BYTES = 256 << 10
+"""Requests at least this large are parsed, labelled and tokenised in a worker thread
+(``ModelCaller.admit_offloaded``): tokenising releases the GIL, and the rest gives it up at
+least every switch interval, so the other rollouts of the process are served meanwhile.
+Below it, the thread's hops cost more than they save."""
+LINGER_S = 1.0
+"""How long the body of a request answered without reading it (401, 413) is still read and
+discarded after the answer, so that a client still sending gets the answer rather than a
+connection reset (aiohttp's default is 10 s; a loopback or unix-socket upload takes
+milliseconds, and the proxy's own stop waits for it)."""
+_LOGGED_UNKNOWN: set[str] = set()
+"""Unknown field names already logged (once each, at most `_MAX_LOGGED_UNKNOWN`)."""
+_MAX_LOGGED_UNKNOWN = 256
 
 __all__ = ["CHAT", "MESSAGES", "RESPONSES", "Api", "ProxyServer", "chat_request"]
 
@@ -194,12 +237,13 @@ def chat_chunks(
 
 
 def openai_error(e: CallError) -> web.Response:
-    kind = "invalid_request_error" if e.status == 400 else "server_error"
-    code = "context_length_exceeded" if isinstance(e, ContextTooLong) else None
+    bad = isinstance(e, BadRequest)
+    kind = "invalid_request_error" if bad else "server_error"
+    param, code = (e.param, e.code) if isinstance(e, BadRequest) else (None, None)
     headers = {}
     if e.retry_after:
         headers["Retry-After"] = str(max(1, round(e.retry_after)))
-    body = {"error": {"message": e.message, "type": kind, "param": None, "code": code}}
+    body = {"error": {"message": e.message, "type": kind, "param": param, "code": code}}
     return web.json_response(body, status=e.status, headers=headers)
 
 
@@ -234,8 +278,12 @@ class Api:
     ``response``, or when the body asks to stream: ``opening`` events, pings, then ``events``
     (a failure once the stream started: ``failed``, else ``error``'s body, as one event)."""
 
+    name: str
+    """The API's name (``chat``, ``messages``, ``responses``): its schema in
+    ``harnessrl.proxy.schema`` and its metric label."""
     convert: Callable[[Any, str, Mapping[str, str]], CallRequest]
-    """``(body, rollout_id, headers) -> CallRequest``; raises ``BadRequest`` when invalid."""
+    """``(body, rollout_id, headers) -> CallRequest`` of a body that matches the schema;
+    raises ``BadRequest`` when invalid."""
     error: Callable[[CallError], web.Response]
     """A ``CallError`` as a response in the API's error shape (and status)."""
     unauthorized: Callable[[], web.Response]
@@ -258,6 +306,12 @@ class Api:
     """``(error, model, id) ->`` the event of a failure after the stream started; None: the
     body of ``error(e)``."""
 
+    def schema_error(self, e: SchemaError) -> BadRequest:
+        """A schema violation, worded as this API words it."""
+        if self.name == "messages":
+            return BadRequest(e.anthropic_message())
+        return BadRequest(e.openai_message(), param=openai_param(e.path) or None, code=e.code)
+
 
 def _include_usage(body: dict[str, Any]) -> bool:
     options = body.get("stream_options")
@@ -273,6 +327,7 @@ def _anthropic_unauthorized() -> web.Response:
 
 
 CHAT = Api(
+    name="chat",
     convert=chat_request,
     error=openai_error,
     unauthorized=_unauthorized,
@@ -283,6 +338,7 @@ CHAT = Api(
 """OpenAI ``/v1/chat/completions``."""
 
 MESSAGES = Api(
+    name="messages",
     convert=messages_request,
     error=messages_error,
     unauthorized=_anthropic_unauthorized,
@@ -297,6 +353,7 @@ MESSAGES = Api(
 """Anthropic ``/v1/messages``."""
 
 RESPONSES = Api(
+    name="responses",
     convert=responses_request,
     error=openai_error,
     unauthorized=_unauthorized,
@@ -334,8 +391,11 @@ class ProxyServer:
         ping_s: float = 5.0,
         stream_grace_s: float = 2.0,
         unix_path: str = "",
+        max_body_bytes: int = 0,
     ) -> None:
         self.caller = caller
+        self.max_body_bytes = max_body_bytes or request_bytes_limit(caller.max_context)
+        """Largest request body read (413 above it); 0: sized from the caller's context."""
         self.unix_path = unix_path
         """Listen on this unix socket instead of TCP (mounted into a sandbox)."""
         self.tokens = dict(tokens)
@@ -350,7 +410,7 @@ class ProxyServer:
         return f"http://{self.host}:{self.port}"
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=256 * 1024 * 1024)
+        app = web.Application(client_max_size=self.max_body_bytes)
         app.router.add_get("/", self._health)  # HEAD too
         app.router.add_get("/v1/models", self._models)
         for path, api in (
@@ -364,7 +424,7 @@ class ProxyServer:
         return app
 
     async def start(self) -> ProxyServer:
-        self._runner = web.AppRunner(self.app(), access_log=None)
+        self._runner = web.AppRunner(self.app(), access_log=None, lingering_time=LINGER_S)
         await self._runner.setup()
         if self.unix_path:
             await web.UnixSite(self._runner, self.unix_path).start()
@@ -411,20 +471,36 @@ class ProxyServer:
         return handle
 
     async def _serve(self, request: web.Request, api: Api) -> web.StreamResponse:
-        """One model call through ``api``: auth -> parse -> admit -> reply or stream."""
+        """One model call through ``api``: auth -> read -> check -> admit -> reply or stream
+        (a client that hangs up on the way is one info line, see `_hung_up`)."""
         rollout = self._rollout(request)
         if rollout is None:
             return api.unauthorized()
         try:
-            body = await _json_body(request)
-        except (ValueError, LookupError):  # not JSON, or in an unknown charset
-            return api.error(BadRequest("request body is not valid JSON"))
-        model = str(body.get("model") or self.model_name) if isinstance(body, dict) else ""
-        rid = api.new_id()
+            resp = await self._call(request, api, rollout)
+        except _HANGUP as e:
+            self._hung_up(api, rollout, repr(e))
+            return web.Response(status=499)  # nobody reads it
+        if request.transport is None or request.transport.is_closing():
+            self._hung_up(api, rollout, "before the answer was sent")
+        return resp
+
+    async def _call(self, request: web.Request, api: Api, rollout: str) -> web.StreamResponse:
         try:
-            pending = self.caller.admit(_convert(api.convert, body, rollout, request.headers))
+            raw = await self._body(request)
+            args = (api, raw, request.charset, rollout, request.headers)
+            if len(raw) >= OFFLOAD_BYTES:  # parse and tokenise in a worker thread
+                body, req = await asyncio.to_thread(_request, *args)
+                pending = await self.caller.admit_offloaded(req)
+            else:
+                body, req = _request(*args)
+                pending = self.caller.admit(req)
+        except RecursionError:  # a free-form field (a tool schema) too deep to render
+            return api.error(_TOO_DEEP)
         except CallError as e:
             return api.error(e)
+        model = str(body.get("model") or self.model_name)
+        rid = api.new_id()
         if not body.get("stream"):
             try:
                 reply = await self.caller.run(pending)
@@ -432,6 +508,20 @@ class ProxyServer:
                 return api.error(e)
             return web.json_response(api.response(reply, model, rid))
         return await self._pseudo_stream(request, pending, api, model, rid, body)
+
+    async def _body(self, request: web.Request) -> bytes:
+        """The body, read only while it stays under ``max_body_bytes`` (`TooLarge`)."""
+        limit = self.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise TooLarge(_too_large(request.content_length, limit))
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:  # a chunked body, past the limit
+            raise TooLarge(_too_large(None, limit)) from None
+
+    def _hung_up(self, api: Api, rollout: str, how: str) -> None:
+        M_HANGUPS.labels(api=api.name).inc()
+        log.info("rollout %s: the client hung up on a %s call (%s)", rollout, api.name, how)
 
     async def _pseudo_stream(
         self,
@@ -483,31 +573,99 @@ class ProxyServer:
 
 
 _decode_json = msgspec.json.Decoder().decode
+_TOO_DEEP = BadRequest("the request is nested too deeply", code="invalid_value")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-async def _json_body(request: web.Request) -> Any:
-    """The request's JSON body, as ``request.json()`` reads it. A UTF-8 body (every harness's)
-    is decoded by msgspec, several times faster than the standard library on a long
-    conversation; what msgspec refuses and the standard library accepts (``NaN``, lone
-    surrogates, numbers beyond float range) goes the standard library's way."""
-    if (request.charset or "utf-8").lower() in ("utf-8", "utf8"):
-        raw = await request.read()
-        with contextlib.suppress(msgspec.DecodeError):
+def _too_large(size: int | None, limit: int) -> str:
+    what = f"request body of {size} bytes is" if size is not None else "request body is"
+    return (
+        f"{what} over this proxy's limit of {limit} bytes (sized from the model's context "
+        "window: a larger request could never fit it)"
+    )
+
+
+def _request(
+    api: Api, raw: bytes, charset: str | None, rollout: str, headers: Mapping[str, str]
+) -> tuple[Any, CallRequest]:
+    """The JSON body and the call it asks for (touches no shared state: may run in a worker
+    thread)."""
+    body = _json_body(raw, charset)
+    return body, _convert(api, body, rollout, headers)
+
+
+def _json_body(raw: bytes, charset: str | None) -> Any:
+    """The JSON body, as ``request.json()`` reads it. A UTF-8 body (every harness's) is
+    decoded by msgspec, several times faster than the standard library on a long
+    conversation; what msgspec refuses and the standard library accepts (``NaN``, numbers
+    beyond float range) goes the standard library's way. ``BadRequest`` for what is not JSON,
+    is nested too deeply to parse, or holds a lone surrogate (not Unicode text)."""
+    if (charset or "utf-8").lower() in ("utf-8", "utf8"):
+        try:
             return _decode_json(raw)
-    return await request.json()
-
-
-def _convert(
-    convert: Callable[[Any, str, Mapping[str, str]], CallRequest],
-    body: Any,
-    rollout: str,
-    headers: Mapping[str, str],
-) -> CallRequest:
-    """``convert(body, ...)``, with any failure on a malformed body (a field of the wrong type
-    deep inside) answered as ``BadRequest``: it can never succeed, so never a 500."""
+        except RecursionError:
+            raise _TOO_DEEP from None
+        except msgspec.DecodeError:
+            pass
     try:
-        return convert(body, rollout, headers)
+        body = json.loads(raw.decode(charset or "utf-8"))
+    except RecursionError:
+        raise _TOO_DEEP from None
+    except (ValueError, LookupError):  # not JSON, or in an unknown charset
+        raise BadRequest("request body is not valid JSON") from None
+    _check_unicode(body)
+    return body
+
+
+def _check_unicode(body: Any) -> None:
+    """Raise ``BadRequest`` naming a string (or key) that holds a lone surrogate."""
+    stack: list[tuple[tuple[str | int, ...], Any]] = [((), body)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, dict):
+            for k, x in v.items():
+                if _SURROGATE.search(k):
+                    _lone_surrogate(path, k)
+                stack.append(((*path, k), x))
+        elif isinstance(v, list):
+            stack.extend(((*path, i), x) for i, x in enumerate(v))
+        elif isinstance(v, str) and _SURROGATE.search(v):
+            _lone_surrogate(path, v)
+
+
+def _lone_surrogate(path: tuple[str | int, ...], text: str) -> None:
+    param = openai_param(path)
+    where = f"'{param}' ({'.'.join(map(str, path))})" if path else "the body"
+    char = _SURROGATE.search(text)[0]  # type: ignore[index]
+    raise BadRequest(
+        f"{where} holds a lone surrogate {char!r}: not valid Unicode text",
+        param=param or None,
+        code="invalid_value",
+    )
+
+
+def _convert(api: Api, body: Any, rollout: str, headers: Mapping[str, str]) -> CallRequest:
+    """``api.convert(body, ...)`` of a body checked against the API's schema (a violation is a
+    ``BadRequest`` naming the field; unknown top-level fields are counted), with any failure
+    left on a malformed body answered as ``BadRequest``: it can never succeed, so never a
+    500."""
+    try:
+        unknown = check(api.name, body)
+    except SchemaError as e:
+        raise api.schema_error(e) from None
+    if unknown:
+        M_UNKNOWN_FIELDS.labels(api=api.name).inc(len(unknown))
+        _log_unknown(api.name, unknown)
+    try:
+        return api.convert(body, rollout, headers)
     except CallError:
         raise
     except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError) as e:
         raise BadRequest(f"malformed request: {type(e).__name__}: {e}") from None
+
+
+def _log_unknown(api: str, names: list[str]) -> None:
+    new = [n for n in names if f"{api}:{n}" not in _LOGGED_UNKNOWN]
+    if new and len(_LOGGED_UNKNOWN) < _MAX_LOGGED_UNKNOWN:
+        _LOGGED_UNKNOWN.update(f"{api}:{n}" for n in new)
+        log.info("%s requests carry fields outside the API's schema (ignored): %s", api, new)

@@ -594,6 +594,8 @@ class EngineSlot:
     fails: int = 0
     oks: int = 0
     version: int = -1
+    why: str = ""
+    """Why it was last taken out of rotation."""
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -614,7 +616,9 @@ class EngineRouter:
     * Health: a background task probes ``/health`` every ``health_interval`` s; ``eject_after``
       consecutive failures take an engine out of rotation, ``readmit_after`` successes put it
       back. A refused ``generate`` ejects at once and the call moves to another engine.
-    * When no engine is in rotation, a call waits up to ``wait_healthy_s`` for one.
+    * When no engine is in rotation, a call waits up to ``wait_healthy_s`` for one;
+      ``down_since`` says since when none has been (what a rollout ends on, see
+      ``harnessrl.actors.rollout``).
     * An ``abort`` with no tokens that this router did not ask for, while the engine's weight
       version changed (a swap aborted it before prefill), is retried, ``swap_retries`` times.
     """
@@ -653,6 +657,8 @@ class EngineRouter:
         self._aborted: set[str] = set()
         self._readmitted = asyncio.Event()
         self._checker: asyncio.Task | None = None
+        self.down_since: float | None = None
+        """``time.monotonic()`` when the last engine in rotation left it; None while one is."""
         for s in self.slots:
             M_HEALTHY.labels(engine=s.url).set(1)
 
@@ -834,19 +840,28 @@ class EngineRouter:
 
     # -- health -----------------------------------------------------------------------------
 
+    def down(self) -> str:
+        """Why each engine is out of rotation (one line)."""
+        return "; ".join(f"{s.url}: {s.why or 'out of rotation'}" for s in self.slots)
+
     def _eject(self, slot: EngineSlot, why: str) -> None:
         slot.oks = 0
         slot.fails = max(slot.fails, self.eject_after)
         if slot.healthy:
             slot.healthy = False
+            slot.why = why
             M_HEALTHY.labels(engine=slot.url).set(0)
             M_EJECTIONS.labels(engine=slot.url).inc()
             log.warning("engine %s out of rotation: %s", slot.url, why)
+            if not any(s.healthy for s in self.slots):
+                self.down_since = time.monotonic()
 
     def _readmit(self, slot: EngineSlot) -> None:
         slot.fails = 0
         if not slot.healthy:
             slot.healthy = True
+            slot.why = ""
+            self.down_since = None
             M_HEALTHY.labels(engine=slot.url).set(1)
             log.info("engine %s back in rotation", slot.url)
             self._readmitted.set()

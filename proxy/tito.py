@@ -102,6 +102,7 @@ log = logging.getLogger("harnessrl.proxy.tito")
 __all__ = [
     "ChatRenderer",
     "Normalized",
+    "PromptTooLong",
     "TitoPrompt",
     "TitoSession",
     "canonical_json",
@@ -124,6 +125,16 @@ M_WINDOW_MISMATCHES = metrics.counter(
     "New parts rendered from a window of the conversation that differed from the full render "
     "(the renderer renders whole conversations from then on)",
 )
+
+
+class PromptTooLong(Exception):
+    """The prompt would have at least ``at_least`` ids, ``max_ids`` or more: known from the
+    length of the text still to encode, before encoding it (see ``TitoSession.prepare``)."""
+
+    def __init__(self, at_least: int, max_ids: int) -> None:
+        super().__init__(f"the prompt has at least {at_least} ids (limit {max_ids})")
+        self.at_least, self.max_ids = at_least, max_ids
+
 
 # ---------------------------------------------------------------------------------------------
 # normalisation and meaning keys
@@ -332,6 +343,22 @@ class ChatRenderer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """An upper bound on the characters one token stands for (the longest vocabulary
+        entry: byte-level entries hold a character per byte); 0 when the tokenizer does not
+        list its vocabulary. A text of ``c`` characters encodes to at least
+        ``c / max_token_chars`` ids."""
+        try:
+            return max(map(len, self.tokenizer.get_vocab()), default=0)
+        except (AttributeError, TypeError):
+            return 0
+
+    def at_least(self, text: str) -> int:
+        """A lower bound on ``len(self.encode(text))``, without encoding it."""
+        most = self.max_token_chars
+        return -(-len(text) // most) if most else 0
 
     def _probe_turn_end(self) -> str:
         marker = "\u2063probe\u2063"
@@ -621,10 +648,14 @@ class TitoSession:
         messages: Sequence[dict[str, Any]],
         tools: Sequence[dict[str, Any]] | None = None,
         track: str = "main",
+        max_ids: int = 0,
     ) -> TitoPrompt:
         """The input ids for a call with these messages (normalised here unless they are a
         ``Normalized`` list: OpenAI-chat-shaped input is accepted) and tools. Changes no state
-        and counts nothing: the call counts once ``commit`` says it succeeded."""
+        and counts nothing: the call counts once ``commit`` says it succeeded, so it may run in
+        a worker thread while the event loop serves other rollouts. With ``max_ids``, raises
+        `PromptTooLong` instead of encoding a text that makes the prompt that long for
+        certain (a harness cannot make the proxy tokenise megabytes that can never fit)."""
         msgs = messages if isinstance(messages, Normalized) else normalize_messages(messages)
         tools_n = normalize_tools(tools)
         digests = _digests(msgs, self._seen.get(track))
@@ -634,14 +665,14 @@ class TitoSession:
         sent = [(i, r) for i, m in enumerate(msgs) if (r := _reasoning(m)) is not None]
         prompt = None
         for a in itertools.islice(_matching(self._found(digests, tkey), sent), self.max_tries):
-            prompt = self._extend(a, msgs, tools_n, full)
+            prompt = self._extend(a, msgs, tools_n, full, max_ids)
             if prompt is not None:
                 break
         if prompt is None:
             kind: TitoKind = "miss" if self.calls.get(track) else "first"
             if full is None:
                 full = self.r.render(msgs, tools_n, gen=True)
-            prompt = TitoPrompt(_array(self.r.encode(full)), kind, msgs, tools_n)
+            prompt = TitoPrompt(_array(self._encode(full, 0, max_ids)), kind, msgs, tools_n)
         prompt.digests, prompt.tools_key, prompt.track = digests, tkey, track
         if self._false_fork(prompt, _matching(self._found(digests, tkey), sent)):
             prompt.false_fork = True
@@ -685,15 +716,24 @@ class TitoSession:
         msgs: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
         full: str | None,
+        max_ids: int = 0,
     ) -> TitoPrompt | None:
         """``a.ids + encode(closing + new part)``, or None when the new part cannot be found."""
         suffix = self.r.new_part(msgs, a.n_msgs, tools, reply=a.kind == "reply", full=full)
         if suffix is None:
             return None
-        ids = np.concatenate([a.ids, _array(self.r.encode(a.closing + suffix))])
+        new = self._encode(a.closing + suffix, len(a.ids), max_ids)
+        ids = np.concatenate([a.ids, _array(new)])
         rerendered = any(m.get("role") == "assistant" for m in msgs[a.n_msgs :])
         kind: TitoKind = "miss" if rerendered else "hit"
         return TitoPrompt(ids, kind, msgs, tools, a.seq, a.kind, len(a.ids))
+
+    def _encode(self, text: str, before: int, max_ids: int) -> list[int]:
+        """``encode(text)``, to follow ``before`` ids; `PromptTooLong` when that makes
+        ``max_ids`` or more for certain (``max_ids`` 0: unchecked)."""
+        if max_ids and (n := before + self.r.at_least(text)) >= max_ids:
+            raise PromptTooLong(n, max_ids)
+        return self.r.encode(text)
 
     def commit(
         self,

@@ -256,12 +256,10 @@ def test_config_fields_documented_and_engine_flag():
     """Every actor config field is documented; ``--engine`` repeats into ``engines``."""
     import argparse
 
-    from harnessrl.actors import actor_cmd
     from harnessrl.common.config import add_config_args, config_from_args
 
     assert undocumented_fields(ActorConfig) == []
     parser = argparse.ArgumentParser()
-    actor_cmd.add_arguments(parser)
     add_config_args(parser, ActorConfig)
     args = parser.parse_args(["--engine", "http://a:1", "--engine", "http://b:2", "--run", "r"])
     cfg = config_from_args(ActorConfig, args)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import signal
@@ -61,6 +62,36 @@ def all_config_models() -> list[type[BaseModel]]:
             if cfg is not None:
                 models.append(cfg)
     return models
+
+
+def _subparser(name: str):
+    parser = cli.build_parser([name])
+    (subs,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return parser, subs.choices[name]
+
+
+@pytest.mark.parametrize("name", list(cli.COMMANDS))
+def test_no_parser_takes_abbreviations(name: str) -> None:
+    """Every parser refuses abbreviated flags, so a flag added later can never turn an old
+    command line into an "ambiguous option": here, a valued flag cut short is refused."""
+    parser, sub = _subparser(name)
+    assert parser.allow_abbrev is False and sub.allow_abbrev is False
+    taken = sub._option_string_actions
+    valued = [o for o, a in taken.items() if o.startswith("--") and a.nargs != 0]
+    for flag in valued:
+        if flag[:-1] not in taken and not any(o != flag and o.startswith(flag[:-1]) for o in taken):
+            with pytest.raises(SystemExit):
+                parser.parse_args([name, flag[:-1], "1"])
+            break
+
+
+@pytest.mark.parametrize("name", ["proxy", "actor", "rollout", "run", "demo"])
+def test_engines_take_one_flag_everywhere(name: str) -> None:
+    """``--engine URL`` (repeated) and ``--engines URL`` are the same flag in every command
+    with engines; the old ``harnessrl proxy --engine URL`` works again."""
+    parser, _ = _subparser(name)
+    args = parser.parse_args([name, "--engine", "http://a:1", "--engines", "http://b:2"])
+    assert args.cfg__engines == ["http://a:1", "http://b:2"]
 
 
 @pytest.mark.parametrize("model", all_config_models(), ids=lambda m: m.__name__)

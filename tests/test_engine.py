@@ -647,6 +647,32 @@ async def test_bad_inputs_are_400_and_server_keeps_serving(model_dir: Path) -> N
         assert reply["output_ids"] == [] and reply["meta_info"]["finish_reason"]["type"] == "length"
 
 
+HOSTILE_BODIES = [
+    # (body, words the error must hold): each was a 500 or a 503 that could never succeed
+    ({"input_ids": [1, 2**70]}, ["input_ids", str(2**70)]),
+    ({"input_ids": [[1, 2], [-(2**70), 3]]}, ["input_ids[1]", "vocabulary"]),
+    ({"text": "caf\udcff"}, ["text", "surrogate"]),
+    ({"text": ["fine", "\udcff"]}, ["text[1]", "surrogate"]),
+    ('{"input_ids": [1, 2], "rid": ' + "[" * 100_000 + "]" * 100_000 + "}", ["nested"]),
+    ({"input_ids": [[1, 2]] * 9, "sampling_params": {"max_new_tokens": 1}}, ["9", "max_queue 8"]),
+]
+
+
+async def test_hostile_bodies_are_400_naming_the_problem(model_dir: Path) -> None:
+    """Ids beyond any integer type, text that is not Unicode, JSON nested 100,000 deep and a
+    batch larger than the whole queue: 400s that say what is wrong (never a 500, nor a 503 a
+    client would retry forever); a batch as large as the queue is served."""
+    async with engine(model_dir, max_context=64, max_queue=8) as (_, http):
+        for body, words in HOSTILE_BODIES:
+            status, reply = await post(http, "/generate", body)
+            assert status == 400, (str(body)[:80], reply)
+            for w in words:
+                assert w in reply["error"]["message"], (w, reply)
+        body = {"input_ids": [[1, 2]] * 8, "sampling_params": {"max_new_tokens": 1}}
+        status, replies = await post(http, "/generate", body)
+        assert status == 200 and len(replies) == 8
+
+
 async def test_info_endpoints_and_metrics(model_dir: Path) -> None:
     async with engine(model_dir, weight_version="3") as (srv, http):
         async with http.get("/health") as r:

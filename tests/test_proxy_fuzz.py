@@ -3,7 +3,9 @@
 Hypothesis takes a valid request of each API (OpenAI chat completions, Anthropic messages,
 OpenAI responses; streaming or not; with a tool round trip in the history) and breaks it: fields
 deleted, replaced by values of the wrong type, huge/negative/non-finite numbers, random nested
-JSON, extra keys; or sends bytes that are not JSON, JSON that is not an object, wrong content
+JSON, extra keys, and what a hostile client sends (lone surrogates, JSON nested 100,000 deep,
+integers beyond 64 bits, unknown roles and block types, ``stream: "yes"``; see
+``tests.fuzzing``); or sends bytes that are not JSON, JSON that is not an object, wrong content
 types and charsets. Every answer must be a 2xx or a 4xx, and a 4xx must be in that API's own
 error shape; the server keeps serving afterwards and every admitted call was recorded.
 
@@ -13,7 +15,6 @@ One proxy (with a scripted engine and an in-memory bus) serves the whole module 
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 from typing import Any
 
@@ -32,6 +33,7 @@ from harnessrl.proxy.scripted import ScriptedEngine
 from harnessrl.proxy.server import ProxyServer
 from harnessrl.proxy.sglang import EngineClient
 from harnessrl.proxy.tito import ChatRenderer
+from tests import fuzzing
 
 TOKEN, ROLLOUT = "sk-fuzz", "fuzz-0-1"
 TOK = load_tokenizer("tiny-1m")
@@ -111,24 +113,6 @@ VALID = {"chat": CHAT, "messages": MESSAGES, "responses": RESPONSES}
 # ---------------------------------------------------------------------------------------------
 # what breaks them
 
-NUMBERS = st.sampled_from(
-    [0, -1, -(2**63), 2**63, 10**40, 1e308, -0.5, 0.5, float("inf"), float("nan"), True, "7"]
-)
-LEAF = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(),
-    st.text(max_size=12),
-    NUMBERS,
-)
-JSONISH = st.recursive(
-    LEAF,
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
-    ),
-    max_leaves=8,
-)
 KEYS = st.sampled_from(
     ["role", "content", "type", "text", "stream", "stream_options", "n", "tools", "input",
      "messages", "max_tokens", "tool_calls", "function", "arguments", "name", "system",
@@ -148,54 +132,13 @@ CONTENT_TYPES = st.sampled_from(
 )
 
 
-def _paths(obj: Any, prefix: tuple = ()) -> list[tuple]:
-    out = [prefix]
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            out += _paths(v, (*prefix, k))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            out += _paths(v, (*prefix, i))
-    return out
-
-
-def _parent(obj: Any, path: tuple) -> Any:
-    for k in path[:-1]:
-        obj = obj[k]
-    return obj
-
-
 @st.composite
 def mutated(draw: st.DrawFn, api: str) -> Any:
-    """A valid request of ``api`` with 1-3 things broken."""
-    body = copy.deepcopy(VALID[api])
-    body["stream"] = draw(st.booleans())
-    for _ in range(draw(st.integers(1, 3))):
-        paths = _paths(body)
-        path = draw(st.sampled_from(paths))
-        op = draw(st.sampled_from(["delete", "replace", "number", "add_key", "wrap"]))
-        if not path:  # the body itself
-            if op in ("replace", "number"):
-                return draw(JSONISH)
-            continue
-        parent, key = _parent(body, path), path[-1]
-        if op == "delete":
-            del parent[key]
-        elif op == "replace":
-            parent[key] = draw(JSONISH)
-        elif op == "number":
-            parent[key] = draw(NUMBERS)
-        elif op == "wrap":
-            parent[key] = [parent[key]] if draw(st.booleans()) else {"x": parent[key]}
-        elif isinstance(parent[key], dict):
-            parent[key][draw(KEYS)] = draw(JSONISH)
-        else:
-            parent[key] = {draw(KEYS): draw(JSONISH)}
-    return body
+    """A valid request of ``api`` (streaming or not) with 1-3 things broken."""
+    return draw(fuzzing.mutated({**VALID[api], "stream": draw(st.booleans())}, KEYS))
 
 
-def _encode(body: Any) -> bytes:
-    return json.dumps(body, allow_nan=True).encode()
+_encode = fuzzing.encode
 
 
 @st.composite
@@ -208,7 +151,7 @@ def raw_payload(draw: st.DrawFn, api: str) -> bytes:
         text = _encode(VALID[api])
         return text[: draw(st.integers(0, len(text) - 1))]
     if kind == "scalar":
-        return _encode(draw(JSONISH))
+        return _encode(draw(fuzzing.JSONISH))
     if kind == "latin1":
         return json.dumps({"model": "é", "messages": "ü"}, ensure_ascii=False).encode("latin-1")
     return b""
@@ -341,6 +284,37 @@ def test_fuzzed_requests_never_get_a_5xx(served: Served, api: str) -> None:
         check_answer(api, *served.run(served.post(api, data, ctype)))
 
     fuzz()
+
+
+def hostile(api: str) -> list[Any]:
+    """The requests a hostile client sends, each with one thing wrong."""
+    body = VALID[api]
+    key = "input" if api == "responses" else "messages"
+
+    def first(**kw: Any) -> dict[str, Any]:
+        return {**body, key: [{**body[key][0], **kw}, *body[key][1:]]}
+
+    return [
+        first(role="wizard"),
+        first(content=5),
+        first(content="caf\udcff"),
+        first(content=[{"type": "wizard", "text": "x"}]),
+        {**body, "tools": "x"},
+        {**body, "tool_choice": "junk"},
+        {**body, "tool_choice": {"junk": 1}},
+        {**body, "stream": "yes"},
+        {**body, "tools": [{"type": "wizard"}]},
+        {**body, "metadata": fuzzing.DEEP},
+    ]
+
+
+@pytest.mark.parametrize("api", ["chat", "messages", "responses"])
+def test_hostile_requests_get_a_400(served: Served, api: str) -> None:
+    """Each hostile request is a 400 in the API's shape (they were 500s or 200s)."""
+    for body in hostile(api):
+        status, ctype, raw = served.run(served.post(api, _encode(body)))
+        assert status == 400, (str(body)[:200], raw[:300])
+        check_answer(api, status, ctype, raw)
 
 
 @pytest.mark.parametrize("api", ["chat", "messages", "responses"])

@@ -453,6 +453,39 @@ def test_renderer_encode_equals_the_tokenizers_own_encode(parts: list[str]) -> N
     assert slow.encode(text) == want
 
 
+@given(
+    st.lists(
+        st.one_of(
+            st.text(max_size=40),
+            st.sampled_from(["<|im_start|>", "<|im_end|>", " " * 300, "=" * 200, "é😀", "\n\n"]),
+            st.sampled_from(list(TOK.get_vocab())),
+        ),
+        max_size=30,
+    )
+)
+def test_at_least_is_a_lower_bound_on_the_ids(parts: list[str]) -> None:
+    """``at_least(text)`` never exceeds the ids ``text`` encodes to, long runs of spaces,
+    special tokens and the longest vocabulary entries included (the bound by which a prompt
+    certain to overflow the context is refused unencoded)."""
+    text = "".join(parts)
+    assert R.max_token_chars >= len("<|endoftext|>")
+    assert R.at_least(text) <= len(R.encode(text))
+
+
+def test_prompt_certain_to_overflow_is_refused_unencoded(monkeypatch) -> None:
+    """With ``max_ids``, a text whose length alone makes the prompt too long raises
+    `PromptTooLong` and is never encoded; one that fits is encoded as before."""
+    s = TitoSession(R)
+    fits = s.prepare(START, TOOLS, max_ids=4096)
+    assert fits.ids.tolist() == R.encode(R.render(START, TOOLS, gen=True))
+    encoded: list[int] = []
+    monkeypatch.setattr(R, "encode", lambda text: encoded.append(len(text)) or [])
+    huge = [*START, {"role": "user", "content": "x" * 5_000_000}]
+    with pytest.raises(tito.PromptTooLong) as e:
+        s.prepare(huge, TOOLS, max_ids=4096)
+    assert e.value.at_least >= 4096 and encoded == []
+
+
 def test_canonical_json() -> None:
     """Key order and whitespace do not matter; invalid JSON compares as stripped text."""
     assert canonical_json('{"b": 1, "a": [1, 2]}') == canonical_json('{"a":[1,2],\n"b":1}')

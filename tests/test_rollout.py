@@ -212,6 +212,20 @@ async def test_harness_that_cannot_start_is_harness_error(nats_url, run_name, bw
     assert "no-such-harness-xyz" in res.error and not report.bad_request
 
 
+async def test_harness_failing_with_its_reason_on_stdout_keeps_it(nats_url, run_name, bwrap):
+    """A harness that says why it failed on stdout (as Codex does for a fatal error) and exits
+    1 before any model call: the reason is in the result's error and the report keeps the tail
+    of both streams."""
+    cmd = "echo 'Error: no provider configured for model harnessrl'; echo warm-up >&2; exit 1"
+    async with rollout_env(nats_url, run_name, bwrap) as (deps, _, _):
+        report = RolloutReport()
+        res = await run_rollout(request(cmd=cmd, group_id="gso"), 1, deps, report=report)
+    assert (res.status, res.reason) == ("harness_error", "harness_exit"), res
+    assert "no provider configured" in res.error and "warm-up" in res.error
+    assert "no provider configured" in report.harness_stdout
+    assert report.harness_stderr == "warm-up"
+
+
 async def test_unknown_task_is_a_bad_request(nats_url, run_name, bwrap):
     """A task the actor cannot load is a failed result and flagged as a bad request."""
     async with rollout_env(nats_url, run_name, bwrap) as (deps, _, _):
@@ -398,3 +412,62 @@ async def test_harness_exiting_137_by_itself_is_scored(nats_url, run_name, bwrap
     for res in (own, crash):
         assert (res.status, res.reason, res.n_calls) == ("ok", "", 1), res
         assert "verify" in res.durations and res.reward < 1.0
+
+
+CALL_FOREVER = r"""python3 -c '
+import json, os, time, urllib.request
+url = os.environ["OPENAI_BASE_URL"] + "/chat/completions"
+body = json.dumps({"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+auth = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}
+while True:  # a harness that retries for ever, as real ones do on a 5xx
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, body.encode(), auth), timeout=60)
+    except Exception:
+        pass
+    time.sleep(0.1)
+'"""
+
+
+async def test_dead_engine_stops_the_harness_within_the_grace(nats_url, run_name, bwrap):
+    """A real engine process SIGKILLed mid-rollout while the harness keeps calling and
+    retrying: once no engine has been in rotation for ``engine_grace_s`` the harness is stopped
+    and the rollout ends as ``engine_error`` in seconds, not at the harness's timeout (300 s
+    here); nothing of it is left running."""
+    import asyncio
+    import signal
+    import time
+
+    from harnessrl.common.models import resolve_model
+    from harnessrl.proxy.engine_cmd import spawn_engine
+
+    proc, url = spawn_engine(["--model", str(resolve_model("tiny-1m")), "--threads", "1"])
+    bus = await connect(nats_url, run_name)
+    cfg = RolloutSettings(
+        engines=[url],
+        model="tiny-1m",
+        install_harnesses=False,
+        engine_grace_s=2.0,
+        engine_health_interval_s=0.5,
+    )
+    try:
+        async with RolloutDeps.open(cfg, bus, actor="test", backend=bwrap) as deps:
+            req = request(cmd=CALL_FOREVER, group_id="gdead", timeout_s=300.0)
+            rollout = asyncio.ensure_future(run_rollout(req, 1, deps))
+            rid = "gdead-0-1"
+            while deps.router.outcome(rid).ok < 2:  # the harness is calling the engine
+                assert not rollout.done(), rollout.result()
+                await asyncio.sleep(0.1)
+            os.kill(proc.pid, signal.SIGKILL)
+            killed = time.monotonic()
+            res = await asyncio.wait_for(rollout, 60)
+            took = time.monotonic() - killed
+            assert sandbox_dirs(bwrap) == []
+    finally:
+        await bus.close()
+        proc.kill()
+        proc.wait()
+    assert (res.status, res.reason) == ("engine_error", "engine_unreachable"), res
+    assert "no engine in rotation for 2 s" in res.error and url in res.error
+    assert took < 20, took  # detection (~1 s) + the grace (2 s) + stopping the sandbox
+    assert "verify" not in res.durations and res.n_calls >= 2
+    assert processes_with("urllib.request.urlopen") == []

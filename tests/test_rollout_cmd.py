@@ -25,7 +25,15 @@ ENTRY = (
     if cli.COMMANDS["rollout"].module
     else ["-m", "harnessrl.actors.rollout_cmd"]
 )
-TREE_KEYS = {"n_calls", "n_leaves", "dropped", "unique_tokens", "expanded_tokens", "model_tokens"}
+TREE_KEYS = {
+    "n_calls",
+    "n_leaves",
+    "dropped",
+    "truncated_calls",
+    "unique_tokens",
+    "expanded_tokens",
+    "model_tokens",
+}
 
 
 def parse(argv: list[str]) -> tuple[RolloutConfig, argparse.Namespace]:
@@ -104,6 +112,8 @@ async def test_task_folder_and_text_report(nats_url: str, sandbox_root: Path):
         report = await rollout_cmd.rollout(cfg, args)
     assert report["status"] == "ok" and report["reward"] < 1.0 and report["n_calls"] == 0
     assert report["harness"] == "command" and report["task"] == str(TASK.path)
+    assert report["harness_stdout"] == report["harness_stderr"] == ""
+    assert report["tree"]["truncated_calls"] == 0
     assert report["tree"]["dropped_reason"] == "no_calls"
     text = rollout_cmd.format_report(report)
     assert "status   ok" in text and "no sample: no_calls" in text and "written" in text
@@ -166,12 +176,22 @@ async def test_dead_engine_is_refused_at_once(tmp_path: Path, sandbox_root: Path
         *("--suite", "toy", "--task", "copy_01", "--harness", "reference", "--engine", dead),
         *("--model", "tiny-1m", "--sandbox-root", str(sandbox_root), "--json"),
     )
-    assert (rc, out) == (1, ""), err[-3000:]
+    assert rc == 1 and json.loads(out)["reason"] == "engine_unreachable", err[-3000:]
     (line,) = err.strip().splitlines()
     assert line.startswith("harnessrl rollout: engine_error (engine_unreachable): ")
     assert dead in line
     assert seconds < 10.0
     assert not sandbox_root.exists() or not any(sandbox_root.iterdir())
+
+
+def test_help_quotes_the_shipped_models_own_output_limit(capsys):
+    """``--max-new-tokens``'s help gives ``tiny-agent``'s limit as its files declare it."""
+    from harnessrl.common.models import model_max_new_tokens
+
+    with pytest.raises(SystemExit):
+        cli.main(["rollout", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"``tiny-agent`` declares {model_max_new_tokens('tiny-agent')})" in text
 
 
 def test_help_documents_exit_status(capsys):
@@ -219,3 +239,73 @@ async def test_progress_lines_count_calls_and_tokens(run_name: str):
     last = buf.getvalue().splitlines()[-1]
     assert "2 calls, 8 tokens generated" in last, last
     assert "last: main 18 in / 5 out (length)" in last, last
+
+
+@pytest.fixture(scope="module")
+def secure_nats(tmp_path_factory: pytest.TempPathFactory):
+    """A nats-server requiring role credentials and TLS for run ``hand``, whose streams the
+    admin created (as for a live run)."""
+    from harnessrl.common import natsauth
+    from harnessrl.common.bus import connect
+    from harnessrl.common.natsd import NatsServer
+
+    store = tmp_path_factory.mktemp("nats-secure")
+    auth = natsauth.prepare_server_auth(store / "auth", ["hand"], tls=True)
+    srv = NatsServer(store, auth=auth).start()
+
+    async def streams() -> None:
+        admin = await connect(srv.url, "hand", creds=srv.creds("admin"), ca=srv.ca)
+        await admin.close()
+
+    asyncio.run(streams())
+    yield srv
+    srv.stop()
+
+
+FAILURES = {
+    # name: (extra argv, exit status, status, reason, words of the error)
+    "bad_arguments": (["--task", "nope"], 2, "bad_arguments", "", ["'nope'"]),
+    "dead_engine": ([], 1, "engine_error", "engine_unreachable", ["/health"]),
+    "missing_credential": ([], 1, "bus_error", "cannot_connect", ["no-such.cred"]),
+    "actor_credential": ([], 1, "bus_error", "permission_denied", ["'actor'", "admin.cred"]),
+    "learner_credential": ([], 1, "bus_error", "permission_denied", ["'learner'", "admin"]),
+}
+
+
+@pytest.mark.parametrize("json_out", [True, False], ids=["json", "text"])
+@pytest.mark.parametrize("case", list(FAILURES))
+async def test_every_failure_is_one_line_and_a_json_object(
+    case: str, json_out: bool, secure_nats, sandbox_root: Path, tmp_path: Path
+):
+    """Each way a hand-run rollout fails before it has a result: exit 1 (2 for bad arguments),
+    one line on stderr naming what is wrong — the role needed for a credential of another
+    role, refused before anything runs; no traceback, no doubled ``harnessrl rollout:`` —
+    and with ``--json`` one object on stdout (``status``, ``reason``, ``error``, ``exit``)."""
+    extra, code, status, reason, words = FAILURES[case]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    nats: list[str] = []
+    if case == "missing_credential":
+        nats = ["--nats", secure_nats.url, "--nats-creds", str(tmp_path / "no-such.cred")]
+    elif case.endswith("_credential"):
+        role = case.split("_")[0]
+        nats = ["--nats", secure_nats.url, "--nats-creds", str(secure_nats.creds(role))]
+        nats += ["--nats-ca", str(secure_nats.ca), "--run", "hand"]
+    async with ScriptedEngine(TOK, toy_solver()) as eng:
+        argv = ["--suite", "toy", "--task", "copy_01", "--harness", "reference", *extra]
+        argv += ["--engine", dead if case == "dead_engine" else eng.url, *nats]
+        argv += ["--model", "tiny-1m", "--sandbox-root", str(sandbox_root)]
+        rc, out, err, _ = await run_cli(*argv, *(["--json"] if json_out else []))
+    assert rc == code, err[-3000:]
+    (line,) = err.strip().splitlines()
+    head = f"harnessrl rollout: {status} ({reason}): " if reason else "harnessrl rollout: "
+    assert line.startswith(head) and "harnessrl rollout: harnessrl" not in line, line
+    assert all(w in line for w in words), line
+    if json_out:
+        obj = json.loads(out)
+        assert obj == {"status": status, "reason": reason, "error": obj["error"], "exit": code}
+        assert all(w in obj["error"] for w in words), obj
+    else:
+        assert out == ""
+    assert not sandbox_root.exists() or not any(sandbox_root.iterdir())

@@ -346,6 +346,7 @@ def _brief(args: dict) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     env = os.environ.get
     p = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="reference_agent",
         description="harnessrl's reference agent: OpenAI chat completions with file/shell tools.",
         epilog="Exit status: 0 finished, 1 error, 2 out of turns. Last stdout line: JSON summary.",

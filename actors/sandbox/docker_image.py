@@ -547,7 +547,9 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="build/import the docker sandbox image, offline")
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, description="build/import the docker sandbox image, offline"
+    )
     p.add_argument("--docker-host", default=None, help="engine URL (default: $DOCKER_HOST)")
     p.add_argument("--image", default=DEFAULT_IMAGE)
     p.add_argument("--method", default="auto", choices=("auto", "debootstrap", "host"))

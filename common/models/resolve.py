@@ -64,7 +64,16 @@ def shipped_harnesses() -> dict[str, list[str]]:
 def model_max_new_tokens(spec: str | os.PathLike[str]) -> int | None:
     """The model's own output limit: ``max_new_tokens`` in its ``generation_config.json``."""
     try:
-        gen = resolve_model(spec) / "generation_config.json"
+        return declared_max_new_tokens(resolve_model(spec))
+    except (ValueError, OSError):
+        return None
+
+
+def declared_max_new_tokens(folder: Path) -> int | None:
+    """``max_new_tokens`` in ``folder/generation_config.json`` (None: not declared), read
+    without resolving the model (``--help`` quotes the shipped model's)."""
+    gen = folder / "generation_config.json"
+    try:
         value = json.loads(gen.read_text()).get("max_new_tokens") if gen.is_file() else None
     except (ValueError, OSError):
         return None

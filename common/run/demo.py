@@ -223,15 +223,6 @@ CONFIG = DemoConfig
 SECTION = "demo"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--harness", dest="cfg__harnesses", action="append", metavar="H", help="harness; repeat"
-    )
-    parser.add_argument(
-        "--engine", dest="cfg__engines", action="append", metavar="URL", help="engine; repeat"
-    )
-
-
 # ---------------------------------------------------------------------------------------------
 # run files
 # ---------------------------------------------------------------------------------------------

@@ -72,13 +72,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run file: [run] plus one table per process; with --resume, defaults to "
         "<out>/config.toml",
     )
-    parser.add_argument(
-        "--engine",
-        dest="cfg__engines",
-        action="append",
-        metavar="URL",
-        help="existing engine URL (SGLang native API); repeat for several (same as --engines)",
-    )
     add_config_args(parser, RunConfig)
 
 

@@ -727,7 +727,9 @@ def write_train_suite(root: Path, per_family: int, seed: int = 0) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Regenerate the built-in toy suites.")
+    ap = argparse.ArgumentParser(
+        allow_abbrev=False, description="Regenerate the built-in toy suites."
+    )
     ap.add_argument(
         "--out",
         type=Path,

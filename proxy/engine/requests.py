@@ -2,14 +2,16 @@
 validated into ``GenerateItem``s, the errors every layer raises, and the weight-version spans
 of a reply (``weight_version_spans``, shared with the scripted engine: no torch here).
 
-Bad input (bad JSON, missing or out-of-vocabulary ids, a prompt that does not fit the context,
-bad sampling values, unknown fields) raises ``BadRequest`` (HTTP 400). SGLang's sampling params
-that the engine does not implement are accepted only at their neutral values.
+Bad input (bad JSON, missing or out-of-vocabulary ids — any integer, however large —, text that
+is not Unicode, a prompt that does not fit the context, bad sampling values, unknown fields)
+raises ``BadRequest`` (HTTP 400). SGLang's sampling params that the engine does not implement
+are accepted only at their neutral values.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -168,12 +170,13 @@ def _check_ids(ids: Any, vocab_size: int, name: str = "input_ids") -> list[int]:
     for t in ids:
         if isinstance(t, bool) or not isinstance(t, int):
             raise BadRequest(f"{name} must hold integers, got {t!r}")
-    arr = np.asarray(ids, dtype=np.int64)
-    bad = (arr < 0) | (arr >= vocab_size)
-    if bad.any():
-        raise BadRequest(
-            f"{name} holds id {int(arr[bad][0])} outside the vocabulary [0, {vocab_size})"
-        )
+    try:
+        arr = np.asarray(ids, dtype=np.int64)
+    except OverflowError:  # beyond int64: certainly outside the vocabulary
+        arr = None
+    if arr is None or ((arr < 0) | (arr >= vocab_size)).any():
+        bad = next(t for t in ids if not 0 <= t < vocab_size)
+        raise BadRequest(f"{name} holds id {bad} outside the vocabulary [0, {vocab_size})")
     return [int(t) for t in ids]
 
 
@@ -233,13 +236,19 @@ def parse_generate(
     return items, batched
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _encode_text(text: Any, tokenizer: Any) -> Any:
     if tokenizer is None:
         raise BadRequest("text input needs a tokenizer; send input_ids")
     if isinstance(text, str):
-        return tokenizer.encode(text, add_special_tokens=False) or None
+        return tokenizer.encode(_unicode(text, "text"), add_special_tokens=False) or None
     if isinstance(text, list) and all(isinstance(t, str) for t in text):
-        return [tokenizer.encode(t, add_special_tokens=False) for t in text]
+        return [
+            tokenizer.encode(_unicode(t, f"text[{i}]"), add_special_tokens=False)
+            for i, t in enumerate(text)
+        ]
     raise BadRequest("text must be a string or a list of strings")
 
 
@@ -264,3 +273,11 @@ def weight_version_spans(
     if spans[-1]["version"] != current:
         spans.append({"version": current, "start": n_output, "end": n_output})
     return spans
+
+
+def _unicode(text: str, name: str) -> str:
+    """``text``, if it is Unicode text (JSON can carry a lone UTF-16 surrogate; no tokenizer
+    can encode one)."""
+    if m := _SURROGATE.search(text):
+        raise BadRequest(f"{name} holds a lone surrogate {m[0]!r} at {m.start()}: not Unicode")
+    return text

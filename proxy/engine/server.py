@@ -78,6 +78,8 @@ async def _json(request: web.Request, required: bool = True) -> dict[str, Any]:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BadRequest(f"invalid JSON: {e}") from None
+    except RecursionError:
+        raise BadRequest("the body is nested too deeply") from None
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
     return body
@@ -192,6 +194,11 @@ class EngineServer:
         self._require_ready()
         eng = self.engine
         items, batched = parse_generate(body, eng.vocab_size, eng.max_context, eng.tokenizer)
+        if len(items) > self.cfg.max_queue:  # could never wait at once: a 503 would be retried
+            raise BadRequest(
+                f"a batch of {len(items)} prompts can never fit the queue (max_queue "
+                f"{self.cfg.max_queue}): send at most {self.cfg.max_queue} per request"
+            )
         reqs = [eng.new_request(it) for it in items]
         futures = []
         try:
