@@ -654,7 +654,10 @@ class Fleet:
     async def feed(self, bus: Any) -> None:
         """Keep ``slots + margin`` members outstanding (issued, no sample yet) while feeding."""
         from harnessrl.common.records import TaskRequest
+        from harnessrl.learner.config import FeederConfig
+        from harnessrl.learner.task_queue import TaskQueue
 
+        await TaskQueue(bus, FeederConfig()).ensure()  # the feeder owns the actors' consumer
         ph, n, group = self.ph, 0, 8
         margin = max(16, self.slots // 8)
         timeout = max(300.0, 3 * ph.rollout_s)  # a starved machine must not time rollouts out

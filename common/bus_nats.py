@@ -27,6 +27,7 @@ from harnessrl.common.bus import (
     BusConnectError,
     BusError,
     Consumer,
+    ConsumerState,
     PayloadTooLarge,
     PermissionDenied,
     PubResult,
@@ -488,17 +489,16 @@ class JetStreamBus(Bus):
 
     # -- consume --------------------------------------------------------------------------
 
-    async def consumer(
+    async def ensure_consumer(
         self,
         kind: str,
         durable: str,
-        record_type: type[R],
         *,
         filter_subject: str | None = None,
         ack_wait: float = 30.0,
         max_deliver: int = -1,
         max_ack_pending: int = 10_000,
-    ) -> Consumer[R]:
+    ) -> list[str]:
         stream = self.subjects.stream(kind)
         subject = filter_subject or STREAMS[kind].subjects[0].format(run=self.run)
         cfg = api.ConsumerConfig(
@@ -510,13 +510,45 @@ class JetStreamBus(Bus):
             deliver_policy=api.DeliverPolicy.ALL,
             filter_subject=subject,
         )
-        try:
+        before = await self.consumer_state(kind, durable)
+        try:  # DURABLE.CREATE: creates it, or updates the settings JetStream lets change
             await self._api(stream, self.js.add_consumer(stream, cfg))
         except nats.js.errors.BadRequestError as e:
-            try:  # exists with other settings: bind to it as it is
-                await self._api(stream, self.js.consumer_info(stream, durable))
-            except nats.js.errors.NotFoundError:
+            if before is None:
                 raise BusError(f"cannot create consumer {durable} on {stream}: {e}") from None
+            log.info("consumer %s on %s keeps its settings (%s)", durable, stream, e.description)
+            return []
+        if before is None:
+            return ["created"]
+        want = {
+            "filter_subject": subject,
+            "ack_wait": float(ack_wait),
+            "max_ack_pending": max_ack_pending,
+        }
+        return [k for k, v in want.items() if getattr(before, k) != v]
+
+    async def consumer_state(self, kind: str, durable: str) -> ConsumerState | None:
+        stream = self.subjects.stream(kind)
+        try:
+            info = await self._api(stream, self.js.consumer_info(stream, durable))
+        except nats.js.errors.NotFoundError:
+            return None
+        c = info.config
+        return ConsumerState(
+            filter_subject=c.filter_subject or "",
+            ack_wait=float(c.ack_wait or 30.0),
+            max_ack_pending=int(c.max_ack_pending or 0),
+            pending=int(info.num_pending or 0),
+            ack_pending=int(info.num_ack_pending or 0),
+            waiting=int(info.num_waiting or 0),
+            delivered=int(info.delivered.consumer_seq if info.delivered else 0),
+            paused=bool(info.paused),
+        )
+
+    async def _bind(
+        self, kind: str, durable: str, record_type: type[R], ack_wait: float
+    ) -> Consumer[R]:
+        stream = self.subjects.stream(kind)
         psub = await self.js.pull_subscribe_bind(durable=durable, stream=stream)
         consumer = _NatsConsumer(self, kind, durable, record_type, ack_wait, psub)
         self._keepers.add(consumer._keeper)

@@ -27,21 +27,26 @@ was started for, ``S(K)`` the stream ``HRL_R_K``; every role may also subscribe 
 ``_INBOX.<role>.>`` and read ``$JS.API.STREAM.INFO`` of the run's streams)::
 
     role          publishes                      consumes (JetStream consumer API + acks)
-    actor         hrl.R.calls.>, hrl.R.rollouts  S(TASKS) durable "actors"
-                  hrl.R.dead.tasks
+    actor         hrl.R.calls.>, hrl.R.rollouts  S(TASKS) durable "actors": info, fetch, ack
+                  hrl.R.dead.tasks               (never create or change it)
     proxy         hrl.R.calls.>                  -
     assembler     hrl.R.samples                  S(ROLLOUTS) durable "assembler";
                   hrl.R.dead.rollouts            S(CALLS) ephemeral readers (create/next/delete)
     learner       hrl.R.tasks, hrl.R.weights.>   S(SAMPLES) durable "learner";
                   hrl.R.dead.samples             $JS.API.STREAM.PURGE.S(WEIGHTS) (old versions);
                                                  $JS.API.STREAM.MSG.GET.S(TASKS|ROLLOUTS)
-                                                 (read-only: what a resumed feeder re-issues)
+                                                 (read-only: what a resumed feeder re-issues);
+                                                 S(TASKS) durable "actors": create, change,
+                                                 info (the feeder owns it)
     weights_sync  hrl.R.dead.weights             S(WEIGHTS): durables and ephemeral readers
     admin         everything (">")               everything: creates, updates, deletes streams
 
 Consumer API grants are per stream and per consumer name: ``$JS.API.CONSUMER.{DURABLE.CREATE,
 CREATE,INFO,MSG.NEXT}.S.NAME`` and ``$JS.ACK.S.NAME.>``; nobody but admin may create, update or
-delete streams. Deleting consumers is granted only for the per-subject readers, on the one
+delete streams. Creating a consumer also updates an existing one's settings, so a consumer
+shared by many processes of one role (the actors' task consumer) is created by the side that
+owns its stream, never by its users: an actor that could create it could send back its config
+with another filter or ``max_ack_pending: 1`` and stall every actor of the run. Deleting consumers is granted only for the per-subject readers, on the one
 stream whose consumers all belong to that role (CALLS: assembler; WEIGHTS: weights_sync), so no
 role can delete another role's consumer. A refused publish or API call reaches the client
 as an asynchronous ``Permissions Violation`` (``harnessrl.common.bus_nats`` turns it into
@@ -92,19 +97,24 @@ def _stream(run: str, kind: str) -> str:
     return f"HRL_{run}_{kind}"
 
 
-def _consumer(run: str, kind: str, name: str, *, ack: bool = True) -> list[str]:
-    """JS API subjects to create, bind to, pull from (and ack) consumer ``name`` of a stream;
-    ``name`` may be ``*`` (any consumer of that stream)."""
+def _consumer(
+    run: str, kind: str, name: str, *, ack: bool = True, create: bool = True, use: bool = True
+) -> list[str]:
+    """JS API subjects to create (``create``: creating also updates an existing one's
+    settings), bind to and pull from (``use``), and ack (``ack``) consumer ``name`` of a
+    stream; ``name`` may be ``*`` (any consumer of that stream)."""
     s = _stream(run, kind)
     api = "$JS.API.CONSUMER"
-    out = [
-        f"{api}.DURABLE.CREATE.{s}.{name}",
-        f"{api}.CREATE.{s}.{name}",
-        f"{api}.CREATE.{s}.{name}.>",
-        f"{api}.INFO.{s}.{name}",
-        f"{api}.MSG.NEXT.{s}.{name}",
-    ]
-    return [*out, f"$JS.ACK.{s}.{name}.>"] if ack else out
+    out = [f"{api}.INFO.{s}.{name}"]
+    if create:
+        out += [
+            f"{api}.DURABLE.CREATE.{s}.{name}",
+            f"{api}.CREATE.{s}.{name}",
+            f"{api}.CREATE.{s}.{name}.>",
+        ]
+    if use:
+        out.append(f"{api}.MSG.NEXT.{s}.{name}")
+    return [*out, f"$JS.ACK.{s}.{name}.>"] if use and ack else out
 
 
 def _reader(run: str, kind: str) -> list[str]:
@@ -119,7 +129,8 @@ def _run_grants(role: str, run: str) -> list[str]:
     info = [f"$JS.API.STREAM.INFO.{_stream(run, k)}" for k in STREAM_KINDS]
     if role == "actor":
         own = [f"{p}.calls.>", f"{p}.rollouts", f"{p}.dead.tasks"]
-        return [*info, *own, *_consumer(run, "TASKS", ACTOR_DURABLE)]
+        # the shared task consumer is the learner's: an actor may not create or change it
+        return [*info, *own, *_consumer(run, "TASKS", ACTOR_DURABLE, create=False)]
     if role == "proxy":
         return [*info, f"{p}.calls.>"]
     if role == "assembler":
@@ -129,7 +140,9 @@ def _run_grants(role: str, run: str) -> list[str]:
         own = [f"{p}.tasks", f"{p}.weights.>", f"{p}.dead.samples"]
         purge = f"$JS.API.STREAM.PURGE.{_stream(run, 'WEIGHTS')}"
         read = [f"$JS.API.STREAM.MSG.GET.{_stream(run, k)}" for k in ("TASKS", "ROLLOUTS")]
-        return [*info, *own, purge, *read, *_consumer(run, "SAMPLES", LEARNER_DURABLE)]
+        tasks = _consumer(run, "TASKS", ACTOR_DURABLE, use=False)  # it owns the actors' consumer
+        own += [purge, *read, *tasks]
+        return [*info, *own, *_consumer(run, "SAMPLES", LEARNER_DURABLE)]
     if role == "weights_sync":
         own = [f"{p}.dead.weights"]
         return [*info, *own, *_consumer(run, "WEIGHTS", "*"), *_reader(run, "WEIGHTS")]

@@ -50,6 +50,11 @@ async def run(secure_server: NatsServer) -> str:
     return name
 
 
+def actor_creds(i: int = 0) -> str:
+    """The role name of actor ``i``'s credential."""
+    return "actor"
+
+
 async def as_role(srv: NatsServer, role: str, run: str, **kw) -> Bus:
     return await busmod.connect(
         srv.url, run, name=f"test {role}", creds=srv.creds(role), ca=srv.ca, **kw
@@ -211,9 +216,10 @@ async def test_each_role_does_exactly_its_own_work(secure_server: NatsServer, ru
     s = learner.subjects
     task, call, result, sample = sample_records()[:4]
     try:
-        # learner issues a task; an actor takes it
+        # learner issues a task (its feeder made the actors' consumer); an actor takes it
+        await learner.ensure_consumer("TASKS", "actors", filter_subject=s.tasks)
         await learner.publish(s.tasks, task)
-        tasks = await actor.consumer("TASKS", "actors", r.TaskRequest)
+        tasks = await actor.bind_consumer("TASKS", "actors", r.TaskRequest)
         [d] = await tasks.fetch(1, timeout=5)
         assert d.record == task
         # the actor's proxy (and a standalone proxy) record calls; the actor reports the result

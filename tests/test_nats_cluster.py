@@ -119,10 +119,11 @@ async def test_r3_streams_lose_nothing_when_a_node_is_killed_and_restarted(
     # in flight to the node when it dies hangs until that timeout, and the deliveries acked after
     # it must not lapse meanwhile (with 4 s they were redelivered elsewhere and acked twice)
     wait = 10
+    await learner.ensure_consumer(
+        "TASKS", "actors", filter_subject=s.tasks, ack_wait=wait
+    )  # the learner's feeder owns the task consumer; actors bind to it
     flows = {
-        "tasks": [
-            await a.consumer("TASKS", "actors", r.TaskRequest, ack_wait=wait) for a in actors
-        ],
+        "tasks": [await a.bind_consumer("TASKS", "actors", r.TaskRequest) for a in actors],
         "rollouts": [
             await assembler.consumer("ROLLOUTS", "assembler", r.RolloutResult, ack_wait=wait)
         ],
