@@ -36,7 +36,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
-from harnessrl.proxy.engine.auth import load_api_key
+from harnessrl.proxy.engine.auth import key_note, serving_key
 
 if TYPE_CHECKING:
     from harnessrl.proxy.config import EngineConfig
@@ -199,7 +199,7 @@ async def serve_teacher(cfg: EngineConfig, stop: asyncio.Event | None = None) ->
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     try:
-        key = load_api_key(cfg.api_key, cfg.api_key_file)
+        key, where = serving_key(cfg.api_key, cfg.api_key_file, cfg.insecure)
         eng = make_teacher_engine(cfg.suites, cfg.model, host=cfg.host, port=cfg.port, api_key=key)
         await eng.start()
     except (ValueError, KeyError, OSError) as e:
@@ -208,7 +208,8 @@ async def serve_teacher(cfg: EngineConfig, stop: asyncio.Event | None = None) ->
     try:
         print(
             f"engine ready: {eng.url} (teacher, tokenizer {cfg.model}, "
-            f"suites {', '.join(cfg.suites)}, weight_version {eng.weight_version})",
+            f"suites {', '.join(cfg.suites)}, weight_version {eng.weight_version}, "
+            f"{key_note(where)})",
             flush=True,
         )
         await stop.wait()
