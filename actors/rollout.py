@@ -361,6 +361,7 @@ class _Rollout:
             is_eval=req.is_eval,
             actor=deps.actor,
             meta=dict(req.meta),
+            claim=req.claim,
         )
         self.durations: dict[str, float] = {}
 

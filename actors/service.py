@@ -8,6 +8,11 @@ redelivered; publish the RolloutResult (msg id ``rollout:<id>``), and only then 
 
 What must stay true:
 
+* **A rollout belongs to the actor that ran it.** Its calls and its result are published under
+  this actor's NATS user (``hrl.<run>.calls.<actor>.<rid>``, ``hrl.<run>.rollouts.<actor>``;
+  the server refuses an actor any other), and the result returns the task's ``claim``, which
+  only an actor handed the task knows: the assembler assembles a result only from its own
+  publisher's calls, and refuses one whose claim is wrong.
 * **Every issued member ends as exactly one result per attempt, and some attempt ends.** The
   rollout is named ``<group_id>-<k>-<attempt>`` with attempt = the message's delivery count, so
   a task redelivered after a crash or a nak is a new attempt of the same member, never an extra
@@ -190,7 +195,7 @@ class ActorService:
                 res = await run_rollout(
                     req, attempt, self.deps, keep_workspace=self._keep(rid), report=report
                 )
-                await self.bus.publish(self.bus.subjects.rollouts, res)
+                await self.bus.publish(self.bus.subjects.rollouts_of(), res)
         except asyncio.CancelledError:
             log.info("rollout %s abandoned (shutdown); its task goes back to the queue", rid)
             await self._nak(d, delay=None)
@@ -236,9 +241,10 @@ class ActorService:
             started_at=now,
             ended_at=now,
             meta=dict(req.meta),
+            claim=req.claim,
         )
         try:
-            await self.bus.publish(self.bus.subjects.rollouts, res)
+            await self.bus.publish(self.bus.subjects.rollouts_of(), res)
         except Exception as e:
             log.warning("rollout %s: publishing its give-up result failed: %r", rid, e)
             await self._nak(d, delay=RETRY_DELAY_S)

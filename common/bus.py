@@ -47,9 +47,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -89,10 +90,11 @@ STREAMS: dict[str, StreamSpec] = {
     for s in (
         StreamSpec("TASKS", ("hrl.{run}.tasks",), work_queue=True),
         StreamSpec("CALLS", ("hrl.{run}.calls.>",), work_queue=False, max_age_s=24 * 3600),
-        StreamSpec("ROLLOUTS", ("hrl.{run}.rollouts",), work_queue=False, max_age_s=7 * 86400),
+        StreamSpec("ROLLOUTS", ("hrl.{run}.rollouts.*",), work_queue=False, max_age_s=7 * 86400),
         StreamSpec("SAMPLES", ("hrl.{run}.samples",), work_queue=True),
         StreamSpec("WEIGHTS", ("hrl.{run}.weights.>",), work_queue=False, max_age_s=86400),
         StreamSpec("DEAD", ("hrl.{run}.dead.>",), work_queue=False, max_age_s=30 * 86400),
+        StreamSpec("KEYS", ("hrl.{run}.keys.*",), work_queue=False),
     )
 }
 
@@ -126,19 +128,45 @@ class ConsumerState:
 
 
 class Subjects:
-    """Subject names of one run."""
+    """Subject names of one run, as seen by one publisher.
 
-    def __init__(self, run: str) -> None:
+    A rollout's calls and its result carry the name of the process that published them:
+    ``hrl.<run>.calls.<publisher>.<rollout_id>`` and ``hrl.<run>.rollouts.<publisher>``, where
+    the publisher is the connection's NATS user (``actor-NAME`` for an actor; with
+    credentials the server lets each user publish only under its own name) or, on an open
+    server, the process's own name. ``publisher`` is that name for this connection."""
+
+    def __init__(self, run: str, publisher: str = "local") -> None:
         self.run = check_token(run, "run")
+        self.publisher = check_token(publisher, "publisher")
         p = f"hrl.{run}"
         self.tasks = f"{p}.tasks"
-        self.rollouts = f"{p}.rollouts"
+        self.rollouts = f"{p}.rollouts.*"
+        """Every publisher's results (consumers and readers; publish on `rollouts_of`)."""
         self.samples = f"{p}.samples"
         self.weights_ready = f"{p}.weights.ready"
         self.all_calls = f"{p}.calls.>"
+        self.claim_key = f"{p}.keys.claims"
+        """The run's claim key (`Bus.claim_key`)."""
 
-    def calls(self, rollout_id: str) -> str:
-        return f"hrl.{self.run}.calls.{check_token(rollout_id, 'rollout_id')}"
+    def rollouts_of(self, publisher: str | None = None) -> str:
+        """Where ``publisher`` (default: this connection) publishes its results."""
+        return f"hrl.{self.run}.rollouts.{check_token(publisher or self.publisher, 'publisher')}"
+
+    def calls(self, rollout_id: str, publisher: str | None = None) -> str:
+        """Where ``publisher`` (default: this connection) publishes ``rollout_id``'s calls."""
+        by = check_token(publisher or self.publisher, "publisher")
+        return f"hrl.{self.run}.calls.{by}.{check_token(rollout_id, 'rollout_id')}"
+
+    def calls_any(self, rollout_id: str) -> str:
+        """Every publisher's calls of ``rollout_id``."""
+        return f"hrl.{self.run}.calls.*.{check_token(rollout_id, 'rollout_id')}"
+
+    @staticmethod
+    def publisher_of(subject: str) -> str:
+        """Who published on a calls or rollouts subject (its fourth token)."""
+        parts = subject.split(".")
+        return parts[3] if len(parts) > 3 else ""
 
     def weights_data(self, version: int) -> str:
         return f"hrl.{self.run}.weights.data.{int(version)}"
@@ -156,6 +184,7 @@ class Subjects:
         "samples": "SAMPLES",
         "weights": "WEIGHTS",
         "dead": "DEAD",
+        "keys": "KEYS",
     }
 
     def kind_of(self, subject: str) -> str:
@@ -390,11 +419,52 @@ class Consumer(ABC, Generic[R]):
 class Bus(ABC):
     """Publish records and consume them through durable consumers, for one run."""
 
-    def __init__(self, run: str) -> None:
+    def __init__(self, run: str, publisher: str = "local") -> None:
         self.run = run
-        self.subjects = Subjects(run)
+        self.subjects = Subjects(run, publisher)
         self.interrupted = False
         """``interrupt`` was called."""
+        self._claim_key: bytes | None = None
+
+    @property
+    def authenticated(self) -> bool:
+        """Whether the server knows this connection by a user name (then `Subjects.publisher`
+        is that name and the server enforces it)."""
+        return False
+
+    def publish_as(self, name: str) -> None:
+        """On a connection the server knows no name for (an open server, the in-memory bus),
+        publish calls and results under ``name`` (a subject token); with credentials the
+        connection's user name stays."""
+        if not self.authenticated:
+            self.subjects.publisher = check_token(name, "publisher")
+
+    async def claim_key(self, *, create: bool = False, wait_s: float = 60.0) -> bytes:
+        """The run's claim key (``harnessrl.common.records.member_claim``): the first message on
+        ``subjects.claim_key`` (stream KEYS). The learner makes it (``create``: 32 random
+        bytes, once; two at once agree on the first one stored); the assembler waits up to
+        ``wait_s`` for it (then ``BusError``). Actors cannot read it."""
+        if self._claim_key is not None:
+            return self._claim_key
+        deadline = time.monotonic() + wait_s
+        waiting = False
+        while True:
+            got = await self.stored(self.subjects.claim_key)
+            if got:
+                self._claim_key = got[0][1]
+                return self._claim_key
+            if create:
+                await self.publish(self.subjects.claim_key, os.urandom(32), "claim-key")
+                continue
+            if time.monotonic() > deadline:
+                raise BusError(
+                    f"run {self.run} has no claim key after {wait_s:g} s: the learner makes it "
+                    "when it starts"
+                )
+            if not waiting:
+                waiting = True
+                log.info("run %s has no claim key yet: waiting for the learner", self.run)
+            await asyncio.sleep(0.5)
 
     def interrupt(self) -> None:
         """The process is stopping: from now on give up at once (``BusUnavailable``) on what
@@ -550,25 +620,53 @@ class Bus(ABC):
         return True
 
     async def _undecodable(
-        self, subject: str, seq: int, data: bytes, err: Exception, reader: str | None
+        self, subject: str, seq: int, data: bytes, err: Exception | str, reader: str | None
     ) -> None:
-        """``read_subject``'s handling of a message that does not decode."""
+        """``read_subject``'s handling of a message that does not decode (``err``: the decode
+        error) or that its reader refuses (``err``: the reason)."""
+        why = err if isinstance(err, str) else f"undecodable: {err}"
         if reader is None or self.subjects.kind_of(subject) == "DEAD":
-            log.warning("skipping undecodable message seq=%d on %s: %s", seq, subject, err)
+            log.warning("skipping message seq=%d on %s: %s", seq, subject, why)
             return
-        await self.dead_letter(
-            self.subjects.kind_of(subject), reader, subject, seq, data, f"undecodable: {err}"
-        )
+        await self.dead_letter(self.subjects.kind_of(subject), reader, subject, seq, data, why)
+
+    async def _read_one(
+        self,
+        subject: str,
+        seq: int,
+        data: bytes,
+        record_type: type[R],
+        reader: str | None,
+        reject: Callable[[str], str] | None,
+    ) -> R | None:
+        """One message of ``read_subject``: its record, or None when it was left out."""
+        why = reject(subject) if reject is not None else ""
+        if why:
+            await self._undecodable(subject, seq, data, why, reader)
+            return None
+        try:
+            return decode(data, record_type)
+        except RecordDecodeError as e:
+            await self._undecodable(subject, seq, data, e, reader)
+            return None
 
     async def read_subject(
-        self, subject: str, record_type: type[R], *, dead_letter_as: str | None = None
+        self,
+        subject: str,
+        record_type: type[R],
+        *,
+        dead_letter_as: str | None = None,
+        reject: Callable[[str], str] | None = None,
     ) -> list[R]:
-        """Every record currently stored on ``subject``, in stream order. An undecodable
-        message is left out: dead-lettered as given up by ``dead_letter_as`` when set (the
-        reader that owns the data), else only logged (read-only tools)."""
+        """Every record currently stored on ``subject`` (wildcards allowed), in stream order.
+        An undecodable message is left out: dead-lettered as given up by ``dead_letter_as`` when
+        set (the reader that owns the data), else only logged (read-only tools). So is one
+        whose own subject ``reject`` gives a reason for (non-empty), with that reason."""
         out: list[R] = []
         async with contextlib.aclosing(
-            self.read_subject_batches(subject, record_type, dead_letter_as=dead_letter_as)
+            self.read_subject_batches(
+                subject, record_type, dead_letter_as=dead_letter_as, reject=reject
+            )
         ) as batches:
             async for batch in batches:
                 out.extend(batch)
@@ -582,6 +680,7 @@ class Bus(ABC):
         *,
         dead_letter_as: str | None = None,
         batch: int = 256,
+        reject: Callable[[str], str] | None = None,
     ) -> AsyncIterator[list[R]]:
         """`read_subject` as it arrives, at most ``batch`` records at a time (a reader that
         works on the first records while the rest are still on their way: the weight

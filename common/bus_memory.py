@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +23,6 @@ from harnessrl.common.bus import (
     StreamSpec,
     subject_matches,
 )
-from harnessrl.common.records import RecordDecodeError, decode
 
 # ---------------------------------------------------------------------------------------------
 # in-memory implementation (unit tests; same semantics as JetStream for what we use)
@@ -178,16 +177,18 @@ class MemoryBus(Bus):
         *,
         dead_letter_as: str | None = None,
         batch: int = 256,
+        reject: Callable[[str], str] | None = None,
     ) -> AsyncIterator[list[R]]:
         st = self.broker.stream_for(subject)
         out: list[R] = []
         for seq in sorted(st.msgs):
-            m = st.msgs[seq]
-            if m.subject == subject:
-                try:
-                    out.append(decode(m.data, record_type))
-                except RecordDecodeError as e:
-                    await self._undecodable(subject, seq, m.data, e, dead_letter_as)
+            m = st.msgs.get(seq)
+            if m is not None and subject_matches(subject, m.subject):
+                rec = await self._read_one(
+                    m.subject, seq, m.data, record_type, dead_letter_as, reject
+                )
+                if rec is not None:
+                    out.append(rec)
             if len(out) >= batch:
                 yield out
                 out = []
@@ -206,7 +207,7 @@ class MemoryBus(Bus):
         return [
             (seq, m.data)
             for seq, m in sorted(st.msgs.items())
-            if m.subject == subject
+            if subject_matches(subject, m.subject)
             and (since is None or m.ts >= since)
             and seq >= first
             and (upto is None or seq <= upto)
@@ -214,12 +215,16 @@ class MemoryBus(Bus):
 
     async def purge(self, kind: str, subject: str | None = None) -> None:
         st = self.broker.streams[self.subjects.stream(kind)]
-        for seq in [s for s, m in st.msgs.items() if subject is None or m.subject == subject]:
+        for seq in [
+            s for s, m in st.msgs.items() if subject is None or subject_matches(subject, m.subject)
+        ]:
             del st.msgs[seq]
 
     async def stream_count(self, kind: str, subject: str | None = None) -> int:
         st = self.broker.streams[self.subjects.stream(kind)]
-        return sum(1 for m in st.msgs.values() if subject is None or m.subject == subject)
+        return sum(
+            1 for m in st.msgs.values() if subject is None or subject_matches(subject, m.subject)
+        )
 
     async def close(self) -> None:
         return None

@@ -10,7 +10,7 @@ import datetime
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import nats
@@ -37,9 +37,7 @@ from harnessrl.common.nats_acks import Acks
 from harnessrl.common.nats_guards import Denials, Outage, refusal
 from harnessrl.common.records import (
     Record,
-    RecordDecodeError,
     Scattered,
-    decode,
     encode_many,
     wire_size,
 )
@@ -85,7 +83,8 @@ class JetStreamBus(Bus):
         replicas: int = 1,
         outage: Outage | None = None,
     ):
-        super().__init__(run)
+        user = str(nc.options.get("user") or "")
+        super().__init__(run, user or "local")
         self.nc = nc
         self.js = nc.jetstream(timeout=10.0)
         self.publish_timeout = publish_timeout
@@ -199,6 +198,10 @@ class JetStreamBus(Bus):
     def user(self) -> str:
         """The NATS user this connection authenticated as ("" without user/password)."""
         return str(self.nc.options.get("user") or "")
+
+    @property
+    def authenticated(self) -> bool:
+        return bool(self.user)
 
     # -- streams --------------------------------------------------------------------------
 
@@ -562,6 +565,7 @@ class JetStreamBus(Bus):
         *,
         dead_letter_as: str | None = None,
         batch: int = 256,
+        reject: Callable[[str], str] | None = None,
     ) -> AsyncIterator[list[R]]:
         kind = self.subjects.kind_of(subject)
         stream = self.subjects.stream(kind)
@@ -586,11 +590,12 @@ class JetStreamBus(Bus):
                 out: list[R] = []
                 for m in msgs:
                     remaining = m.metadata.num_pending
-                    try:
-                        out.append(decode(m.data, record_type))
-                    except RecordDecodeError as e:
-                        seq = m.metadata.sequence.stream
-                        await self._undecodable(subject, seq, m.data, e, dead_letter_as)
+                    seq = m.metadata.sequence.stream
+                    rec = await self._read_one(
+                        m.subject, seq, m.data, record_type, dead_letter_as, reject
+                    )
+                    if rec is not None:
+                        out.append(rec)
                 if not msgs:
                     break
                 yield out

@@ -42,6 +42,9 @@ class AssemblerConfig(ServiceConfig):
     remember: int = Field(100_000, ge=0, le=10_000_000)
     """Recently finished rollout ids kept in memory so a duplicate result is acked at once
     (after a restart, JetStream's msg-id de-duplication still prevents duplicate samples)."""
+    claim_key_wait_s: float = Field(60.0, gt=0, le=86_400)
+    """How long a result waits for the run's claim key (made by the learner when it starts)
+    before it is retried later; results are checked against it (forged ones refused)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -54,7 +57,9 @@ class FeederConfig(HrlModel):
 
     enabled: bool = True
     """Issue TaskRequests. Off: someone else publishes the work (an external feeder, a test
-    publishing samples); groups are then formed from the samples' own ``group_size``."""
+    publishing samples; each task's ``claim`` must then be ``member_claim`` under the run's
+    claim key, or the assembler refuses its result); groups are then formed from the samples'
+    own ``group_size``."""
     suites: list[str] = ["toy"]
     """Training suites (names or directories); their ``split == "train"`` tasks are issued."""
     harnesses: list[str] = ["reference"]
