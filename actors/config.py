@@ -48,6 +48,12 @@ class RolloutSettings(ProxySettings):
     """Memory limit per sandbox process, MiB."""
     sandbox_max_processes: int = Field(1024, ge=8, le=1_000_000)
     """Processes + threads a sandbox may run."""
+    sandbox_disk_mb: int = Field(1024, ge=0, le=16_777_216)
+    """Disk quota per sandbox, MiB: the total its commands may hold across every writable
+    mount (workspace, home, ``/tmp``, ``/dev/shm``; no single file beyond it either). Past it
+    the sandbox is stopped within a second and the rollout is the harness's failure: scored 0,
+    not verified (``actors/sandbox/quota.py``). The built-in tasks' workspaces and the real
+    harnesses' state are a few MiB; 0: no limit."""
     sandbox_pool: int = Field(2, ge=0, le=256)
     """Blank sandboxes kept ready (bwrap: folders, lock, uid; docker: started containers of
     the shape the last rollout asked for), each serving exactly one rollout, and sandboxes
