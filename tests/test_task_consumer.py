@@ -224,3 +224,76 @@ async def wait(predicate, timeout: float = 10.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline
         await asyncio.sleep(0.05)
+
+
+async def test_the_stall_alert_fires_within_a_minute(
+    nats_url: str, run_name: str, tmp_path: Path
+) -> None:
+    """End to end, in real time: a real Prometheus with deploy/monitoring's config and rules
+    scrapes this process as the run's learner, whose task queue checks every second; an admin
+    pauses the task consumer while an actor asks for tasks; ``HrlTaskQueueStalled`` fires for
+    the run within a minute of the stall, and resolves once the consumer delivers again."""
+    import json as _json
+    import shutil
+
+    from harnessrl.common import metrics
+    from harnessrl.common.bus import connect
+    from harnessrl.learner.config import FeederConfig
+    from harnessrl.learner.task_queue import TaskQueue
+    from tests.test_monitoring import Prometheus, prometheus_config
+
+    if shutil.which("prometheus") is None:
+        pytest.skip("prometheus not installed (apt-get install prometheus)")
+    bus = await connect(nats_url, run_name)
+    stream = bus.subjects.stream("TASKS")
+    queue = TaskQueue(bus, FeederConfig(task_check_s=1.0))
+    await queue.ensure()
+    consumer = await bus.bind_consumer("TASKS", TASK_CONSUMER, r.TaskRequest)
+    got: list = []
+
+    async def actor() -> None:  # always asking, one task at a time
+        while True:
+            got.extend(await consumer.fetch(1, timeout=1.0))
+
+    runner, port = await metrics.start_metrics_server(0, "127.0.0.1")  # type: ignore[misc]
+    targets = tmp_path / "targets"
+    targets.mkdir()
+    labels = {"run": run_name, "process": "learner"}
+    (targets / "hrl-learner.json").write_text(
+        _json.dumps([{"targets": [f"127.0.0.1:{port}"], "labels": labels}])
+    )
+    prom = Prometheus(prometheus_config(tmp_path, targets), tmp_path / "tsdb", tmp_path / "p.log")
+    tasks = [asyncio.create_task(actor()), asyncio.create_task(queue.watch())]
+
+    def firing() -> bool:
+        alerts = prom.get("/api/v1/alerts")["data"]["alerts"]
+        return any(
+            a["labels"]["alertname"] == "HrlTaskQueueStalled"
+            and a["labels"].get("run") == run_name
+            and a["state"] == "firing"
+            for a in alerts
+        )
+
+    try:
+        await bus.js.pause_consumer(stream, TASK_CONSUMER, "2099-01-01T00:00:00Z")
+        t0 = time.monotonic()
+        for i in range(3):
+            await bus.publish(bus.subjects.tasks, task(30 + i))
+        while not firing():
+            assert time.monotonic() - t0 < 60, "HrlTaskQueueStalled did not fire within 60 s"
+            await asyncio.sleep(1.0)
+        fired_after = time.monotonic() - t0
+        assert fired_after >= 15 and got == [], fired_after  # no false alarm before the stall
+        await bus.js.resume_consumer(stream, TASK_CONSUMER)
+        deadline = time.monotonic() + 60
+        while firing():
+            assert time.monotonic() < deadline, "the alert did not resolve"
+            await asyncio.sleep(1.0)
+        assert got  # delivering again
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        prom.stop()
+        await runner.cleanup()
+        await bus.close()
