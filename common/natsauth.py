@@ -42,10 +42,8 @@ was started for, ``S(K)`` the stream ``HRL_R_K``; every role may also subscribe 
                   hrl.R.dead.calls               $JS.API.STREAM.MSG.GET.S(KEYS) (the claim key)
     learner       hrl.R.tasks, hrl.R.weights.>   S(SAMPLES) durable "learner";
                   hrl.R.dead.samples,            $JS.API.STREAM.PURGE.S(WEIGHTS) (old versions);
-                  hrl.R.keys.claims (makes the
-                  run's claim key once)
-                                                 $JS.API.STREAM.MSG.GET.S(TASKS|ROLLOUTS|KEYS)
-                                                 (read-only: what a resumed feeder re-issues,
+                  hrl.R.keys.claims (the run's   $JS.API.STREAM.MSG.GET.S(TASKS|ROLLOUTS|KEYS)
+                  claim key, made once)          (read-only: what a resumed feeder re-issues,
                                                  the claim key);
                                                  S(TASKS) durable "actors": create, change,
                                                  info (the feeder owns it)
@@ -57,9 +55,10 @@ CREATE,INFO,MSG.NEXT}.S.NAME`` and ``$JS.ACK.S.NAME.>``; nobody but admin may cr
 delete streams. Creating a consumer also updates an existing one's settings, so a consumer
 shared by many processes of one role (the actors' task consumer) is created by the side that
 owns its stream, never by its users: an actor that could create it could send back its config
-with another filter or ``max_ack_pending: 1`` and stall every actor of the run. Deleting consumers is granted only for the per-subject readers, on the one
-stream whose consumers all belong to that role (CALLS: assembler; WEIGHTS: weights_sync), so no
-role can delete another role's consumer. A refused publish or API call reaches the client
+with another filter or ``max_ack_pending: 1`` and stall every actor of the run. Deleting
+consumers is granted only for the per-subject readers, on the one stream whose consumers all
+belong to that role (CALLS: assembler; WEIGHTS: weights_sync), so no role can delete another
+role's consumer. A refused publish or API call reaches the client
 as an asynchronous ``Permissions Violation`` (``harnessrl.common.bus_nats`` turns it into
 ``PermissionDenied`` for the call that caused it).
 """
