@@ -45,6 +45,7 @@ async def serve(cfg: ActorConfig, stop: asyncio.Event | None = None, *, backend:
         loop.add_signal_handler(sig, on_signal)
     name = cfg.name or default_actor_name()
     bus = await connect_service(cfg, f"actor {name}")
+    bus.publish_as(name)  # an open server knows no user name: publish under the actor's
     served = await metrics.start_metrics_server(cfg.metrics_port)
     try:
         async with RolloutDeps.open(cfg, bus, actor=name, backend=backend) as deps:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from harnessrl.actors.verifier import JudgeConfig
 from harnessrl.common.config import NatsClientSettings, ServiceConfig, nats_urls
@@ -52,6 +52,12 @@ class RolloutSettings(ProxySettings):
     """Memory limit per sandbox process, MiB."""
     sandbox_max_processes: int = Field(1024, ge=8, le=1_000_000)
     """Processes + threads a sandbox may run."""
+    sandbox_disk_mb: int = Field(1024, ge=0, le=16_777_216)
+    """Disk quota per sandbox, MiB: the total its commands may hold across every writable
+    mount (workspace, home, ``/tmp``, ``/dev/shm``; no single file beyond it either). Past it
+    the sandbox is stopped within a second and the rollout is the harness's failure: scored 0,
+    not verified (``actors/sandbox/quota.py``). The built-in tasks' workspaces and the real
+    harnesses' state are a few MiB; 0: no limit."""
     sandbox_pool: int = Field(2, ge=0, le=256)
     """Blank sandboxes kept ready (bwrap: folders, lock, uid; docker: started containers of
     the shape the last rollout asked for), each serving exactly one rollout, and sandboxes
@@ -132,20 +138,14 @@ class ActorConfig(RolloutSettings, ServiceConfig):
     """Actor instance name (in results, logs and sandbox owners); empty: ``<host>-<pid>``."""
     concurrency: int = Field(4, ge=1, le=4096)
     """Rollouts run at once."""
-    ack_wait_s: float = Field(10.0, ge=1, le=86_400)
-    """Seconds a task may go without a heartbeat before JetStream redelivers it to another
-    actor: the delay before the tasks of a killed actor run again (running ones are kept alive
-    by heartbeats, so a rollout may take far longer). The durable consumer ``actors`` gets the
-    value of the actor that bound it last, and heartbeats are paced from this one: keep it the
-    same on every actor of a run."""
     heartbeat_s: float = Field(0.0, ge=0, le=86_400)
-    """Seconds between ``in_progress`` heartbeats of a running task; 0: a third of
-    ``ack_wait_s``."""
+    """Seconds between ``in_progress`` heartbeats of a running task; 0: a third of the task
+    consumer's ``ack_wait`` (set by the learner: ``[learner.feeder] task_ack_wait_s``)."""
     fetch_batch: int = Field(16, ge=1, le=4096)
     """Most tasks taken from the queue per fetch (fewer when fewer slots are free). A task's
-    ``ack_wait_s`` runs from its delivery, its heartbeats only from its rollout's start:
+    ``ack_wait`` runs from its delivery, its heartbeats only from its rollout's start:
     taking hundreds at once (an actor with every slot free) leaves the last of them waiting
-    while the first ones start their sandboxes, past ``ack_wait_s`` on a busy machine, and
+    while the first ones start their sandboxes, past ``ack_wait`` on a busy machine, and
     JetStream then hands them to another actor as well (both run them). Small batches start
     each task before the next batch is fetched."""
     max_attempts: int = Field(5, ge=1, le=1000)
@@ -162,16 +162,6 @@ class ActorConfig(RolloutSettings, ServiceConfig):
     @classmethod
     def _name(cls, v: str) -> str:
         return check_token(v, "actor name") if v else v
-
-    @model_validator(mode="after")
-    def _heartbeat(self) -> ActorConfig:
-        if self.heartbeat_s and self.heartbeat_s >= self.ack_wait_s:
-            raise ValueError("heartbeat_s must be shorter than ack_wait_s")
-        return self
-
-    @property
-    def heartbeat_interval(self) -> float:
-        return self.heartbeat_s or self.ack_wait_s / 3
 
 
 class RolloutConfig(RolloutSettings, NatsClientSettings):

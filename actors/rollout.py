@@ -25,7 +25,9 @@ What must stay true:
   label of ``hrl_actor_failures_total``) and the cause in ``error``:
 
   - ``ok``: the verifier scored the final workspace (a harness that exits non-zero *after*
-    calling the model is the model's failure and is scored like any other run);
+    calling the model is the model's failure and is scored like any other run); a harness
+    that filled the sandbox past its disk quota (``sandbox_disk_mb``) is stopped and scored 0
+    without verifying, its ``error`` saying so (counted as failure reason ``disk_quota``);
   - ``timeout`` (reason ``timeout``): the harness outlived its limit and was killed (with
     ``timeout_scoring = "score"`` the workspace is verified anyway and the status is the
     verifier's);
@@ -374,6 +376,7 @@ class _Rollout:
             is_eval=req.is_eval,
             actor=deps.actor,
             meta=dict(req.meta),
+            claim=req.claim,
         )
         self.durations: dict[str, float] = {}
         self.engines_gone = ""
@@ -530,6 +533,7 @@ class _Rollout:
             limits=Limits(
                 memory_bytes=s.sandbox_memory_mb * MiB,
                 max_processes=s.sandbox_max_processes,
+                disk_bytes=s.sandbox_disk_mb * MiB or None,
                 wall_clock_s=timeout + task.verifier_timeout_s + VERIFY_SLACK_S,
             ),
             owner=self.deps.actor,
@@ -637,6 +641,15 @@ class _Rollout:
 
     def _judge_exit(self, done: ExecResult, n_calls: int, timeout: float) -> bool:
         """Whether the workspace is to be verified (raises `_Fail` for a failed run)."""
+        if done.disk_exceeded:  # the harness's own doing: scored 0, as a failed attempt
+            M_FAILURES.labels(reason="disk_quota").inc()
+            limit = self.settings.sandbox_disk_mb
+            self.result.reward, self.result.metrics = 0.0, {}
+            self.result.error = (
+                f"disk quota: the sandbox held {done.disk_exceeded / MiB:.0f} MiB across its "
+                f"writable mounts, over its {limit} MiB (sandbox_disk_mb); stopped, scored 0"
+            )
+            return False
         if done.killed:  # an infrastructure death is never the model's failure
             raise _Fail(
                 "sandbox_error",

@@ -1,12 +1,18 @@
 """The actor service: TaskRequests in, scored RolloutResults out, up to ``concurrency`` at once.
 
 Loop (durable pull consumer ``actors`` on the TASKS work queue, shared by every actor of the
-run): fetch as many tasks as there are free slots; run each through
+run; the learner's feeder creates it with the run's settings and an actor only binds to it, so
+one that starts first waits for it): fetch as many tasks as there are free slots; run each through
 ``harnessrl.actors.rollout.run_rollout`` while a heartbeat (``in_progress``) keeps its message from being
 redelivered; publish the RolloutResult (msg id ``rollout:<id>``), and only then ack the task.
 
 What must stay true:
 
+* **A rollout belongs to the actor that ran it.** Its calls and its result are published under
+  this actor's NATS user (``hrl.<run>.calls.<actor>.<rid>``, ``hrl.<run>.rollouts.<actor>``;
+  the server refuses an actor any other), and the result returns the task's ``claim``, which
+  only an actor handed the task knows: the assembler assembles a result only from its own
+  publisher's calls, and refuses one whose claim is wrong.
 * **Every issued member ends as exactly one result per attempt, and some attempt ends.** The
   rollout is named ``<group_id>-<k>-<attempt>`` with attempt = the message's delivery count, so
   a task redelivered after a crash or a nak is a new attempt of the same member, never an extra
@@ -42,12 +48,12 @@ from typing import get_args
 from harnessrl.actors.config import ActorConfig
 from harnessrl.actors.rollout import M_FAILURES, M_ROLLOUTS, RolloutDeps, RolloutReport, run_rollout
 from harnessrl.common import metrics
-from harnessrl.common.bus import Bus, Consumer, Delivery
+from harnessrl.common.bus import TASK_CONSUMER, Bus, Consumer, Delivery
 from harnessrl.common.records import RolloutResult, RolloutStatus, TaskRequest, rollout_id
 
 log = logging.getLogger("harnessrl.actor")
 
-DURABLE = "actors"
+DURABLE = TASK_CONSUMER
 """Durable consumer name on the TASKS stream, shared by all actors of a run."""
 RETRY_DELAY_S = 5.0
 """Delay of the redelivery of a task whose rollout failed for a retryable reason."""
@@ -73,6 +79,8 @@ class ActorService:
         """Running rollouts by rollout id."""
         self.done = 0
         """Results published by this service."""
+        self.heartbeat_s = cfg.heartbeat_s or 10.0 / 3
+        """Seconds between a running task's heartbeats (set from the consumer's ack_wait)."""
         # Every status and task outcome is exported at 0 from the start, so the first failure
         # is an increase for Prometheus (the failing-rollouts alert, the dashboards' rates).
         for status in get_args(RolloutStatus):
@@ -81,15 +89,37 @@ class ActorService:
             M_TASKS.labels(outcome=outcome)
 
     async def consumer(self) -> Consumer[TaskRequest]:
-        return await self.bus.consumer("TASKS", DURABLE, TaskRequest, ack_wait=self.cfg.ack_wait_s)
+        """Bind to the run's task consumer (waiting for the learner to create it), and pace the
+        heartbeats from the ``ack_wait`` it was given."""
+        consumer = await self.bus.bind_consumer(
+            "TASKS", DURABLE, TaskRequest, owner="the learner (its task feeder)"
+        )
+        self.heartbeat_s = self.cfg.heartbeat_s or consumer.ack_wait / 3
+        if self.heartbeat_s >= consumer.ack_wait:
+            log.warning(
+                "heartbeat_s %g is not shorter than the task consumer's ack_wait %g: "
+                "using a third of it",
+                self.cfg.heartbeat_s,
+                consumer.ack_wait,
+            )
+            self.heartbeat_s = consumer.ack_wait / 3
+        return consumer
 
     async def run(self, stop: asyncio.Event, hurry: asyncio.Event | None = None) -> None:
         """Fetch and run tasks until ``stop`` is set, then shut down gracefully: in-flight
         rollouts get ``shutdown_grace_s`` to finish, or until ``hurry`` is set (a second
         SIGTERM: a parent that is going away, an engine and NATS that are already gone)."""
-        consumer = await self.consumer()
         tasks: set[asyncio.Task[None]] = set()
         stopping = asyncio.ensure_future(stop.wait())
+        binding = asyncio.ensure_future(self.consumer())  # may wait for the learner to make it
+        await asyncio.wait({binding, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not binding.done() or binding.exception() is not None:
+            stopping.cancel()
+            binding.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await binding  # raises what binding failed with
+            return
+        consumer = binding.result()
         try:
             while not stop.is_set():
                 tasks = {t for t in tasks if not t.done()}
@@ -161,11 +191,11 @@ class ActorService:
         M_INFLIGHT.inc()
         report = RolloutReport()
         try:
-            async with d.keepalive(self.cfg.heartbeat_interval):
+            async with d.keepalive(self.heartbeat_s):
                 res = await run_rollout(
                     req, attempt, self.deps, keep_workspace=self._keep(rid), report=report
                 )
-                await self.bus.publish(self.bus.subjects.rollouts, res)
+                await self.bus.publish(self.bus.subjects.rollouts_of(), res)
         except asyncio.CancelledError:
             log.info("rollout %s abandoned (shutdown); its task goes back to the queue", rid)
             await self._nak(d, delay=None)
@@ -211,9 +241,10 @@ class ActorService:
             started_at=now,
             ended_at=now,
             meta=dict(req.meta),
+            claim=req.claim,
         )
         try:
-            await self.bus.publish(self.bus.subjects.rollouts, res)
+            await self.bus.publish(self.bus.subjects.rollouts_of(), res)
         except Exception as e:
             log.warning("rollout %s: publishing its give-up result failed: %r", rid, e)
             await self._nak(d, delay=RETRY_DELAY_S)

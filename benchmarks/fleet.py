@@ -653,8 +653,12 @@ class Fleet:
 
     async def feed(self, bus: Any) -> None:
         """Keep ``slots + margin`` members outstanding (issued, no sample yet) while feeding."""
-        from harnessrl.common.records import TaskRequest
+        from harnessrl.common.records import TaskRequest, member_claim
+        from harnessrl.learner.config import FeederConfig
+        from harnessrl.learner.task_queue import TaskQueue
 
+        await TaskQueue(bus, FeederConfig()).ensure()  # the feeder owns the actors' consumer
+        key = await bus.claim_key(create=True)  # and the claims the assembler checks
         ph, n, group = self.ph, 0, 8
         margin = max(16, self.slots // 8)
         timeout = max(300.0, 3 * ph.rollout_s)  # a starved machine must not time rollouts out
@@ -675,6 +679,7 @@ class Fleet:
                     harness_cmd=FLEET_HARNESS if ph.harness == "command" else "",
                     timeout_s=timeout,
                     created_at=time.time(),
+                    claim=member_claim(key, gid, k),
                 )
                 items.append((bus.subjects.tasks, req, req.msg_id()))
                 self.ledger.issued.add((gid, k))

@@ -4,7 +4,8 @@ before another actor gets it.
     python -m benchmarks.redelivery [--quick]
 
 A consumer process (``python -m benchmarks.redelivery --hold URL RUN ACK_WAIT HEARTBEAT``)
-binds the actors' durable consumer on TASKS with ``ACK_WAIT``, takes one task and keeps it
+binds the actors' durable consumer on TASKS (which the trial made with ``ACK_WAIT``, as the
+learner's feeder does), takes one task and keeps it
 alive with ``in_progress`` heartbeats every ``HEARTBEAT`` s, exactly as an actor does with a
 running rollout (``Delivery.keepalive``). Half a heartbeat after it took the task (the average
 phase of a death) it is SIGKILLed; another consumer pulls from the same durable, and the
@@ -13,7 +14,8 @@ nats-server; the trials of a case run at once.
 
 Cases:
 
-* ``defaults``: today's ``ActorConfig`` (``ack_wait_s``, heartbeats every third of it);
+* ``defaults``: today's task consumer (``[learner.feeder] task_ack_wait_s``, which the
+  learner gives it; actors heartbeat every third of it);
 * ``old_defaults`` (full runs only: a minute each): the previous 60 s ``ack_wait`` and 20 s
   heartbeats, after which chaos runs saw the learner idle for 51-61 s;
 * baseline ``graceful``, same run: the same consumer stopped with SIGTERM, which nak's its task
@@ -37,7 +39,7 @@ import uuid
 from benchmarks._common import parse_args, print_table, target, write_result
 
 OLD_ACK_WAIT_S, OLD_HEARTBEAT_S = 60.0, 20.0
-"""The consumers' defaults before ``ack_wait`` became 10 s (the baseline this measures against)."""
+"""The defaults before the task consumer's ack_wait was shortened to seconds."""
 TARGET_S = 15.0
 DURABLE = "actors"
 
@@ -48,7 +50,7 @@ async def hold(url: str, run: str, ack_wait: float, heartbeat: float) -> None:
     from harnessrl.common.records import TaskRequest
 
     bus = await connect(url, run)
-    consumer = await bus.consumer("TASKS", DURABLE, TaskRequest, ack_wait=ack_wait)
+    consumer = await bus.bind_consumer("TASKS", DURABLE, TaskRequest)
     got: list = []
     while not got:
         got = await consumer.fetch(1, timeout=1.0)
@@ -68,6 +70,7 @@ async def trial(url: str, ack_wait: float, heartbeat: float, sig: int) -> float:
 
     run = "b" + uuid.uuid4().hex[:10]
     bus = await connect(url, run)
+    await bus.ensure_consumer("TASKS", DURABLE, ack_wait=ack_wait)  # as the learner does
     task = TaskRequest(group_id="g", k=0, group_size=1, issued_version=0, task_id="t")
     await bus.publish(bus.subjects.tasks, task)
     argv = [sys.executable, "-m", "benchmarks.redelivery", "--hold", url, run]
@@ -78,7 +81,7 @@ async def trial(url: str, ack_wait: float, heartbeat: float, sig: int) -> float:
         line = await asyncio.wait_for(proc.stdout.readline(), 120)  # type: ignore[union-attr]
         assert line.startswith(b"held"), line
         await asyncio.sleep(heartbeat / 2)
-        other = await bus.consumer("TASKS", DURABLE, TaskRequest, ack_wait=ack_wait)
+        other = await bus.bind_consumer("TASKS", DURABLE, TaskRequest)
         proc.send_signal(sig)
         t_kill = time.monotonic()
         got: list = []
@@ -103,13 +106,14 @@ def stats(xs: list[float]) -> dict[str, float]:
 
 
 async def main(quick: bool) -> dict[str, dict[str, float]]:
-    from harnessrl.actors.config import ActorConfig
     from harnessrl.common.natsd import NatsServer
+    from harnessrl.learner.config import FeederConfig
 
-    cfg = ActorConfig()
+    wait = FeederConfig().task_ack_wait_s
+    beat = wait / 3  # an actor's default: a third of the consumer's ack_wait
     n = 2 if quick else 5
     with tempfile.TemporaryDirectory() as d, NatsServer(d) as server:
-        url, wait, beat = server.url, cfg.ack_wait_s, cfg.heartbeat_interval
+        url = server.url
         out = {
             "graceful": stats(await measure(url, n, wait, beat, signal.SIGTERM)),
             "defaults": stats(await measure(url, n, wait, beat, signal.SIGKILL)),
@@ -117,8 +121,8 @@ async def main(quick: bool) -> dict[str, dict[str, float]]:
         if not quick:
             old = await measure(url, 3, OLD_ACK_WAIT_S, OLD_HEARTBEAT_S, signal.SIGKILL)
             out["old_defaults"] = stats(old)
-    out["defaults"]["ack_wait_s"] = cfg.ack_wait_s
-    out["defaults"]["heartbeat_s"] = round(cfg.heartbeat_interval, 3)
+    out["defaults"]["ack_wait_s"] = wait
+    out["defaults"]["heartbeat_s"] = round(beat, 3)
     return out
 
 

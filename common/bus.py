@@ -9,8 +9,12 @@ Contract (both implementations):
 * ``publish_many`` gives the same guarantees for a batch, pipelined: nothing waits for one
   record's ack before the next is sent, and it returns only once every record is acked (or
   raises; a record is never reported done unacked).
-* ``consumer(kind, durable, record_type)`` gives a durable pull consumer with explicit acks.
-  ``fetch`` returns decoded ``Delivery`` objects. A payload that does not decode (a *poison*
+* ``consumer(kind, durable, record_type)`` gives a durable pull consumer with explicit acks,
+  creating it (or updating its settings) first; ``ensure_consumer`` only creates or updates
+  it, ``bind_consumer`` only binds to one that exists, waiting for its owner to create it (a
+  shared consumer, like the actors' ``TASK_CONSUMER``, is created by the side that owns its
+  stream, so no user of it can change its settings), and ``consumer_state`` reads what it
+  holds. ``fetch`` returns decoded ``Delivery`` objects. A payload that does not decode (a *poison*
   message) is written to ``hrl.<run>.dead.<kind>`` with the reason, terminated, counted, and never
   returned, so it cannot block the consumer.
 * A delivery that is neither acked nor kept alive (``in_progress``) within ``ack_wait`` is
@@ -34,7 +38,8 @@ Contract (both implementations):
   ``dead:<kind>:<consumer>:<stream seq>``) and counted in ``hrl_bus_dead_lettered_total``
   (only when newly stored, so a message given up twice counts once).
 
-Streams (``HRL_<run>_<KIND>``) and consumers are created idempotently by whoever comes first.
+Streams (``HRL_<run>_<KIND>``) are created idempotently by whoever comes first and may (the
+admin, or anyone on an open server); each durable consumer by its owner.
 """
 
 from __future__ import annotations
@@ -42,9 +47,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -84,28 +90,83 @@ STREAMS: dict[str, StreamSpec] = {
     for s in (
         StreamSpec("TASKS", ("hrl.{run}.tasks",), work_queue=True),
         StreamSpec("CALLS", ("hrl.{run}.calls.>",), work_queue=False, max_age_s=24 * 3600),
-        StreamSpec("ROLLOUTS", ("hrl.{run}.rollouts",), work_queue=False, max_age_s=7 * 86400),
+        StreamSpec("ROLLOUTS", ("hrl.{run}.rollouts.*",), work_queue=False, max_age_s=7 * 86400),
         StreamSpec("SAMPLES", ("hrl.{run}.samples",), work_queue=True),
         StreamSpec("WEIGHTS", ("hrl.{run}.weights.>",), work_queue=False, max_age_s=86400),
         StreamSpec("DEAD", ("hrl.{run}.dead.>",), work_queue=False, max_age_s=30 * 86400),
+        StreamSpec("KEYS", ("hrl.{run}.keys.*",), work_queue=False),
     )
 }
 
 
-class Subjects:
-    """Subject names of one run."""
+TASK_CONSUMER = "actors"
+"""Durable consumer of the TASKS stream shared by every actor of a run. The learner's feeder
+creates it with the run's settings (``harnessrl.learner.task_queue``); actors only bind to it,
+fetch and ack."""
 
-    def __init__(self, run: str) -> None:
+TASK_STALL_ALERT_S = 20.0
+"""Seconds the task consumer may go without delivering while tasks wait and actors ask for
+them before it counts as stalled (the ``HrlTaskQueueStalled`` alert, the run's status line)."""
+
+
+@dataclass
+class ConsumerState:
+    """What a durable consumer holds now, and its settings (``Bus.consumer_state``)."""
+
+    filter_subject: str
+    ack_wait: float
+    max_ack_pending: int
+    pending: int
+    """Messages it has not delivered yet (of those its filter sees)."""
+    ack_pending: int
+    """Messages delivered and not acked yet (waiting for a redelivery included)."""
+    waiting: int
+    """Pull requests waiting for messages (consumers asking for work)."""
+    delivered: int
+    """Consumer sequence of its last delivery (grows with every delivery)."""
+    paused: bool = False
+
+
+class Subjects:
+    """Subject names of one run, as seen by one publisher.
+
+    A rollout's calls and its result carry the name of the process that published them:
+    ``hrl.<run>.calls.<publisher>.<rollout_id>`` and ``hrl.<run>.rollouts.<publisher>``, where
+    the publisher is the connection's NATS user (``actor-NAME`` for an actor; with
+    credentials the server lets each user publish only under its own name) or, on an open
+    server, the process's own name. ``publisher`` is that name for this connection."""
+
+    def __init__(self, run: str, publisher: str = "local") -> None:
         self.run = check_token(run, "run")
+        self.publisher = check_token(publisher, "publisher")
         p = f"hrl.{run}"
         self.tasks = f"{p}.tasks"
-        self.rollouts = f"{p}.rollouts"
+        self.rollouts = f"{p}.rollouts.*"
+        """Every publisher's results (consumers and readers; publish on `rollouts_of`)."""
         self.samples = f"{p}.samples"
         self.weights_ready = f"{p}.weights.ready"
         self.all_calls = f"{p}.calls.>"
+        self.claim_key = f"{p}.keys.claims"
+        """The run's claim key (`Bus.claim_key`)."""
 
-    def calls(self, rollout_id: str) -> str:
-        return f"hrl.{self.run}.calls.{check_token(rollout_id, 'rollout_id')}"
+    def rollouts_of(self, publisher: str | None = None) -> str:
+        """Where ``publisher`` (default: this connection) publishes its results."""
+        return f"hrl.{self.run}.rollouts.{check_token(publisher or self.publisher, 'publisher')}"
+
+    def calls(self, rollout_id: str, publisher: str | None = None) -> str:
+        """Where ``publisher`` (default: this connection) publishes ``rollout_id``'s calls."""
+        by = check_token(publisher or self.publisher, "publisher")
+        return f"hrl.{self.run}.calls.{by}.{check_token(rollout_id, 'rollout_id')}"
+
+    def calls_any(self, rollout_id: str) -> str:
+        """Every publisher's calls of ``rollout_id``."""
+        return f"hrl.{self.run}.calls.*.{check_token(rollout_id, 'rollout_id')}"
+
+    @staticmethod
+    def publisher_of(subject: str) -> str:
+        """Who published on a calls or rollouts subject (its fourth token)."""
+        parts = subject.split(".")
+        return parts[3] if len(parts) > 3 else ""
 
     def weights_data(self, version: int) -> str:
         return f"hrl.{self.run}.weights.data.{int(version)}"
@@ -123,6 +184,7 @@ class Subjects:
         "samples": "SAMPLES",
         "weights": "WEIGHTS",
         "dead": "DEAD",
+        "keys": "KEYS",
     }
 
     def kind_of(self, subject: str) -> str:
@@ -357,11 +419,52 @@ class Consumer(ABC, Generic[R]):
 class Bus(ABC):
     """Publish records and consume them through durable consumers, for one run."""
 
-    def __init__(self, run: str) -> None:
+    def __init__(self, run: str, publisher: str = "local") -> None:
         self.run = run
-        self.subjects = Subjects(run)
+        self.subjects = Subjects(run, publisher)
         self.interrupted = False
         """``interrupt`` was called."""
+        self._claim_key: bytes | None = None
+
+    @property
+    def authenticated(self) -> bool:
+        """Whether the server knows this connection by a user name (then `Subjects.publisher`
+        is that name and the server enforces it)."""
+        return False
+
+    def publish_as(self, name: str) -> None:
+        """On a connection the server knows no name for (an open server, the in-memory bus),
+        publish calls and results under ``name`` (a subject token); with credentials the
+        connection's user name stays."""
+        if not self.authenticated:
+            self.subjects.publisher = check_token(name, "publisher")
+
+    async def claim_key(self, *, create: bool = False, wait_s: float = 60.0) -> bytes:
+        """The run's claim key (``harnessrl.common.records.member_claim``): the first message on
+        ``subjects.claim_key`` (stream KEYS). The learner makes it (``create``: 32 random
+        bytes, once; two at once agree on the first one stored); the assembler waits up to
+        ``wait_s`` for it (then ``BusError``). Actors cannot read it."""
+        if self._claim_key is not None:
+            return self._claim_key
+        deadline = time.monotonic() + wait_s
+        waiting = False
+        while True:
+            got = await self.stored(self.subjects.claim_key)
+            if got:
+                self._claim_key = got[0][1]
+                return self._claim_key
+            if create:
+                await self.publish(self.subjects.claim_key, os.urandom(32), "claim-key")
+                continue
+            if time.monotonic() > deadline:
+                raise BusError(
+                    f"run {self.run} has no claim key after {wait_s:g} s: the learner makes it "
+                    "when it starts"
+                )
+            if not waiting:
+                waiting = True
+                log.info("run %s has no claim key yet: waiting for the learner", self.run)
+            await asyncio.sleep(0.5)
 
     def interrupt(self) -> None:
         """The process is stopping: from now on give up at once (``BusUnavailable``) on what
@@ -401,7 +504,6 @@ class Bus(ABC):
         """Publish several records with pipelined acknowledgements (same guarantees)."""
         return [await self.publish(s, r, m) for s, r, m in items]
 
-    @abstractmethod
     async def consumer(
         self,
         kind: str,
@@ -413,7 +515,87 @@ class Bus(ABC):
         max_deliver: int = -1,
         max_ack_pending: int = 10_000,
     ) -> Consumer[R]:
-        """Bind (creating if needed) a durable pull consumer on the run's ``kind`` stream."""
+        """Bind (creating or updating it first: `ensure_consumer`) a durable pull consumer on
+        the run's ``kind`` stream."""
+        await self.ensure_consumer(
+            kind,
+            durable,
+            filter_subject=filter_subject,
+            ack_wait=ack_wait,
+            max_deliver=max_deliver,
+            max_ack_pending=max_ack_pending,
+        )
+        state = await self.consumer_state(kind, durable)
+        return await self._bind(kind, durable, record_type, state.ack_wait if state else ack_wait)
+
+    @abstractmethod
+    async def ensure_consumer(
+        self,
+        kind: str,
+        durable: str,
+        *,
+        filter_subject: str | None = None,
+        ack_wait: float = 30.0,
+        max_deliver: int = -1,
+        max_ack_pending: int = 10_000,
+    ) -> list[str]:
+        """Create durable pull consumer ``durable`` on the run's ``kind`` stream (filter: the
+        stream's first subject by default), or update an existing one to these settings;
+        returns the settings that were changed (``["created"]`` for a new one). Settings the
+        server cannot change on an existing consumer are left as they are (logged)."""
+
+    @abstractmethod
+    async def consumer_state(self, kind: str, durable: str) -> ConsumerState | None:
+        """What consumer ``durable`` of stream ``kind`` holds now; None when it does not
+        exist."""
+
+    @abstractmethod
+    async def _bind(
+        self, kind: str, durable: str, record_type: type[R], ack_wait: float
+    ) -> Consumer[R]: ...
+
+    async def bind_consumer(
+        self,
+        kind: str,
+        durable: str,
+        record_type: type[R],
+        *,
+        owner: str = "its owner",
+        poll_s: float = 1.0,
+        wait_s: float | None = None,
+    ) -> Consumer[R]:
+        """Bind to consumer ``durable`` as it is, never creating or changing it: one that does
+        not exist yet is waited for (one log line, naming ``owner``, who creates it; then a
+        reminder every minute), up to ``wait_s`` (None: as long as it takes; then
+        ``BusError``). The consumer's ``ack_wait`` is the one the owner set."""
+        t0 = last = time.monotonic()
+        state = await self.consumer_state(kind, durable)
+        if state is None:
+            log.info(
+                "consumer %r of stream %s does not exist yet: waiting for %s to create it",
+                durable,
+                self.subjects.stream(kind),
+                owner,
+            )
+        while state is None:
+            now = time.monotonic()
+            if wait_s is not None and now - t0 > wait_s:
+                raise BusError(
+                    f"consumer {durable!r} of stream {self.subjects.stream(kind)} did not appear "
+                    f"within {wait_s:g} s: {owner} creates it"
+                )
+            if now - last >= 60:
+                last = now
+                log.info(
+                    "still waiting for consumer %r of stream %s (%.0f s): %s creates it",
+                    durable,
+                    self.subjects.stream(kind),
+                    now - t0,
+                    owner,
+                )
+            await asyncio.sleep(poll_s)
+            state = await self.consumer_state(kind, durable)
+        return await self._bind(kind, durable, record_type, state.ack_wait)
 
     async def dead_letter(
         self, kind: str, consumer: str, subject: str, seq: int, data: bytes, reason: str
@@ -438,25 +620,53 @@ class Bus(ABC):
         return True
 
     async def _undecodable(
-        self, subject: str, seq: int, data: bytes, err: Exception, reader: str | None
+        self, subject: str, seq: int, data: bytes, err: Exception | str, reader: str | None
     ) -> None:
-        """``read_subject``'s handling of a message that does not decode."""
+        """``read_subject``'s handling of a message that does not decode (``err``: the decode
+        error) or that its reader refuses (``err``: the reason)."""
+        why = err if isinstance(err, str) else f"undecodable: {err}"
         if reader is None or self.subjects.kind_of(subject) == "DEAD":
-            log.warning("skipping undecodable message seq=%d on %s: %s", seq, subject, err)
+            log.warning("skipping message seq=%d on %s: %s", seq, subject, why)
             return
-        await self.dead_letter(
-            self.subjects.kind_of(subject), reader, subject, seq, data, f"undecodable: {err}"
-        )
+        await self.dead_letter(self.subjects.kind_of(subject), reader, subject, seq, data, why)
+
+    async def _read_one(
+        self,
+        subject: str,
+        seq: int,
+        data: bytes,
+        record_type: type[R],
+        reader: str | None,
+        reject: Callable[[str], str] | None,
+    ) -> R | None:
+        """One message of ``read_subject``: its record, or None when it was left out."""
+        why = reject(subject) if reject is not None else ""
+        if why:
+            await self._undecodable(subject, seq, data, why, reader)
+            return None
+        try:
+            return decode(data, record_type)
+        except RecordDecodeError as e:
+            await self._undecodable(subject, seq, data, e, reader)
+            return None
 
     async def read_subject(
-        self, subject: str, record_type: type[R], *, dead_letter_as: str | None = None
+        self,
+        subject: str,
+        record_type: type[R],
+        *,
+        dead_letter_as: str | None = None,
+        reject: Callable[[str], str] | None = None,
     ) -> list[R]:
-        """Every record currently stored on ``subject``, in stream order. An undecodable
-        message is left out: dead-lettered as given up by ``dead_letter_as`` when set (the
-        reader that owns the data), else only logged (read-only tools)."""
+        """Every record currently stored on ``subject`` (wildcards allowed), in stream order.
+        An undecodable message is left out: dead-lettered as given up by ``dead_letter_as`` when
+        set (the reader that owns the data), else only logged (read-only tools). So is one
+        whose own subject ``reject`` gives a reason for (non-empty), with that reason."""
         out: list[R] = []
         async with contextlib.aclosing(
-            self.read_subject_batches(subject, record_type, dead_letter_as=dead_letter_as)
+            self.read_subject_batches(
+                subject, record_type, dead_letter_as=dead_letter_as, reject=reject
+            )
         ) as batches:
             async for batch in batches:
                 out.extend(batch)
@@ -470,6 +680,7 @@ class Bus(ABC):
         *,
         dead_letter_as: str | None = None,
         batch: int = 256,
+        reject: Callable[[str], str] | None = None,
     ) -> AsyncIterator[list[R]]:
         """`read_subject` as it arrives, at most ``batch`` records at a time (a reader that
         works on the first records while the rest are still on their way: the weight
@@ -513,6 +724,8 @@ async def connect(url: str, run: str, *, create_streams: bool = True, **kw: Any)
     """Connect to a bus: ``memory://`` for the in-process twin, otherwise a NATS URL (``kw``:
     ``JetStreamBus.connect``'s options, e.g. ``name``, ``creds``, ``ca``)."""
     if url.startswith("memory://"):
+        from harnessrl.common.bus_memory import MemoryBroker, MemoryBus
+
         bus: Bus = MemoryBus(run, MemoryBroker.named(url))
     else:
         from harnessrl.common.bus_nats import JetStreamBus
@@ -537,242 +750,10 @@ async def connect_service(cfg: Any, name: str, *, create_streams: bool = True) -
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# in-memory implementation (unit tests; same semantics as JetStream for what we use)
-# ---------------------------------------------------------------------------------------------
+def __getattr__(name: str) -> Any:
+    """``MemoryBus`` and ``MemoryBroker`` live in ``harnessrl.common.bus_memory``."""
+    if name in ("MemoryBus", "MemoryBroker"):
+        from harnessrl.common import bus_memory
 
-
-@dataclass
-class _Msg:
-    seq: int
-    subject: str
-    data: bytes
-    msg_id: str | None
-    ts: float = field(default_factory=time.time)
-
-
-@dataclass
-class _Pending:
-    msg: _Msg
-    deadline: float
-    num_delivered: int
-
-
-class _MemStream:
-    def __init__(self, name: str, spec: StreamSpec, subjects: list[str]) -> None:
-        self.name, self.spec, self.subjects = name, spec, subjects
-        self.msgs: dict[int, _Msg] = {}
-        self.ids: dict[str, int] = {}
-        self.last_seq = 0
-        self.consumers: dict[str, _MemConsumerState] = {}
-
-
-@dataclass
-class _MemConsumerState:
-    filter: str
-    ack_wait: float
-    max_deliver: int
-    next_seq: int = 1
-    pending: dict[int, _Pending] = field(default_factory=dict)
-    deliveries: dict[int, int] = field(default_factory=dict)
-    done: set[int] = field(default_factory=set)
-
-
-class MemoryBroker:
-    """Shared in-process state standing in for a nats-server (several MemoryBus clients)."""
-
-    _named: dict[str, MemoryBroker] = {}
-
-    def __init__(self) -> None:
-        self.streams: dict[str, _MemStream] = {}
-        self.changed = asyncio.Event()
-
-    @classmethod
-    def named(cls, url: str) -> MemoryBroker:
-        return cls._named.setdefault(url, cls())
-
-    def stream_for(self, subject: str) -> _MemStream:
-        for st in self.streams.values():
-            if any(subject_matches(p, subject) for p in st.subjects):
-                return st
-        raise BusError(f"no stream for subject {subject!r}")
-
-    def notify(self) -> None:
-        self.changed.set()
-        self.changed = asyncio.Event()
-
-
-class MemoryBus(Bus):
-    """In-memory ``Bus`` with JetStream's semantics for publish/consume/ack/redelivery/dedup."""
-
-    def __init__(self, run: str, broker: MemoryBroker | None = None) -> None:
-        super().__init__(run)
-        self.broker = broker or MemoryBroker()
-
-    async def ensure_streams(self, kinds: Iterable[str] | None = None) -> None:
-        for kind in kinds or STREAMS:
-            spec = STREAMS[kind]
-            name = self.subjects.stream(kind)
-            if name not in self.broker.streams:
-                subs = [t.format(run=self.run) for t in spec.subjects]
-                self.broker.streams[name] = _MemStream(name, spec, subs)
-
-    async def publish_bytes(self, subject: str, data: bytes, msg_id: str | None) -> PubResult:
-        st = self.broker.stream_for(subject)
-        if msg_id is not None and msg_id in st.ids:
-            return PubResult(st.ids[msg_id], duplicate=True)
-        st.last_seq += 1
-        st.msgs[st.last_seq] = _Msg(st.last_seq, subject, bytes(data), msg_id)
-        if msg_id is not None:
-            st.ids[msg_id] = st.last_seq
-        self.broker.notify()
-        return PubResult(st.last_seq)
-
-    async def consumer(
-        self,
-        kind: str,
-        durable: str,
-        record_type: type[R],
-        *,
-        filter_subject: str | None = None,
-        ack_wait: float = 30.0,
-        max_deliver: int = -1,
-        max_ack_pending: int = 10_000,
-    ) -> Consumer[R]:
-        st = self.broker.streams[self.subjects.stream(kind)]
-        state = st.consumers.get(durable)
-        if state is None:
-            state = _MemConsumerState(filter_subject or st.subjects[0], ack_wait, max_deliver)
-            st.consumers[durable] = state
-        return _MemConsumer(self, kind, durable, record_type, state.ack_wait, st, state)
-
-    async def read_subject_batches(
-        self,
-        subject: str,
-        record_type: type[R],
-        *,
-        dead_letter_as: str | None = None,
-        batch: int = 256,
-    ) -> AsyncIterator[list[R]]:
-        st = self.broker.stream_for(subject)
-        out: list[R] = []
-        for seq in sorted(st.msgs):
-            m = st.msgs[seq]
-            if m.subject == subject:
-                try:
-                    out.append(decode(m.data, record_type))
-                except RecordDecodeError as e:
-                    await self._undecodable(subject, seq, m.data, e, dead_letter_as)
-            if len(out) >= batch:
-                yield out
-                out = []
-        if out:
-            yield out
-
-    async def stored(
-        self,
-        subject: str,
-        *,
-        since: float | None = None,
-        first: int = 1,
-        upto: int | None = None,
-    ) -> list[tuple[int, bytes]]:
-        st = self.broker.stream_for(subject)
-        return [
-            (seq, m.data)
-            for seq, m in sorted(st.msgs.items())
-            if m.subject == subject
-            and (since is None or m.ts >= since)
-            and seq >= first
-            and (upto is None or seq <= upto)
-        ]
-
-    async def purge(self, kind: str, subject: str | None = None) -> None:
-        st = self.broker.streams[self.subjects.stream(kind)]
-        for seq in [s for s, m in st.msgs.items() if subject is None or m.subject == subject]:
-            del st.msgs[seq]
-
-    async def stream_count(self, kind: str, subject: str | None = None) -> int:
-        st = self.broker.streams[self.subjects.stream(kind)]
-        return sum(1 for m in st.msgs.values() if subject is None or m.subject == subject)
-
-    async def close(self) -> None:
-        return None
-
-
-class _MemConsumer(Consumer[R]):
-    def __init__(self, bus, kind, durable, record_type, ack_wait, stream, state) -> None:
-        super().__init__(bus, kind, durable, record_type, ack_wait)
-        self.st: _MemStream = stream
-        self.state: _MemConsumerState = state
-
-    def _take(self, batch: int) -> list[_Pending]:
-        now = time.monotonic()
-        out: list[_Pending] = []
-        for p in sorted(self.state.pending.values(), key=lambda p: p.msg.seq):
-            if len(out) >= batch:
-                break
-            if p.deadline <= now and p.msg.seq in self.st.msgs:
-                if 0 < self.state.max_deliver <= p.num_delivered:
-                    continue
-                p.num_delivered += 1
-                p.deadline = now + self.state.ack_wait
-                out.append(p)
-        while len(out) < batch and self.state.next_seq <= self.st.last_seq:
-            seq = self.state.next_seq
-            self.state.next_seq += 1
-            m = self.st.msgs.get(seq)
-            if m is None or not subject_matches(self.state.filter, m.subject):
-                continue
-            p = _Pending(m, now + self.state.ack_wait, 1)
-            self.state.pending[seq] = p
-            out.append(p)
-        return out
-
-    async def _fetch_raw(self, batch: int, timeout: float) -> list[Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            got = self._take(batch)
-            if got:
-                await asyncio.sleep(0)  # always yield, like a network round trip would
-                return got
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return []
-            waiter = self.bus.broker.changed  # type: ignore[attr-defined]
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(waiter.wait(), min(remaining, 0.05))
-
-    def _meta(self, raw: _Pending) -> tuple[str, int, int, int]:
-        pending = sum(
-            1
-            for s, m in self.st.msgs.items()
-            if s >= self.state.next_seq and subject_matches(self.state.filter, m.subject)
-        )
-        return raw.msg.subject, raw.msg.seq, raw.num_delivered, pending
-
-    def _raw_data(self, raw: _Pending) -> bytes:
-        return raw.msg.data
-
-    def _finish(self, raw: _Pending) -> None:
-        self.state.pending.pop(raw.msg.seq, None)
-        if self.st.spec.work_queue:
-            self.st.msgs.pop(raw.msg.seq, None)
-
-    async def _ack_raw(self, raw: _Pending) -> None:
-        self._finish(raw)
-
-    async def _term_raw(self, raw: _Pending) -> None:
-        self._finish(raw)
-
-    async def _nak_raw(self, raw: _Pending, delay: float | None) -> None:
-        if raw.msg.seq in self.state.pending:
-            raw.deadline = time.monotonic() + (delay or 0.0)
-            self.bus.broker.notify()  # type: ignore[attr-defined]
-
-    async def _in_progress_raw(self, raw: _Pending) -> None:
-        if raw.msg.seq in self.state.pending:
-            raw.deadline = time.monotonic() + self.state.ack_wait
-
-    async def pending(self) -> int:
-        return self._meta(_Pending(_Msg(0, "", b"", None), 0, 0))[3]
+        return getattr(bus_memory, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,7 +10,7 @@ import datetime
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import nats
@@ -27,6 +27,7 @@ from harnessrl.common.bus import (
     BusConnectError,
     BusError,
     Consumer,
+    ConsumerState,
     PayloadTooLarge,
     PermissionDenied,
     PubResult,
@@ -36,9 +37,7 @@ from harnessrl.common.nats_acks import Acks
 from harnessrl.common.nats_guards import Denials, Outage, refusal
 from harnessrl.common.records import (
     Record,
-    RecordDecodeError,
     Scattered,
-    decode,
     encode_many,
     wire_size,
 )
@@ -84,7 +83,8 @@ class JetStreamBus(Bus):
         replicas: int = 1,
         outage: Outage | None = None,
     ):
-        super().__init__(run)
+        user = str(nc.options.get("user") or "")
+        super().__init__(run, user or "local")
         self.nc = nc
         self.js = nc.jetstream(timeout=10.0)
         self.publish_timeout = publish_timeout
@@ -198,6 +198,10 @@ class JetStreamBus(Bus):
     def user(self) -> str:
         """The NATS user this connection authenticated as ("" without user/password)."""
         return str(self.nc.options.get("user") or "")
+
+    @property
+    def authenticated(self) -> bool:
+        return bool(self.user)
 
     # -- streams --------------------------------------------------------------------------
 
@@ -488,17 +492,16 @@ class JetStreamBus(Bus):
 
     # -- consume --------------------------------------------------------------------------
 
-    async def consumer(
+    async def ensure_consumer(
         self,
         kind: str,
         durable: str,
-        record_type: type[R],
         *,
         filter_subject: str | None = None,
         ack_wait: float = 30.0,
         max_deliver: int = -1,
         max_ack_pending: int = 10_000,
-    ) -> Consumer[R]:
+    ) -> list[str]:
         stream = self.subjects.stream(kind)
         subject = filter_subject or STREAMS[kind].subjects[0].format(run=self.run)
         cfg = api.ConsumerConfig(
@@ -510,13 +513,45 @@ class JetStreamBus(Bus):
             deliver_policy=api.DeliverPolicy.ALL,
             filter_subject=subject,
         )
-        try:
+        before = await self.consumer_state(kind, durable)
+        try:  # DURABLE.CREATE: creates it, or updates the settings JetStream lets change
             await self._api(stream, self.js.add_consumer(stream, cfg))
         except nats.js.errors.BadRequestError as e:
-            try:  # exists with other settings: bind to it as it is
-                await self._api(stream, self.js.consumer_info(stream, durable))
-            except nats.js.errors.NotFoundError:
+            if before is None:
                 raise BusError(f"cannot create consumer {durable} on {stream}: {e}") from None
+            log.info("consumer %s on %s keeps its settings (%s)", durable, stream, e.description)
+            return []
+        if before is None:
+            return ["created"]
+        want = {
+            "filter_subject": subject,
+            "ack_wait": float(ack_wait),
+            "max_ack_pending": max_ack_pending,
+        }
+        return [k for k, v in want.items() if getattr(before, k) != v]
+
+    async def consumer_state(self, kind: str, durable: str) -> ConsumerState | None:
+        stream = self.subjects.stream(kind)
+        try:
+            info = await self._api(stream, self.js.consumer_info(stream, durable))
+        except nats.js.errors.NotFoundError:
+            return None
+        c = info.config
+        return ConsumerState(
+            filter_subject=c.filter_subject or "",
+            ack_wait=float(c.ack_wait or 30.0),
+            max_ack_pending=int(c.max_ack_pending or 0),
+            pending=int(info.num_pending or 0),
+            ack_pending=int(info.num_ack_pending or 0),
+            waiting=int(info.num_waiting or 0),
+            delivered=int(info.delivered.consumer_seq if info.delivered else 0),
+            paused=bool(info.paused),
+        )
+
+    async def _bind(
+        self, kind: str, durable: str, record_type: type[R], ack_wait: float
+    ) -> Consumer[R]:
+        stream = self.subjects.stream(kind)
         psub = await self.js.pull_subscribe_bind(durable=durable, stream=stream)
         consumer = _NatsConsumer(self, kind, durable, record_type, ack_wait, psub)
         self._keepers.add(consumer._keeper)
@@ -530,6 +565,7 @@ class JetStreamBus(Bus):
         *,
         dead_letter_as: str | None = None,
         batch: int = 256,
+        reject: Callable[[str], str] | None = None,
     ) -> AsyncIterator[list[R]]:
         kind = self.subjects.kind_of(subject)
         stream = self.subjects.stream(kind)
@@ -554,11 +590,12 @@ class JetStreamBus(Bus):
                 out: list[R] = []
                 for m in msgs:
                     remaining = m.metadata.num_pending
-                    try:
-                        out.append(decode(m.data, record_type))
-                    except RecordDecodeError as e:
-                        seq = m.metadata.sequence.stream
-                        await self._undecodable(subject, seq, m.data, e, dead_letter_as)
+                    seq = m.metadata.sequence.stream
+                    rec = await self._read_one(
+                        m.subject, seq, m.data, record_type, dead_letter_as, reject
+                    )
+                    if rec is not None:
+                        out.append(rec)
                 if not msgs:
                     break
                 yield out

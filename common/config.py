@@ -105,7 +105,9 @@ class NatsClientSettings(HrlModel):
 
     nats_creds: str = ""
     """NATS credential file: a ``user:password`` line as ``harnessrl nats`` writes them
-    (``<store>/auth/<role>.cred``, 0600) or a NATS ``.creds`` file (JWT + nkey seed); empty
+    (``<store>/auth/<role>.cred``, 0600; an actor's own ``<store>/auth/actors/actor-<i>.cred``)
+    or a NATS ``.creds`` file (JWT + nkey seed); a folder of actor credentials is a pool: the
+    process claims one no other process on the machine holds (held while it runs). Empty
     connects without credentials (only a server started with ``--insecure`` accepts that)."""
     nats_ca: str = ""
     """CA certificate (PEM) that verifies the NATS server's TLS certificate
@@ -163,8 +165,15 @@ class NatsServerConfig(HrlModel):
     samples or weights and delete streams. Only for a private loopback server."""
     auth_dir: str = ""
     """Folder of the credentials: one ``<role>.cred`` per role (``user:password``, 0600; give
-    each process its own role's file), and ``tls/ca.pem`` for clients; empty:
-    ``<store_dir>/auth``. Existing files are reused, so clients survive a server restart."""
+    each process its own role's file), one ``actors/actor-<i>.cred`` per actor, and
+    ``tls/ca.pem`` for clients; empty: ``<store_dir>/auth``. Existing files are reused, so
+    clients survive a server restart."""
+    actors: int = Field(16, ge=0, le=100_000)
+    """Per-actor credentials to make (``<auth>/actors/actor-0.cred`` ...; existing ones are kept).
+    Every actor process needs its own: the server lets an actor publish calls and results only
+    under its own name. Give an actor its file (``--nats-creds``), or the whole ``actors``
+    folder, of which it claims one no other process on the machine holds. Credentials added
+    to the folder later (more actors) are accepted within seconds, without a restart."""
     tls: bool = True
     """Serve TLS (with ``insecure`` off): with the certificate in ``tls_cert``, else with one
     made here and signed by a CA made here (``<auth_dir>/tls/ca.pem``, what clients pass as

@@ -3,6 +3,7 @@ one free port."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -62,6 +63,34 @@ def read_secret(path: str | Path, what: str = "secret file") -> str:
 def write_secret(path: str | Path, text: str) -> Path:
     """Write a secret file readable by its owner only (0600), atomically."""
     return atomic_write(path, text if text.endswith("\n") else text + "\n", mode=0o600)
+
+
+def ensure_secret(path: str | Path, what: str = "secret file") -> tuple[str, bool]:
+    """``(secret, made)``: the secret in ``path``, made first when the file does not exist (a
+    random URL-safe token, 0600; a folder it creates is 0700). Two processes making the same
+    file at once agree on one secret (the file appears whole, once: a hard link of a finished
+    temp file, which fails when the file exists). Raises ``SecretFileError`` as `read_secret`."""
+    import secrets
+
+    path = Path(path)
+    made = False
+    if not path.exists() and not path.is_symlink():
+        if not path.parent.exists():
+            path.parent.mkdir(parents=True, mode=0o700)
+        tmp = path.with_name(f".{path.name}.new-{os.getpid()}-{secrets.token_hex(4)}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_urlsafe(32) + "\n")
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
+                made = True
+        except OSError as e:
+            raise SecretFileError(f"cannot make {what} {path}: {e.strerror or e}") from None
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+    return read_secret(path, what), made
 
 
 def free_port(host: str = "127.0.0.1") -> int:

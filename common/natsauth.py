@@ -4,6 +4,12 @@
 
 * ``<role>.cred`` (0600) for every role in `ROLES`: one line ``user:password``; the user is the
   role's name. Existing files are reused, so a restarted server accepts the clients it had.
+* ``actors/actor-<i>.cred`` (0600): one credential *per actor* (``actors`` of them, ``--actors``
+  of ``harnessrl nats``; user ``actor-<i>``). Actors do not share a credential: each may
+  publish only under its own name (below), so the server itself binds every rollout's calls
+  and result to the actor that ran it. Any ``actor-NAME.cred`` file added to the folder by hand
+  (``ensure_actor_credentials``) is a user too; a running ``harnessrl nats`` picks new ones up
+  within seconds (it reloads the server's configuration).
 * ``route.cred`` (0600): the credential cluster nodes present to each other's route listener
   (``ROUTE_USER``; never a client user).
 * ``tls/`` : ``ca.pem`` (the self-signed CA clients verify the server with, public),
@@ -27,23 +33,32 @@ was started for, ``S(K)`` the stream ``HRL_R_K``; every role may also subscribe 
 ``_INBOX.<role>.>`` and read ``$JS.API.STREAM.INFO`` of the run's streams)::
 
     role          publishes                      consumes (JetStream consumer API + acks)
-    actor         hrl.R.calls.>, hrl.R.rollouts  S(TASKS) durable "actors"
+    actor-A       hrl.R.calls.actor-A.>,         S(TASKS) durable "actors": info, fetch, ack
+    (each actor)  hrl.R.rollouts.actor-A,        (never create or change it)
                   hrl.R.dead.tasks
-    proxy         hrl.R.calls.>                  -
-    assembler     hrl.R.samples                  S(ROLLOUTS) durable "assembler";
-                  hrl.R.dead.rollouts            S(CALLS) ephemeral readers (create/next/delete)
+    proxy         hrl.R.calls.proxy.>            -
+    assembler     hrl.R.samples,                 S(ROLLOUTS) durable "assembler";
+                  hrl.R.dead.rollouts,           S(CALLS) ephemeral readers (create/next/delete);
+                  hrl.R.dead.calls               $JS.API.STREAM.MSG.GET.S(KEYS) (the claim key)
     learner       hrl.R.tasks, hrl.R.weights.>   S(SAMPLES) durable "learner";
-                  hrl.R.dead.samples             $JS.API.STREAM.PURGE.S(WEIGHTS) (old versions);
-                                                 $JS.API.STREAM.MSG.GET.S(TASKS|ROLLOUTS)
-                                                 (read-only: what a resumed feeder re-issues)
+                  hrl.R.dead.samples,            $JS.API.STREAM.PURGE.S(WEIGHTS) (old versions);
+                  hrl.R.keys.claims (the run's   $JS.API.STREAM.MSG.GET.S(TASKS|ROLLOUTS|KEYS)
+                  claim key, made once)          (read-only: what a resumed feeder re-issues,
+                                                 the claim key);
+                                                 S(TASKS) durable "actors": create, change,
+                                                 info (the feeder owns it)
     weights_sync  hrl.R.dead.weights             S(WEIGHTS): durables and ephemeral readers
     admin         everything (">")               everything: creates, updates, deletes streams
 
 Consumer API grants are per stream and per consumer name: ``$JS.API.CONSUMER.{DURABLE.CREATE,
 CREATE,INFO,MSG.NEXT}.S.NAME`` and ``$JS.ACK.S.NAME.>``; nobody but admin may create, update or
-delete streams. Deleting consumers is granted only for the per-subject readers, on the one
-stream whose consumers all belong to that role (CALLS: assembler; WEIGHTS: weights_sync), so no
-role can delete another role's consumer. A refused publish or API call reaches the client
+delete streams. Creating a consumer also updates an existing one's settings, so a consumer
+shared by many processes of one role (the actors' task consumer) is created by the side that
+owns its stream, never by its users: an actor that could create it could send back its config
+with another filter or ``max_ack_pending: 1`` and stall every actor of the run. Deleting
+consumers is granted only for the per-subject readers, on the one stream whose consumers all
+belong to that role (CALLS: assembler; WEIGHTS: weights_sync), so no role can delete another
+role's consumer. A refused publish or API call reaches the client
 as an asynchronous ``Permissions Violation`` (``harnessrl.common.bus_nats`` turns it into
 ``PermissionDenied`` for the call that caused it).
 """
@@ -59,14 +74,22 @@ import socket
 import ssl
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harnessrl.common.files import SecretFileError, atomic_write, read_secret
 
-ROLES = ("admin", "learner", "assembler", "actor", "proxy", "weights_sync")
-"""Roles with their own credential file (``<auth_dir>/<role>.cred``)."""
+ROLES = ("admin", "learner", "assembler", "proxy", "weights_sync")
+"""Roles with their own credential file (``<auth_dir>/<role>.cred``). Actors have one each
+(``<auth_dir>/actors/actor-<name>.cred``)."""
+
+ACTOR_PREFIX = "actor-"
+"""User names of actor credentials: ``actor-<name>``; the user is the actor's subject token."""
+ACTORS_DIR = "actors"
+"""Folder of the per-actor credentials in an auth folder."""
+DEFAULT_ACTORS = 16
+"""Actor credentials ``harnessrl nats`` makes by default (``--actors``)."""
 
 ROUTE_USER = "route"
 """User of the cluster routes (``<auth_dir>/route.cred``)."""
@@ -92,19 +115,24 @@ def _stream(run: str, kind: str) -> str:
     return f"HRL_{run}_{kind}"
 
 
-def _consumer(run: str, kind: str, name: str, *, ack: bool = True) -> list[str]:
-    """JS API subjects to create, bind to, pull from (and ack) consumer ``name`` of a stream;
-    ``name`` may be ``*`` (any consumer of that stream)."""
+def _consumer(
+    run: str, kind: str, name: str, *, ack: bool = True, create: bool = True, use: bool = True
+) -> list[str]:
+    """JS API subjects to create (``create``: creating also updates an existing one's
+    settings), bind to and pull from (``use``), and ack (``ack``) consumer ``name`` of a
+    stream; ``name`` may be ``*`` (any consumer of that stream)."""
     s = _stream(run, kind)
     api = "$JS.API.CONSUMER"
-    out = [
-        f"{api}.DURABLE.CREATE.{s}.{name}",
-        f"{api}.CREATE.{s}.{name}",
-        f"{api}.CREATE.{s}.{name}.>",
-        f"{api}.INFO.{s}.{name}",
-        f"{api}.MSG.NEXT.{s}.{name}",
-    ]
-    return [*out, f"$JS.ACK.{s}.{name}.>"] if ack else out
+    out = [f"{api}.INFO.{s}.{name}"]
+    if create:
+        out += [
+            f"{api}.DURABLE.CREATE.{s}.{name}",
+            f"{api}.CREATE.{s}.{name}",
+            f"{api}.CREATE.{s}.{name}.>",
+        ]
+    if use:
+        out.append(f"{api}.MSG.NEXT.{s}.{name}")
+    return [*out, f"$JS.ACK.{s}.{name}.>"] if use and ack else out
 
 
 def _reader(run: str, kind: str) -> list[str]:
@@ -117,26 +145,31 @@ def _reader(run: str, kind: str) -> list[str]:
 def _run_grants(role: str, run: str) -> list[str]:
     p = f"hrl.{run}"
     info = [f"$JS.API.STREAM.INFO.{_stream(run, k)}" for k in STREAM_KINDS]
-    if role == "actor":
-        own = [f"{p}.calls.>", f"{p}.rollouts", f"{p}.dead.tasks"]
-        return [*info, *own, *_consumer(run, "TASKS", ACTOR_DURABLE)]
+    keys = f"$JS.API.STREAM.MSG.GET.{_stream(run, 'KEYS')}"
+    if role.startswith(ACTOR_PREFIX):
+        # its own calls and results only: the server binds each rollout to the actor that ran it
+        own = [f"{p}.calls.{role}.>", f"{p}.rollouts.{role}", f"{p}.dead.tasks"]
+        # the shared task consumer is the learner's: an actor may not create or change it
+        return [*info, *own, *_consumer(run, "TASKS", ACTOR_DURABLE, create=False)]
     if role == "proxy":
-        return [*info, f"{p}.calls.>"]
+        return [*info, f"{p}.calls.proxy.>"]
     if role == "assembler":
-        own = [f"{p}.samples", f"{p}.dead.rollouts"]
+        own = [f"{p}.samples", f"{p}.dead.rollouts", f"{p}.dead.calls", keys]
         return [*info, *own, *_consumer(run, "ROLLOUTS", ASSEMBLER_DURABLE), *_reader(run, "CALLS")]
     if role == "learner":
-        own = [f"{p}.tasks", f"{p}.weights.>", f"{p}.dead.samples"]
+        own = [f"{p}.tasks", f"{p}.weights.>", f"{p}.dead.samples", f"{p}.keys.claims"]
         purge = f"$JS.API.STREAM.PURGE.{_stream(run, 'WEIGHTS')}"
-        read = [f"$JS.API.STREAM.MSG.GET.{_stream(run, k)}" for k in ("TASKS", "ROLLOUTS")]
-        return [*info, *own, purge, *read, *_consumer(run, "SAMPLES", LEARNER_DURABLE)]
+        read = [f"$JS.API.STREAM.MSG.GET.{_stream(run, k)}" for k in ("TASKS", "ROLLOUTS", "KEYS")]
+        tasks = _consumer(run, "TASKS", ACTOR_DURABLE, use=False)  # it owns the actors' consumer
+        own += [purge, *read, *tasks]
+        return [*info, *own, *_consumer(run, "SAMPLES", LEARNER_DURABLE)]
     if role == "weights_sync":
         own = [f"{p}.dead.weights"]
         return [*info, *own, *_consumer(run, "WEIGHTS", "*"), *_reader(run, "WEIGHTS")]
-    raise AuthError(f"unknown role {role!r} (roles: {', '.join(ROLES)})")
+    raise AuthError(f"unknown role {role!r} (roles: {', '.join(ROLES)}, {ACTOR_PREFIX}NAME)")
 
 
-STREAM_KINDS = ("TASKS", "CALLS", "ROLLOUTS", "SAMPLES", "WEIGHTS", "DEAD")
+STREAM_KINDS = ("TASKS", "CALLS", "ROLLOUTS", "SAMPLES", "WEIGHTS", "DEAD", "KEYS")
 """The stream kinds of ``harnessrl.common.bus.STREAMS`` (a test checks they agree)."""
 
 
@@ -146,7 +179,8 @@ def inbox_prefix(user: str) -> str:
 
 
 def role_permissions(role: str, runs: list[str]) -> dict[str, Any]:
-    """nats-server ``permissions`` of ``role`` over ``runs`` (see the module docstring)."""
+    """nats-server ``permissions`` of ``role`` (or actor user ``actor-NAME``) over ``runs``
+    (see the module docstring)."""
     if role == "admin":
         return {"publish": {"allow": [">"]}, "subscribe": {"allow": [">"]}}
     pub: list[str] = []
@@ -170,6 +204,8 @@ class ServerAuth:
     """Runs the role permissions cover."""
     passwords: dict[str, str]
     """Role -> password."""
+    actors: dict[str, str] = field(default_factory=dict)
+    """Actor user (``actor-NAME``) -> password."""
     tls_cert: Path | None = None
     """Server certificate (PEM); None serves plain TCP."""
     tls_key: Path | None = None
@@ -178,8 +214,16 @@ class ServerAuth:
     """CA file clients verify the server with (None: the certificate is publicly trusted)."""
 
     def creds(self, role: str) -> Path:
-        """Credential file of ``role`` (or of ``ROUTE_USER``)."""
+        """Credential file of ``role`` (or of ``ROUTE_USER``, or of actor ``actor-NAME``)."""
+        if role.startswith(ACTOR_PREFIX):
+            return self.auth_dir / ACTORS_DIR / f"{role}.cred"
         return self.auth_dir / f"{role}.cred"
+
+    def refresh_actors(self) -> bool:
+        """Re-read the actor credentials of the folder; whether they changed."""
+        now = read_actor_credentials(self.auth_dir)
+        changed, self.actors = now != self.actors, now
+        return changed
 
     def route_url(self, hostport: str) -> str:
         """The route URL of a cluster node, with the route credential in it."""
@@ -206,11 +250,11 @@ class ServerAuth:
     def conf_block(self) -> str:
         """The ``authorization`` (and ``tls``) blocks of the server's config file."""
         users = []
-        for role in ROLES:
+        for role, password in [*((r, self.passwords[r]) for r in ROLES), *self.actors.items()]:
             users.append(
                 {
                     "user": role,
-                    "password": self.passwords[role],
+                    "password": password,
                     "permissions": role_permissions(role, self.runs),
                 }
             )
@@ -239,6 +283,76 @@ def ensure_credentials(auth_dir: Path | str) -> dict[str, str]:
             atomic_write(path, f"{role}:{password}\n", mode=0o600)
         out[role] = password
     return out
+
+
+def ensure_actor_credentials(
+    auth_dir: Path | str, count: int = 0, names: list[str] | tuple[str, ...] = ()
+) -> dict[str, str]:
+    """Make ``actors/actor-<i>.cred`` for ``i < count`` and ``actors/actor-<name>.cred`` for
+    each of ``names`` where missing (0600, the folder 0700); return every actor credential of
+    the folder (user -> password), those already there included."""
+    d = Path(auth_dir) / ACTORS_DIR
+    d.mkdir(parents=True, exist_ok=True)
+    os.chmod(d, 0o700)
+    for name in [*(str(i) for i in range(count)), *names]:
+        user = name if name.startswith(ACTOR_PREFIX) else ACTOR_PREFIX + name
+        _check_actor_user(user)
+        path = d / f"{user}.cred"
+        if not path.exists():
+            atomic_write(path, f"{user}:{secrets.token_urlsafe(24)}\n", mode=0o600)
+    return read_actor_credentials(auth_dir)
+
+
+def read_actor_credentials(auth_dir: Path | str) -> dict[str, str]:
+    """Every ``actors/actor-NAME.cred`` of an auth folder: user -> password (the user must be
+    the file's name)."""
+    d = Path(auth_dir) / ACTORS_DIR
+    out = {}
+    for path in sorted(d.glob(f"{ACTOR_PREFIX}*.cred")) if d.is_dir() else []:
+        user, password = parse_userpass(path)
+        if user != path.stem:
+            raise AuthError(f"{path}: user {user!r} is not the file's name {path.stem!r}")
+        _check_actor_user(user)
+        out[user] = password
+    return out
+
+
+def _check_actor_user(user: str) -> None:
+    name = user.removeprefix(ACTOR_PREFIX)
+    if not name or any(not (c.isascii() and (c.isalnum() or c in "-_")) for c in name):
+        raise AuthError(f"actor credential name {user!r}: use letters, digits, '-' and '_'")
+
+
+_claimed: dict[str, Any] = {}
+"""Credential pool folder -> (open lock file, claimed path), for the life of the process."""
+
+
+def claim_credential(pool: Path | str) -> Path:
+    """One credential of a pool folder (an auth folder's ``actors/``, shared by the actors of a
+    machine or a compose service) that no other process holds: an exclusive lock on it is
+    taken and kept for the life of this process (freed when it exits, however it exits). The
+    same folder claimed again in this process gives the same credential."""
+    import fcntl
+
+    key = str(Path(pool).resolve())
+    if key in _claimed:
+        return _claimed[key][1]
+    files = sorted(Path(pool).glob("*.cred"))
+    if not files:
+        raise AuthError(f"NATS credentials folder {pool} holds no *.cred file")
+    for path in files:
+        f = open(path, "rb")  # noqa: SIM115 - held open: the lock lives as long as the process
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.close()
+            continue
+        _claimed[key] = (f, path)
+        return path
+    raise AuthError(
+        f"every credential in {pool} ({len(files)}) is held by another process: make more "
+        "(harnessrl nats --actors N, or ensure_actor_credentials)"
+    )
 
 
 def parse_userpass(path: Path | str) -> tuple[str, str]:
@@ -432,12 +546,14 @@ def prepare_server_auth(
     tls_cert: str = "",
     tls_key: str = "",
     tls_ca: str = "",
+    actors: int = DEFAULT_ACTORS,
 ) -> ServerAuth:
-    """Credentials (made or reused) and TLS files for a server: the user's certificate and key
-    when given, else a self-signed CA and server certificate in ``<auth_dir>/tls``."""
+    """Credentials (made or reused: one per role, ``actors`` per-actor ones) and TLS files for
+    a server: the user's certificate and key when given, else a self-signed CA and server
+    certificate in ``<auth_dir>/tls``."""
     auth_dir = Path(auth_dir).resolve()
     passwords = ensure_credentials(auth_dir)
-    sa = ServerAuth(auth_dir, list(runs), passwords)
+    sa = ServerAuth(auth_dir, list(runs), passwords, ensure_actor_credentials(auth_dir, actors))
     if not tls:
         return sa
     if bool(tls_cert) != bool(tls_key):
@@ -472,8 +588,11 @@ def tls_context(ca_file: str = "") -> ssl.SSLContext:
 def client_options(creds: str = "", ca: str = "", url: str = "") -> dict[str, Any]:
     """``nats.connect`` keyword options for a credential file and a CA file (either may be
     empty): user/password or ``user_credentials``, the user's inbox prefix, a TLS context when
-    ``ca`` is set or the URL says ``tls://``."""
+    ``ca`` is set or the URL says ``tls://``. ``creds`` may be a folder of credentials (the
+    per-actor ones): one no other process holds is claimed (`claim_credential`)."""
     out: dict[str, Any] = {}
+    if creds and Path(creds).is_dir():  # a pool of per-actor credentials: take a free one
+        creds = str(claim_credential(creds))
     if creds:
         text = read_secret(creds, "NATS credentials file")
         if JWT_CREDS_MARK in text:

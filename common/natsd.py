@@ -213,6 +213,30 @@ class NatsServer:
         except OSError:
             return ""
 
+    def reload(self) -> None:
+        """Rewrite the config file (the auth's users as they are now: actor credentials added
+        since) and have the running server reload it (SIGHUP): clients stay connected."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self._write_conf()
+        self.proc.send_signal(signal.SIGHUP)
+
+    def watch_actors(self) -> bool:
+        """Reload when the auth folder's actor credentials changed since the last look;
+        whether it did. A broken credential file is logged and waited out, never fatal."""
+        from harnessrl.common.natsauth import AuthError
+
+        if self.auth is None:
+            return False
+        try:
+            if not self.auth.refresh_actors():
+                return False
+        except AuthError as e:
+            print(f"harnessrl nats: not reloading the actor credentials: {e}", file=sys.stderr)
+            return False
+        self.reload()
+        return True
+
     def stop(self, timeout: float = 10.0) -> None:
         """Graceful stop (SIGTERM), then SIGKILL after ``timeout``."""
         p, self.proc = self.proc, None

@@ -1,7 +1,9 @@
 """``harnessrl nats``: serve JetStream until Ctrl-C or SIGTERM, then stop the server by PID.
 
 By default the server requires credentials and serves TLS: it writes one credential file per
-role into its auth folder (``<store>/auth/<role>.cred``) and a self-signed CA
+role into its auth folder (``<store>/auth/<role>.cred``), one per actor
+(``<store>/auth/actors/actor-<i>.cred``, ``--actors`` of them: actors never share one; a
+credential added there later is accepted within seconds) and a self-signed CA
 (``<store>/auth/tls/ca.pem``), creates the streams of ``--runs`` with the admin credential
 (no other role may), and prints where the files are. Give each process its own role's file
 (``--nats-creds``) and the CA (``--nats-ca``); the roles and their permissions are listed in
@@ -34,6 +36,9 @@ if TYPE_CHECKING:
 
 CONFIG = NatsServerConfig
 
+ACTORS_POLL_S = 1.0
+"""How often the auth folder is looked at for new actor credentials."""
+
 
 def server_auth(cfg: NatsServerConfig) -> ServerAuth | None:
     """The credentials and TLS files ``cfg`` asks for (None with ``insecure``); raises
@@ -51,6 +56,7 @@ def server_auth(cfg: NatsServerConfig) -> ServerAuth | None:
         tls_cert=cfg.tls_cert,
         tls_key=cfg.tls_key,
         tls_ca=cfg.tls_ca,
+        actors=cfg.actors,
     )
 
 
@@ -129,10 +135,15 @@ def main(cfg: NatsServerConfig, args: argparse.Namespace) -> int:
             return 0
         starting = False
         print(ready_line(cfg, srv, auth), flush=True)
+        looked = time.monotonic()
         while not stop:
             if srv.proc is None or srv.proc.poll() is not None:
                 print("harnessrl nats: nats-server exited unexpectedly", file=sys.stderr)
                 return 1
+            if time.monotonic() - looked >= ACTORS_POLL_S:
+                looked = time.monotonic()
+                if srv.watch_actors() and auth is not None:
+                    print(f"actor credentials now: {len(auth.actors)}", flush=True)
             time.sleep(0.2)
     finally:
         if srv is not None:
@@ -147,6 +158,7 @@ def ready_line(cfg: NatsServerConfig, srv: NatsServer, auth: ServerAuth | None) 
         trust = "INSECURE: no credentials, no TLS"
     else:
         trust = f"credentials {auth.auth_dir}/ROLE.cred"
+        trust += f", {len(auth.actors)} actor credentials in {auth.auth_dir}/actors"
         trust += f", CA {srv.ca}" if srv.ca else (", TLS" if auth.tls_cert else ", no TLS")
     node = ""
     if srv.cluster is not None:

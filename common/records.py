@@ -22,6 +22,7 @@ message, so a redelivered task is a new *attempt* of the same group member, neve
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 import re
 import time
@@ -110,6 +111,15 @@ def rollout_id(group_id: str, k: int, attempt: int) -> str:
     return f"{group_id}-{k}-{attempt}"
 
 
+def member_claim(key: bytes, group_id: str, k: int) -> str:
+    """The claim of group member ``k``: an HMAC of its identity under the run's claim key
+    (``Bus.claim_key``). The feeder puts it in the member's TaskRequest, which only the actor
+    it is delivered to sees; that actor copies it into its RolloutResult, and the assembler
+    recomputes it: a result for a member its publisher was never handed is refused."""
+    msg = f"{check_token(group_id, 'group_id')}:{int(k)}".encode()
+    return hmac.new(key, msg, hashlib.sha256).hexdigest()[:32]
+
+
 def parse_rollout_id(rid: str) -> tuple[str, int, int]:
     """Inverse of ``rollout_id``: ``(group_id, k, attempt)``."""
     check_token(rid, "rollout_id")
@@ -184,6 +194,9 @@ class TaskRequest(Record, kw_only=True):
     """Unix time the feeder issued the request."""
     meta: dict[str, str] = {}
     """Free-form string annotations carried through to the RolloutResult."""
+    claim: str = ""
+    """`member_claim` of this member (empty when the publisher made none): the actor returns
+    it in its RolloutResult as proof it was handed this member."""
 
     def msg_id(self) -> str:
         return f"task:{self.group_id}:{self.k}"
@@ -306,7 +319,9 @@ class RolloutResult(Record, kw_only=True):
     """The outcome of one rollout: the verifier's score of the final workspace.
 
     Producer: actor (after the proxy flushed every CallRecord). Consumer: assembler, metrics.
-    Subject: ``hrl.<run>.rollouts``. Idempotency key: ``rollout:<rollout_id>``.
+    Subject: ``hrl.<run>.rollouts.<actor>`` (the publishing actor's NATS user: the server lets
+    an actor publish only under its own). Idempotency key: ``rollout:<rollout_id>:<claim
+    prefix>`` (another actor, who does not know the claim, cannot take the id first).
     """
 
     rollout_id: str
@@ -358,8 +373,12 @@ class RolloutResult(Record, kw_only=True):
     """Unix time the actor finished the rollout."""
     meta: dict[str, str] = {}
     """Annotations from the TaskRequest."""
+    claim: str = ""
+    """The TaskRequest's ``claim``, returned as proof this actor was handed the member."""
 
     def msg_id(self) -> str:
+        if self.claim:
+            return f"rollout:{self.rollout_id}:{self.claim[:12]}"
         return f"rollout:{self.rollout_id}"
 
 

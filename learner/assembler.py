@@ -2,8 +2,18 @@
 
 Loop (durable pull consumer ``assembler`` on ROLLOUTS, up to ``concurrency`` rollouts at once):
 
+0. the result must come from the actor it was handed to: it arrives on
+   ``hrl.<run>.rollouts.<actor>`` (the server lets an actor publish only under its own NATS
+   user) and must return the member's ``claim`` (``harnessrl.common.records.member_claim``
+   under the run's claim key, which the feeder put in the TaskRequest only that actor was
+   delivered). A result that does not, or whose rollout id is not its member's, is *forged*:
+   dead-lettered with the reason, counted (``outcome="forged"``), never assembled, and not
+   remembered, so the real result of that rollout is still assembled when it comes;
 1. a failed rollout (``status != ok``) becomes a ``rollout_<status>`` tombstone at once;
-2. otherwise its CallRecords are read by subject (``hrl.<run>.calls.<rid>``); while a seq below
+2. otherwise its CallRecords are read from its actor's subject
+   (``hrl.<run>.calls.<actor>.<rid>``); a record of that rollout published by anyone else
+   (``hrl.<run>.calls.<other>.<rid>``) is forged: dead-lettered with the reason, never
+   assembled. While a seq below
    ``n_calls`` is missing, the read is repeated every ``straggler_poll_s`` for up to
    ``straggler_wait_s`` (heartbeats keep the delivery meanwhile), then ``harnessrl.common.tree.assemble``
    runs (in a worker thread: it is CPU work);
@@ -40,13 +50,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import time
 from collections import OrderedDict
 
 from harnessrl.common import metrics
 from harnessrl.common.bus import Bus, Delivery, PayloadTooLarge, export_dead_letters
-from harnessrl.common.records import CallRecord, RolloutResult, TreeSample, check_token
+from harnessrl.common.records import (
+    CallRecord,
+    RolloutResult,
+    TreeSample,
+    check_token,
+    member_claim,
+    rollout_id,
+)
 from harnessrl.common.tree import AssembleOptions, assemble, split_sample, tombstone
 from harnessrl.learner.config import AssemblerConfig
 
@@ -95,6 +113,10 @@ M_RETRIES = metrics.counter(
     "hrl_assembler_retries_total", "Results nak'ed for a retry after a bus error"
 )
 M_INFLIGHT = metrics.gauge("hrl_assembler_inflight", "Rollouts being assembled now")
+M_FORGED_CALLS = metrics.counter(
+    "hrl_assembler_forged_calls_total",
+    "Reads of call records published for a rollout by another than its actor (dead-lettered)",
+)
 
 
 class Assembler:
@@ -163,11 +185,24 @@ class Assembler:
             M_DUPLICATES.inc()
             await d.ack()
             return
+        try:
+            forged = await self.forged(res, d.subject)
+        except Exception as e:  # no claim key yet, or the bus: try again later
+            M_RETRIES.inc()
+            log.warning("rollout %s: cannot check its claim (%r); retrying", rid, e)
+            with contextlib.suppress(Exception):
+                await d.nak(delay=RETRY_DELAY_S)
+            return
+        if forged:
+            M_ROLLOUTS.labels(outcome="forged").inc()
+            log.warning("rollout %s: forged result refused: %s", rid, forged)
+            await d.dead_letter(f"forged: {forged}")
+            return
         self._busy.add(rid)
         M_INFLIGHT.inc()
         try:
             async with d.keepalive():
-                calls = await self.read_calls(res)
+                calls = await self.read_calls(res, self.bus.subjects.publisher_of(d.subject))
                 sample, bug = await self._assemble(res, calls)
                 sample = await self.publish(sample, res)
         except asyncio.CancelledError:
@@ -188,14 +223,45 @@ class Assembler:
             await d.ack()
         self._remember(rid)
 
-    async def read_calls(self, res: RolloutResult) -> list[CallRecord]:
-        """The rollout's calls, waiting up to ``straggler_wait_s`` for seqs below ``n_calls``."""
+    async def forged(self, res: RolloutResult, subject: str) -> str:
+        """Why ``res`` (delivered on ``subject``) is not its member's result ("" when it is)."""
+        actor = self.bus.subjects.publisher_of(subject)
+        try:
+            rid = rollout_id(res.group_id, res.k, res.attempt)
+        except ValueError as e:
+            return f"result from {actor!r} with an unusable identity: {e}"
+        if rid != res.rollout_id:
+            return f"rollout id {res.rollout_id!r} from {actor!r} is not its member's {rid!r}"
+        key = await self.bus.claim_key(wait_s=self.cfg.claim_key_wait_s)
+        if not hmac.compare_digest(res.claim, member_claim(key, res.group_id, res.k)):
+            return (
+                f"{actor!r} published a result for member {res.k} of group {res.group_id} "
+                "without its claim: that task was never delivered to it"
+            )
+        return ""
+
+    async def read_calls(self, res: RolloutResult, actor: str = "") -> list[CallRecord]:
+        """The rollout's calls as published by ``actor`` (the result's publisher; default this
+        connection's name), waiting up to ``straggler_wait_s`` for seqs below ``n_calls``; any
+        other publisher's record of the rollout is dead-lettered as forged."""
         if res.status != "ok":
             return []
-        subject = self.bus.subjects.calls(res.rollout_id)
+        rid = res.rollout_id
+        actor = actor or self.bus.subjects.publisher
+        subject = self.bus.subjects.calls_any(rid)
+
+        def foreign(subj: str) -> str:
+            by = self.bus.subjects.publisher_of(subj)
+            if by == actor:
+                return ""
+            M_FORGED_CALLS.inc()
+            return f"forged: a call of rollout {rid} published by {by!r}; {actor!r} ran it"
+
         deadline = time.monotonic() + self.cfg.straggler_wait_s
         while True:
-            calls = await self.bus.read_subject(subject, CallRecord, dead_letter_as=DURABLE)
+            calls = await self.bus.read_subject(
+                subject, CallRecord, dead_letter_as=DURABLE, reject=foreign
+            )
             have = {c.seq for c in calls}
             left = deadline - time.monotonic()
             if all(s in have for s in range(res.n_calls)) or left <= 0:

@@ -42,6 +42,9 @@ class AssemblerConfig(ServiceConfig):
     remember: int = Field(100_000, ge=0, le=10_000_000)
     """Recently finished rollout ids kept in memory so a duplicate result is acked at once
     (after a restart, JetStream's msg-id de-duplication still prevents duplicate samples)."""
+    claim_key_wait_s: float = Field(60.0, gt=0, le=86_400)
+    """How long a result waits for the run's claim key (made by the learner when it starts)
+    before it is retried later; results are checked against it (forged ones refused)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -54,7 +57,9 @@ class FeederConfig(HrlModel):
 
     enabled: bool = True
     """Issue TaskRequests. Off: someone else publishes the work (an external feeder, a test
-    publishing samples); groups are then formed from the samples' own ``group_size``."""
+    publishing samples; each task's ``claim`` must then be ``member_claim`` under the run's
+    claim key, or the assembler refuses its result); groups are then formed from the samples'
+    own ``group_size``."""
     suites: list[str] = ["toy"]
     """Training suites (names or directories); their ``split == "train"`` tasks are issued."""
     harnesses: list[str] = ["reference"]
@@ -73,6 +78,17 @@ class FeederConfig(HrlModel):
     """Issue an eval round every this many versions (0: never)."""
     eval_group_size: int = Field(1, ge=1, le=1024)
     """Rollouts per (eval task, harness)."""
+    task_ack_wait_s: float = Field(10.0, ge=1, le=86_400)
+    """The task consumer's ``ack_wait`` (the feeder creates the consumer every actor of the run
+    shares, and sets it back to these settings at start): seconds a task may go without a
+    heartbeat before JetStream redelivers it to another actor, i.e. the delay before the tasks
+    of a killed actor run again. Running tasks are kept alive by the actors' heartbeats (every
+    third of it), so a rollout may take far longer."""
+    task_max_ack_pending: int = Field(10_000, ge=1, le=1_000_000)
+    """Most tasks handed to actors and not yet acked, over the whole run."""
+    task_check_s: float = Field(5.0, gt=0, le=3600)
+    """Seconds between checks that the task consumer delivers while tasks wait
+    (``hrl_task_queue_stalled_seconds``)."""
 
 
 class BroadcastConfig(HrlModel):

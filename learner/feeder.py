@@ -28,6 +28,9 @@ What must stay true:
   restarted nats-server (``harnessrl run --resume`` always restarts the embedded one) rebuilds
   it only from messages still stored, and a work queue no longer stores consumed tasks. (Were
   a member run twice anyway, its second attempt is only ignored by the batcher.)
+* **Every member carries its claim** (``harnessrl.common.records.member_claim`` under the run's
+  claim key, which the feeder makes once per run on the KEYS stream): only the actor the task
+  is delivered to sees it, and the assembler refuses a result that does not return it.
 * **Endings are idempotent** and may arrive before the (re-)issue of their group after a
   restart; such early endings are remembered and applied when the group is issued, so capacity
   never leaks.
@@ -45,7 +48,13 @@ from typing import Any
 
 from harnessrl.common import metrics
 from harnessrl.common.bus import Bus, PermissionDenied
-from harnessrl.common.records import RecordDecodeError, RolloutResult, TaskRequest, decode
+from harnessrl.common.records import (
+    RecordDecodeError,
+    RolloutResult,
+    TaskRequest,
+    decode,
+    member_claim,
+)
 from harnessrl.common.tasks import Task, list_tasks
 from harnessrl.common.tasks.registry import list_suites, suite_dir
 from harnessrl.learner.config import FeederConfig
@@ -229,6 +238,7 @@ class Feeder:
     ) -> None:
         """Publish every member of one group (idempotent by msg id) and track it."""
         subject = self.bus.subjects.tasks
+        key = await self.bus.claim_key(create=True)  # made once per run; cached by the bus
         reqs = [
             TaskRequest(
                 group_id=gid,
@@ -244,6 +254,7 @@ class Feeder:
                 is_eval=is_eval,
                 seed=random.Random(f"{self.cfg.seed}:{gid}:{k}").randrange(2**31),
                 created_at=time.time(),
+                claim=member_claim(key, gid, k),
             )
             for k in range(size)
         ]

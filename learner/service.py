@@ -62,6 +62,7 @@ from harnessrl.learner.batching import Batch, Batcher, BatchRules, Ledger
 from harnessrl.learner.checkpoint import Checkpointer, LearnerState
 from harnessrl.learner.feeder import Feeder
 from harnessrl.learner.fleet import FleetBroken
+from harnessrl.learner.task_queue import TaskQueue
 
 log = logging.getLogger("harnessrl.learner")
 
@@ -114,6 +115,7 @@ class Learner:
         self._idle_s = 0.0
         self._totals: Counter[str] = Counter()
         self.feeder: Feeder
+        self.task_queue: TaskQueue
         self.batcher: Batcher
         self.publisher: Any = None
         self.consumer: Consumer[TreeSample]
@@ -147,6 +149,8 @@ class Learner:
             max_staleness=cfg.max_staleness,
             state=self.state.feeder or None,
         )
+        self.task_queue = TaskQueue(self.bus, cfg.feeder)
+        await self.task_queue.ensure()  # before any task: actors wait for it
         self.batcher = Batcher(self._rules(), ledger, on_end=self.feeder.on_ended)
         self.publisher = self._publisher()
         if self.publisher is not None and hasattr(self.publisher, "restore"):
@@ -227,7 +231,11 @@ class Learner:
 
     async def run(self) -> int:
         await self.setup()
-        self._tasks = [asyncio.create_task(self._pump()), asyncio.create_task(self._heartbeat())]
+        self._tasks = [
+            asyncio.create_task(self._pump()),
+            asyncio.create_task(self._heartbeat()),
+            asyncio.create_task(self.task_queue.watch()),
+        ]
         clean = False
         try:
             await self._loop()

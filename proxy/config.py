@@ -14,14 +14,16 @@ from harnessrl.common.config import HrlModel, ServiceConfig
 
 class EngineConfig(HrlModel):
     """``harnessrl engine``: an embedded engine speaking SGLang's native HTTP API (the torch
-    engine, or the scripted toy teacher)."""
+    engine, or the scripted toy teacher). Closed by default: every request but ``/health*`` and
+    ``/metrics`` needs its API key (``api_key_file``; made in $HARNESSRL_CACHE/engine-api-key
+    when none is named); ``--insecure`` serves without one."""
 
     kind: Literal["torch", "teacher"] = "torch"
     """Which engine: ``torch`` serves ``model``; ``teacher`` answers as the scripted toy teacher
     (cold-start SFT data, eval ceiling) for the tasks of ``suites``, with the tokenizer named by
     ``model`` (it must match the actors' model), in each harness's own tools. The teacher
     reads ``suites``, ``teacher_style``, ``near_miss``, ``seed``, ``host``, ``port``, the API
-    key and ``log_level``, and ignores the other fields."""
+    key (or ``insecure``) and ``log_level``, and ignores the other fields."""
     model: str = "tiny-agent"
     """Model folder (any Hugging Face causal LM with safetensors), ``tiny-agent`` (the shipped
     warm-start policy) or a random tiny spec (``tiny``, ``tiny-1m``, ``tiny-8m@seed1``...)
@@ -76,10 +78,16 @@ class EngineConfig(HrlModel):
     api_key_file: str = ""
     """File holding the API key every request must carry as ``Authorization: Bearer KEY``
     (SGLang's ``--api-key`` convention; generation, weight updates and groups, pause/continue/
-    abort, ``/flush_cache``...; only ``/health*`` and ``/metrics`` stay open); empty: no key."""
+    abort, ``/flush_cache``...; only ``/health*`` and ``/metrics`` stay open). Closed by
+    default: a missing file is made (a random key, 0600) and reused by later engines; empty
+    uses $HARNESSRL_CACHE/engine-api-key (~/.cache/harnessrl/engine-api-key). Give clients the
+    same file (``--engine-api-key-file``)."""
     api_key: str = ""
     """The API key itself (SGLang's ``--api-key``). Prefer ``api_key_file``: a key given here
     is visible in process listings and in ``commands.sh``."""
+    insecure: bool = False
+    """Serve without an API key: anyone who reaches the port may generate, load weights and
+    pause generation (a private engine on a machine of your own only)."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Logging level."""
 

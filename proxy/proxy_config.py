@@ -82,7 +82,9 @@ class ProxySettings(SamplingSettings):
     context window, 32 bytes per token + 4 MiB (64 MiB when the context is unknown)."""
     engine_api_key_file: str = ""
     """File holding the engines' API key (sent as ``Authorization: Bearer KEY`` on every
-    engine call; SGLang's ``--api-key``); empty: none. Never enters a sandbox."""
+    engine call; SGLang's ``--api-key``); empty: the key a ``harnessrl engine`` of this user
+    on this machine serves with by default (``~/.cache/harnessrl/engine-api-key``) when that
+    file exists, else none. Never enters a sandbox."""
 
     def request_limit(self, max_context: int) -> int:
         """The request body limit for a context window of ``max_context`` tokens."""

@@ -1,9 +1,13 @@
-"""Call recorder: every model call becomes one CallRecord on ``hrl.<run>.calls.<rollout_id>``.
+"""Call recorder: every model call becomes one CallRecord on
+``hrl.<run>.calls.<publisher>.<rollout_id>`` (the publisher: this connection's NATS user, e.g.
+the actor's ``actor-NAME``; see ``harnessrl.common.bus.Subjects``).
 
 Flow: ``begin(rollout_id)`` when a request arrives (assigns ``seq`` in arrival order, reserves
 buffer room, raises ``RecorderFull`` if there is none) -> the proxy calls the engine ->
 ``record(ticket, ...)`` builds the CallRecord and queues it -> a background task publishes
-queued records in order with msg id ``call:<rollout_id>:<seq>`` -> ``flush(rollout_id)``
+queued records in order with msg id ``call:<rollout_id>:<seq>:<salt>`` (``salt``: random per
+recorder, so no other publisher can take a record's id first and have it dropped as a
+duplicate) -> ``flush(rollout_id)``
 returns once the bus acknowledged every record of the rollout.
 
 What must stay true:
@@ -33,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -140,6 +145,8 @@ class Recorder:
         publish_timeout: float = 10.0,
     ) -> None:
         self.bus = bus
+        self.salt = secrets.token_hex(6)
+        """Ends every msg id this recorder uses (see the module docstring)."""
         self.capacity = capacity
         self.publish_timeout = publish_timeout
         self.batch = batch
@@ -298,7 +305,8 @@ class Recorder:
     async def _publish(self, batch: list[CallRecord]) -> set[int]:
         """Publish ``batch`` until stored; returns indices of records too large to ever store."""
         delay = self.retry_delay
-        items = [(self.bus.subjects.calls(r.rollout_id), r, r.msg_id()) for r in batch]
+        calls = self.bus.subjects.calls
+        items = [(calls(r.rollout_id), r, f"{r.msg_id()}:{self.salt}") for r in batch]
         while True:
             try:
                 # bounded: an attempt stuck in a dead connection is abandoned and retried with

@@ -39,7 +39,7 @@ from typing import Any
 from harnessrl.common.bus import Bus
 from harnessrl.common.records import SamplingParams
 from harnessrl.proxy.calls import ModelCaller
-from harnessrl.proxy.engine.auth import load_api_key
+from harnessrl.proxy.engine.auth import client_key
 from harnessrl.proxy.labels import DEFAULT_RULES, LabelRules
 from harnessrl.proxy.parsers import get_parser
 from harnessrl.proxy.proxy_config import ProxySettings
@@ -247,7 +247,7 @@ async def open_proxy_stack(
     ``record_buffer`` and ``health_interval_s`` are the recorder's capacity and the router's
     health-check period."""
     async with contextlib.AsyncExitStack() as stack:
-        key = load_api_key(key_file=settings.engine_api_key_file)
+        key = client_key(settings.engine_api_key_file)
         router = TrackingRouter(
             settings.engines, health_interval=health_interval_s, client_kw={"api_key": key}
         )

@@ -47,10 +47,10 @@ async def _wait_healthy(client: Any, cfg: WeightSyncConfig, stop: asyncio.Event)
 
 async def load(cfg: WeightSyncConfig) -> int:
     """Load ``cfg.load`` into the engine as ``cfg.load_version``, once."""
-    from harnessrl.proxy.engine.auth import load_api_key
+    from harnessrl.proxy.engine.auth import client_key
     from harnessrl.proxy.sglang import EngineClient, EngineError
 
-    client = EngineClient(cfg.engine, api_key=load_api_key(key_file=cfg.engine_api_key_file))
+    client = EngineClient(cfg.engine, api_key=client_key(cfg.engine_api_key_file))
     try:
         if not await _wait_healthy(client, cfg, asyncio.Event()):
             print(
@@ -82,11 +82,11 @@ async def load(cfg: WeightSyncConfig) -> int:
 async def serve(cfg: WeightSyncConfig) -> int:
     from harnessrl.common import metrics
     from harnessrl.common.bus import connect_service
-    from harnessrl.proxy.engine.auth import load_api_key
+    from harnessrl.proxy.engine.auth import client_key
     from harnessrl.proxy.sglang import EngineClient
     from harnessrl.proxy.weights_sync import WeightUpdater, durable_name, engine_apply
 
-    key = load_api_key(key_file=cfg.engine_api_key_file)
+    key = client_key(cfg.engine_api_key_file)
     bus = await connect_service(cfg, f"weights-sync {cfg.name or cfg.engine}")
     client = EngineClient(cfg.engine, api_key=key)
     served = await metrics.start_metrics_server(cfg.metrics_port)

@@ -31,9 +31,19 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 async def bus(nats_url: str, run_name: str):
+    """The run's bus, with the task consumer its learner would create (``ack_wait`` 3 s)."""
     b = await connect(nats_url, run_name)
+    await task_consumer(b, ack_wait=3)
     yield b
     await b.close()
+
+
+async def task_consumer(bus: Bus, ack_wait: float = 10.0) -> None:
+    """Create the task consumer as the learner's feeder does (actors only bind to it)."""
+    from harnessrl.learner.config import FeederConfig
+    from harnessrl.learner.task_queue import TaskQueue
+
+    await TaskQueue(bus, FeederConfig(task_ack_wait_s=ack_wait)).ensure()
 
 
 def actor_config(nats_url: str, run: str, engine: str, root: Path, **kw) -> ActorConfig:
@@ -143,8 +153,6 @@ def actor_argv(nats_url: str, run: str, engine: str, root: Path, *extra: str) ->
         "-1",
         "--concurrency",
         "1",
-        "--ack-wait-s",
-        "3",
         *extra,
     ]
 
@@ -186,7 +194,7 @@ async def test_killed_actor_task_becomes_attempt_two(
             assert len(sandboxes(sandbox_root)) == 1
             proc.kill()
             await proc.wait()
-        cfg = actor_config(nats_url, run_name, eng.url, sandbox_root, ack_wait_s=3)
+        cfg = actor_config(nats_url, run_name, eng.url, sandbox_root)
         async with in_process_actor(cfg, bus):
             assert sandboxes(sandbox_root) == []  # swept at start
             assert not list(SOCKET_ROOT.glob(f"{proc.pid}-*"))
@@ -264,9 +272,8 @@ def test_config_fields_documented_and_engine_flag():
     args = parser.parse_args(["--engine", "http://a:1", "--engine", "http://b:2", "--run", "r"])
     cfg = config_from_args(ActorConfig, args)
     assert cfg.engines == ["http://a:1", "http://b:2"]
-    assert cfg.heartbeat_interval == cfg.ack_wait_s / 3
-    with pytest.raises(Exception, match="heartbeat_s"):
-        ActorConfig(ack_wait_s=5, heartbeat_s=10)
+    with pytest.raises(Exception, match="ack_wait_s"):  # the learner's now: it owns the consumer
+        ActorConfig(ack_wait_s=5)
 
 
 async def test_engine_error_is_published_and_acked(bus: Bus, nats_url, run_name, sandbox_root):

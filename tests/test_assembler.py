@@ -72,6 +72,13 @@ async def publish_calls(bus: Bus, calls: list[r.CallRecord]) -> None:
         await bus.publish(bus.subjects.calls(c.rollout_id), c)
 
 
+async def publish_result(bus: Bus, res: r.RolloutResult, msg_id: str | None = None) -> None:
+    """Publish ``res`` as the actor handed its member does: under this connection's name, with
+    the member's claim (the run's claim key made as the learner makes it)."""
+    res.claim = r.member_claim(await bus.claim_key(create=True), res.group_id, res.k)
+    await bus.publish(bus.subjects.rollouts_of(), res, msg_id)
+
+
 async def publish_rollout(
     bus: Bus, rid: str, specs: list[Spec] = CHAIN, hold: int = 0, **kw
 ) -> tuple[list[r.CallRecord], r.RolloutResult]:
@@ -79,7 +86,7 @@ async def publish_rollout(
     calls = make_calls(specs, rid=rid)
     res = result_for(len(calls), rid=rid, ended_at=time.time(), **kw)
     await publish_calls(bus, calls[: len(calls) - hold])
-    await bus.publish(bus.subjects.rollouts, res)
+    await publish_result(bus, res)
     return calls, res
 
 
@@ -114,7 +121,7 @@ async def test_results_become_samples_and_tombstones(bus: Bus) -> None:
     bad = make_calls(CHAIN, rid="ga-2-1")
     bad[1].input_hash = bytes(16)
     await publish_calls(bus, bad)
-    await bus.publish(bus.subjects.rollouts, result_for(3, rid="ga-2-1"))
+    await publish_result(bus, result_for(3, rid="ga-2-1"))
     before = metrics.sample_value("hrl_assembler_rollouts_total", {"outcome": "sample"})
     async with running(bus):
         got = by_rid(await drain_samples(bus, 3))
@@ -139,8 +146,8 @@ async def test_straggler_calls_are_waited_for(bus: Bus) -> None:
 
 async def test_duplicate_result_yields_one_sample(bus: Bus) -> None:
     _, res = await publish_rollout(bus, "gd-0-1")
-    await bus.publish(bus.subjects.rollouts, res)  # same msg id: dropped by the bus
-    await bus.publish(bus.subjects.rollouts, res, "rollout:gd-0-1:again")  # stored twice
+    await publish_result(bus, res)  # same msg id: dropped by the bus
+    await publish_result(bus, res, "rollout:gd-0-1:again")  # stored twice
     async with running(bus):
         got = await drain_samples(bus, 1)
         await asyncio.sleep(0.5)
@@ -221,9 +228,9 @@ async def test_crash_between_publish_and_ack_no_duplicate(bus: Bus) -> None:
 async def test_poison_results_are_dead_lettered(bus: Bus) -> None:
     """Garbage and an unusable rollout id go to the dead letters; the next result still works."""
     s = bus.subjects
-    await bus.publish(s.rollouts, b"\x93garbage", "poison-1")
+    await bus.publish(s.rollouts_of(), b"\x93garbage", "poison-1")
     await bus.publish(
-        s.rollouts,
+        s.rollouts_of(),
         result_for(1, rid="gp-0-1").__class__(
             rollout_id="not.a.token", task_id="t", group_id="gp", k=0
         ),
@@ -346,7 +353,7 @@ async def test_garbage_calls_are_dead_lettered_and_counted_once(bus: Bus) -> Non
         await publish_calls(bus, calls)
         for i, g in enumerate(junk):
             await bus.publish(s.calls(rid), g, f"junk:{rid}:{i}")
-        await bus.publish(s.rollouts, result_for(len(calls) + extra, rid=rid, ended_at=time.time()))
+        await publish_result(bus, result_for(len(calls) + extra, rid=rid, ended_at=time.time()))
     labels = {"stream": "CALLS", "consumer": "assembler"}
     before = metrics.sample_value("hrl_bus_dead_lettered_total", labels)
     waits = metrics.sample_value("hrl_assembler_straggler_waits_total")

@@ -167,7 +167,7 @@ async def test_oversized_record_is_an_error_not_a_drop(nats_url: str, run_name: 
 async def test_streams_created_idempotently(nats_url: str, run_name: str) -> None:
     b1 = await connect(nats_url, run_name)
     b2 = await connect(nats_url, run_name)  # second creator: no error, same streams
-    await b2.publish(b2.subjects.rollouts, sample_records()[2])
+    await b2.publish(b2.subjects.rollouts_of(), sample_records()[2])
     assert await b1.stream_count("ROLLOUTS") == 1
     await b1.close()
     await b2.close()

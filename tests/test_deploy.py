@@ -108,12 +108,15 @@ def test_nats_chart_values_are_generated_from_the_permission_table() -> None:
     assert cfg["cluster"]["tls"]["enabled"] and cfg["cluster"]["tls"]["ca"] == "ca.crt"
     assert cfg["jetstream"]["fileStore"]["enabled"] and cfg["jetstream"]["enabled"]
     users = {u["user"]: u for u in cfg["merge"]["authorization"]["users"]}
-    assert set(users) == set(natsauth.ROLES)
+    actors = {f"actor-{i}" for i in range(nats_chart.ACTORS)}  # one user per actor, no shared one
+    assert set(users) == set(natsauth.ROLES) | actors
     for role, user in users.items():
         assert user["permissions"] == natsauth.role_permissions(role, runs)
         env = nats_chart.password_env(role)
-        assert user["password"] == f"<< ${env} >>"
+        assert re.fullmatch(r"[A-Z0-9_]+", env) and user["password"] == f"<< ${env} >>"
         assert values["container"]["env"][env]["valueFrom"]["secretKeyRef"]["key"] == role
+    own = users["actor-3"]["permissions"]["publish"]["allow"]
+    assert "hrl.fleet.calls.actor-3.>" in own and "hrl.fleet.calls.>" not in own
     res = run_chart_tool("helm-values", "--runs", *runs)
     assert res.returncode == 0, res.stderr
     assert res.stdout == path.read_text()
@@ -189,18 +192,19 @@ def test_compose_cpu_stack_config(capsys: pytest.CaptureFixture) -> None:
     assert sorted(f"127.0.0.1:{n['cluster_port']}" for n in nodes) == sorted(nodes[0]["routes"])
     node_urls = sorted(f"tls://127.0.0.1:{n['port']}" for n in nodes)
     roles = {
-        "weights-sync": "weights_sync",
-        "assembler": "assembler",
-        "learner": "learner",
-        "actor": "actor",
+        "weights-sync": "/conf/auth/weights_sync.cred",
+        "assembler": "/conf/auth/assembler.cred",
+        "learner": "/conf/auth/learner.cred",
+        "actor": "/conf/actors",  # the pool of per-actor credentials: each claims one
     }
-    for name, role in roles.items():
+    for name, creds in roles.items():
         cmd = services[name]["command"]
         assert cmd[0] == f"hrl-{name}" and cmd[1:3] == ["harnessrl", name]
         proc = harnessrl_config(cmd[2:], capsys)
         proc = proc.get(name.replace("-", "_"), proc)
-        assert proc["nats_creds"] == f"/conf/auth/{role}.cred"
-        assert proc["nats_ca"] == "/conf/auth/tls/ca.pem"
+        assert proc["nats_creds"] == creds
+        conf = "/conf" if name == "actor" else "/conf/auth/tls"
+        assert proc["nats_ca"] == f"{conf}/ca.pem"
         assert sorted(nats_urls(proc["nats"])) == node_urls, name
         assert "--config=/etc/hrl/run.toml" in cmd
         assert set(services[name]["depends_on"]) >= {"nats-0", "nats-1", "nats-2"}
@@ -212,6 +216,14 @@ def test_compose_cpu_stack_config(capsys: pytest.CaptureFixture) -> None:
     assert shared and engine_vols.get(shared[0]) == ws_vols[shared[0]]
     actor = services["actor"]
     assert "container_name" not in actor and "ports" not in actor
+    # actors see only their own volume (their credentials, the CA, the engine key), which the
+    # init fills from the cluster's auth folder; the nodes make as many actor credentials
+    assert [v for v in actor["volumes"] if v.endswith(":/conf:ro")] == ["actor-conf:/conf:ro"]
+    init = " ".join(services["init"]["command"])
+    assert "cp -p /conf/auth/actors/*.cred /actor-conf/actors/" in init
+    assert "actor-conf:/actor-conf:rw" in services["init"]["volumes"]
+    actors = {n["actors"] for n in nodes}
+    assert actors == {int(services["init"]["environment"]["HRL_ACTORS"])}
     assert actor["environment"]["HRL_PASS_NAME"] == "1"
     assert set(actor["cap_add"]) == {"SYS_ADMIN", "NET_ADMIN"}
     prom = services["prometheus"]
@@ -377,16 +389,28 @@ def test_kubernetes_gpu_requests_hardening_and_scaling() -> None:
     for name in ("engine", "learner"):
         [c] = docs[("StatefulSet", name)]["spec"]["template"]["spec"]["containers"]
         assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    pod = docs[("Deployment", "actor")]["spec"]["template"]["spec"]
+    sts = docs[("StatefulSet", "actor")]["spec"]
+    pod = sts["template"]["spec"]
     [c] = pod["containers"]
     assert pod["hostUsers"] is False and pod["automountServiceAccountToken"] is False
     assert pod["securityContext"]["runAsNonRoot"] is True
     sc = c["securityContext"]
     assert sc["capabilities"] == {"drop": ["ALL"]} and sc["allowPrivilegeEscalation"] is False
     assert sc["readOnlyRootFilesystem"] is True
-    assert "--nats-creds=/etc/hrl/nats/actor.cred" in c["args"]
+    # each pod (actor-<i>: stable names) gets its own NATS credential, never the others'
+    assert docs[("Service", sts["serviceName"])]["spec"]["clusterIP"] == "None"
+    assert "--nats-creds=/etc/hrl/nats-own/actor.cred" in c["args"]
+    [init] = pod["initContainers"]
+    assert '"/all/$POD_NAME.cred"' in init["command"][-1]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"] for m in c["volumeMounts"]}
+    assert volumes["nats-actors"]["secret"]["secretName"] == "hrl-nats-actors"
+    assert "nats-actors" not in mounts and "nats-own" in mounts
+    assert {m["name"] for m in init["volumeMounts"]} == {"nats-actors", "nats-own"}
+    assert [i["key"] for i in volumes["nats"]["secret"]["items"]] == ["ca.pem"]
     so = docs[("ScaledObject", "actor")]["spec"]
-    assert so["scaleTargetRef"]["name"] == "actor"
+    assert so["scaleTargetRef"]["name"] == "actor" and so["scaleTargetRef"]["kind"] == "StatefulSet"
+    assert so["maxReplicaCount"] <= nats_chart.ACTORS  # a credential for every pod
     [trigger] = so["triggers"]
     assert trigger["type"] == "nats-jetstream"
     assert trigger["metadata"]["consumer"] == natsauth.ACTOR_DURABLE

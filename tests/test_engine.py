@@ -712,7 +712,9 @@ def test_cli_ready_line_and_sigterm(model_dir: Path) -> None:
 
     from harnessrl.proxy.engine_cmd import READY_RE, spawn_engine
 
-    proc, url = spawn_engine(["--model", str(model_dir), "--port", "0", "--threads", "1"])
+    proc, url = spawn_engine(
+        ["--model", str(model_dir), "--port", "0", "--threads", "1", "--insecure"]
+    )
     try:
         with urllib.request.urlopen(url + "/health", timeout=10) as r:
             assert r.status == 200

@@ -94,9 +94,96 @@ async def test_engine_client_sends_the_key(key_file: Path) -> None:
         assert e.value.status == 401 and "requires an API key" in str(e.value)
 
 
+def engine_cmd(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen, str]:
+    """``harnessrl engine --kind teacher`` (the same key handling as the torch engine, without
+    loading a model) with ``$HARNESSRL_CACHE`` in ``tmp_path``; (process, ready line)."""
+    from harnessrl.proxy.engine_cmd import spawn_engine
+
+    env = {"HARNESSRL_CACHE": str(tmp_path / "cache")}
+    argv = ["--kind", "teacher", "--suites", "toy", "--model", "tiny-1m", "--port", "0", *flags]
+    proc, _ = spawn_engine(argv, env=env)
+    line = next(ln for ln in proc.output_lines if ln.startswith("engine ready"))  # type: ignore[attr-defined]
+    return proc, line
+
+
+def test_engine_is_closed_by_default(tmp_path: Path) -> None:
+    """``harnessrl engine`` with no key option makes one (``$HARNESSRL_CACHE/engine-api-key``,
+    0600, reused by the next engine), names it on its ready line, and answers 401 to weight
+    loads and pauses without it; the torch engine alike."""
+    default = tmp_path / "cache" / "engine-api-key"
+    for kind in ("teacher", "engine"):
+        if kind == "teacher":
+            proc, line = engine_cmd(tmp_path)
+        else:
+            from harnessrl.proxy.engine_cmd import spawn_engine
+
+            env = {"HARNESSRL_CACHE": str(tmp_path / "cache")}
+            proc, _ = spawn_engine(["--model", "tiny-1m", "--port", "0", "--threads", "1"], env=env)
+            line = proc.output_lines[-1]  # type: ignore[attr-defined]
+        try:
+            url = line.split()[2]
+            assert f"API key required (in {default})" in line, line
+            assert (default.stat().st_mode & 0o777) == 0o600
+            key = default.read_text().strip()
+            assert len(key) >= 32
+            for path, body in (
+                ("/update_weights_from_disk", {"model_path": "/nonexistent"}),
+                ("/pause_generation", {"mode": "abort"}),
+            ):
+                status, _ = asyncio.run(call(url, "POST", path, body, None))
+                assert status == 401, (kind, path)
+            status, _ = asyncio.run(call(url, "POST", "/continue_generation", {}, key))
+            assert status == 200
+        finally:
+            proc.terminate()
+            assert proc.wait(30) == 0
+        assert default.read_text().strip() == key  # the second engine reused it
+
+
+def test_engine_key_file_is_made_where_named_and_insecure_is_explicit(tmp_path: Path) -> None:
+    """``--api-key-file FILE``: a missing file is made there (0600, like the NATS credentials)
+    and reused; ``--insecure`` serves without a key and says so on stderr."""
+    named = tmp_path / "keys" / "engine.key"
+    proc, line = engine_cmd(tmp_path, "--api-key-file", str(named))
+    try:
+        assert f"API key required (in {named})" in line
+        assert (named.stat().st_mode & 0o777) == 0o600
+        url = line.split()[2]
+        assert asyncio.run(call(url, "POST", "/pause_generation", {}, None))[0] == 401
+        key = named.read_text().strip()
+        assert asyncio.run(call(url, "POST", "/continue_generation", {}, key))[0] == 200
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    proc, line = engine_cmd(tmp_path, "--insecure")
+    try:
+        assert "no API key" in line
+        url = line.split()[2]
+        assert asyncio.run(call(url, "POST", "/continue_generation", {}, None))[0] == 200
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert any("--insecure" in ln and "anyone" in ln for ln in proc.output_lines)  # type: ignore[attr-defined]
+    assert not (tmp_path / "cache" / "engine-api-key").exists()
+
+
+def test_engine_help_says_it_is_closed_by_default() -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "harnessrl.common.cli", "engine", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    text = " ".join(res.stdout.split())
+    assert "--insecure" in text and "$HARNESSRL_CACHE/engine-api-key" in text, text
+
+
 def test_engine_refuses_an_unreadable_key_file(tmp_path: Path) -> None:
-    """``harnessrl engine --api-key-file MISSING`` exits 1 with one line naming the file."""
-    missing = tmp_path / "nope"
+    """``harnessrl engine --api-key-file FILE`` exits 1 with one line naming a file it cannot
+    read (here: a folder)."""
+    missing = tmp_path / "a-folder"
+    missing.mkdir()
     res = subprocess.run(
         [
             sys.executable,
@@ -192,3 +279,17 @@ async def test_scripted_and_teacher_engines_take_the_key_too() -> None:
         assert status == 200
         async with aiohttp.ClientSession() as http, http.get(eng.url + "/health") as r:
             assert r.status == 200
+
+
+def test_a_client_finds_the_default_engine_key_of_its_machine(tmp_path, monkeypatch):
+    """A client given no key file sends the key a ``harnessrl engine`` of the same user serves
+    with by default, when that file exists (else none); a named file always wins."""
+    from harnessrl.proxy.engine.auth import client_key, default_key_file, serving_key
+
+    monkeypatch.setenv("HARNESSRL_CACHE", str(tmp_path / "cache"))
+    assert client_key("") == ""
+    key, where = serving_key()  # what `harnessrl engine` does with no key option
+    assert where == str(default_key_file()) and client_key("") == key
+    other = tmp_path / "other.key"
+    other.write_text("another-key\n")
+    assert client_key(str(other)) == "another-key"

@@ -109,7 +109,7 @@ async def test_resume_after_a_server_restart_runs_no_member_twice(tmp_path: Path
             res = RolloutResult(
                 rollout_id=f"{t.group_id}-{t.k}-1", task_id=t.task_id, group_id=t.group_id, k=t.k
             )
-            await bus.publish(bus.subjects.rollouts, res)
+            await bus.publish(bus.subjects.rollouts_of(), res)
             await d.ack()
             return t
 

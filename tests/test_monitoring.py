@@ -232,6 +232,14 @@ PROMTOOL_CASES = {
         },
         [{"labels": '{run="r"}', "value": 3}],
     ),
+    "a task queue stalled for 25 s, not one stalled for 15 s": (
+        "HrlTaskQueueStalled",
+        {
+            'hrl_task_queue_stalled_seconds{run="r",process="learner"}': "0x8 10 25",
+            'hrl_task_queue_stalled_seconds{run="q",process="learner"}': "0x8 5 15",
+        },
+        [{"labels": '{run="r"}', "value": 25}],
+    ),
     "every proxy ejected one engine": (
         "HrlEngineOutOfRotation",
         {
@@ -260,6 +268,14 @@ def test_alert_expression_catches_what_it_promises(tmp_path: Path, case: str) ->
     path.write_text(yaml.safe_dump(test))
     proc = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_task_queue_alert_threshold_is_the_code_s() -> None:
+    """``HrlTaskQueueStalled`` fires at the stall the learner logs and the status line shows."""
+    from harnessrl.common.bus import TASK_STALL_ALERT_S
+
+    rule = next(r for r in alert_rules() if r["alert"] == "HrlTaskQueueStalled")
+    assert rule["expr"].endswith(f">= {TASK_STALL_ALERT_S:g}") and "for" not in rule
 
 
 def test_alert_rules_and_config_pass_promtool() -> None:

@@ -50,6 +50,11 @@ async def run(secure_server: NatsServer) -> str:
     return name
 
 
+def actor_creds(i: int = 0) -> str:
+    """The user of actor ``i``'s own credential (``<auth>/actors/actor-<i>.cred``)."""
+    return f"actor-{i}"
+
+
 async def as_role(srv: NatsServer, role: str, run: str, **kw) -> Bus:
     return await busmod.connect(
         srv.url, run, name=f"test {role}", creds=srv.creds(role), ca=srv.ca, **kw
@@ -64,9 +69,12 @@ def test_credential_files_are_private_and_the_table_matches_the_code(
     from harnessrl.actors import service as actor_service
     from harnessrl.learner import assembler, service
 
-    for role in natsauth.ROLES:
+    actors = [actor_creds(i) for i in range(natsauth.DEFAULT_ACTORS)]
+    for role in (*natsauth.ROLES, *actors):
         mode = stat.S_IMODE(os.stat(secure_server.creds(role)).st_mode)
         assert mode == 0o600, (role, oct(mode))
+    assert stat.S_IMODE(os.stat(Path(secure_server.creds(actors[0])).parent).st_mode) == 0o700
+    assert not (secure_server.auth.auth_dir / "actor.cred").exists()  # no shared actor one
     conf = secure_server.store_dir / "nats-server.conf"
     assert stat.S_IMODE(os.stat(conf).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(Path(secure_server.ca).parent / "ca-key.pem").st_mode) == 0o600
@@ -95,8 +103,8 @@ async def test_bad_password_and_wrong_ca_are_one_clear_error(
 ) -> None:
     """A wrong password names the credential file; a missing CA names the TLS problem; an
     unreadable credential file names the file."""
-    bad = tmp_path / "actor.cred"
-    bad.write_text("actor:not-the-password\n")
+    bad = tmp_path / "actor-0.cred"
+    bad.write_text("actor-0:not-the-password\n")
     with pytest.raises(BusConnectError) as e:
         await busmod.connect(
             secure_server.url, RUNS[0], name="actor x", creds=str(bad), ca=secure_server.ca
@@ -104,7 +112,7 @@ async def test_bad_password_and_wrong_ca_are_one_clear_error(
     assert str(bad) in str(e.value) and "actor x" in str(e.value)
     assert "authorization violation" in str(e.value)
     with pytest.raises(BusConnectError, match="--nats-ca"):
-        await busmod.connect(secure_server.url, RUNS[0], creds=secure_server.creds("actor"))
+        await busmod.connect(secure_server.url, RUNS[0], creds=secure_server.creds("actor-0"))
     with pytest.raises(BusConnectError, match="missing.cred"):
         await busmod.connect(secure_server.url, RUNS[0], creds=str(tmp_path / "missing.cred"))
 
@@ -134,7 +142,7 @@ async def test_actor_cannot_publish_samples_or_weights_nor_manage_streams(
     secure_server: NatsServer, run: str
 ) -> None:
     """The actor credential is refused, fast and visibly, everything outside its role."""
-    actor = await as_role(secure_server, "actor", run)
+    actor = await as_role(secure_server, actor_creds(0), run)
     s = actor.subjects
     sample = r.TreeSample(rollout_id="g-1-1-1", group_id="g", k=1, dropped_reason="x")
     try:
@@ -145,7 +153,7 @@ async def test_actor_cannot_publish_samples_or_weights_nor_manage_streams(
             (s.tasks, sample_records()[0]),
         ]:
             t0 = time.monotonic()
-            with pytest.raises(PermissionDenied, match="'actor'"):
+            with pytest.raises(PermissionDenied, match="'actor-0'"):
                 await actor.publish(subject, rec)
             assert time.monotonic() - t0 < 5, subject  # not retried for publish_timeout
         with pytest.raises(PermissionDenied):
@@ -182,7 +190,7 @@ async def test_a_role_cannot_snoop_another_roles_inbox(secure_server: NatsServer
     async def on_err(e: Exception) -> None:
         denied.append(str(e))
 
-    opts = natsauth.client_options(secure_server.creds("actor"), secure_server.ca)
+    opts = natsauth.client_options(secure_server.creds("actor-0"), secure_server.ca)
     nc = await nats.connect(secure_server.url, error_cb=on_err, allow_reconnect=False, **opts)
     try:
         await nc.subscribe("_INBOX.learner.>")
@@ -203,23 +211,24 @@ async def test_each_role_does_exactly_its_own_work(secure_server: NatsServer, ru
     """The whole data flow through the bus, each step with its own role's credential."""
     roles = {
         role: await as_role(secure_server, role, run)
-        for role in ("learner", "actor", "proxy", "assembler", "weights_sync")
+        for role in ("learner", "actor-0", "proxy", "assembler", "weights_sync")
     }
     learner, actor, proxy, assembler, ws = (
-        roles[k] for k in ("learner", "actor", "proxy", "assembler", "weights_sync")
+        roles[k] for k in ("learner", "actor-0", "proxy", "assembler", "weights_sync")
     )
     s = learner.subjects
     task, call, result, sample = sample_records()[:4]
     try:
-        # learner issues a task; an actor takes it
+        # learner issues a task (its feeder made the actors' consumer); an actor takes it
+        await learner.ensure_consumer("TASKS", "actors", filter_subject=s.tasks)
         await learner.publish(s.tasks, task)
-        tasks = await actor.consumer("TASKS", "actors", r.TaskRequest)
+        tasks = await actor.bind_consumer("TASKS", "actors", r.TaskRequest)
         [d] = await tasks.fetch(1, timeout=5)
         assert d.record == task
         # the actor's proxy (and a standalone proxy) record calls; the actor reports the result
-        await actor.publish(s.calls("g-1-2-1"), call)
-        await proxy.publish(s.calls("g-1-2-9"), call, "call:other")
-        await actor.publish(s.rollouts, result)
+        await actor.publish(actor.subjects.calls("g-1-2-1"), call)
+        await proxy.publish(proxy.subjects.calls("g-1-2-9"), call, "call:other")
+        await actor.publish(actor.subjects.rollouts_of(), result)
         await d.ack()
         # a poison task is dead-lettered by the actor (its own dead subject)
         await learner.publish(s.tasks, b"junk", "junk-task")
@@ -228,7 +237,7 @@ async def test_each_role_does_exactly_its_own_work(secure_server: NatsServer, ru
         results = await assembler.consumer("ROLLOUTS", "assembler", r.RolloutResult)
         [res] = await results.fetch(1, timeout=5)
         assert res.record == result
-        assert await assembler.read_subject(s.calls("g-1-2-1"), r.CallRecord) == [call]
+        assert await assembler.read_subject(s.calls("g-1-2-1", "actor-0"), r.CallRecord) == [call]
         await assembler.publish(s.samples, sample)
         await res.ack()
         # a resumed learner's feeder looks up which members exist already (read-only)
@@ -256,11 +265,12 @@ async def test_each_role_does_exactly_its_own_work(secure_server: NatsServer, ru
         assert await ws.read_subject(s.weights_data(1), r.WeightChunk) == []
         # and nobody does another role's work
         forbidden = [
-            (proxy, s.rollouts),
+            (proxy, s.rollouts_of("proxy")),
+            (proxy, s.calls("g-1-2-1", "actor-0")),
             (assembler, s.tasks),
             (assembler, s.weights_ready),
             (learner, s.samples),
-            (learner, s.rollouts),
+            (learner, s.rollouts_of("learner")),
             (ws, s.weights_ready),
             (ws, s.samples),
         ]
@@ -272,7 +282,7 @@ async def test_each_role_does_exactly_its_own_work(secure_server: NatsServer, ru
         with pytest.raises(PermissionDenied):
             await assembler.consumer("TASKS", "actors", r.TaskRequest)
         with pytest.raises(PermissionDenied):
-            await learner.read_subject(s.calls("g-1-2-1"), r.CallRecord)
+            await learner.read_subject(s.calls("g-1-2-1", "actor-0"), r.CallRecord)
         with pytest.raises(PermissionDenied):
             await actor.stored(s.rollouts)
     finally:
@@ -307,7 +317,7 @@ async def test_a_role_waits_for_the_admin_to_create_streams(secure_server: NatsS
         await busmod.connect(
             secure_server.url,
             run,
-            creds=secure_server.creds("actor"),
+            creds=secure_server.creds("actor-0"),
             ca=secure_server.ca,
             stream_wait_s=0.5,
         )
@@ -400,8 +410,9 @@ async def test_credentials_never_enter_a_sandbox(backend, tmp_path: Path) -> Non
     from harnessrl.actors.sandbox import SandboxSpec
 
     passwords = natsauth.ensure_credentials(tmp_path / "auth")
-    cred = tmp_path / "auth" / "actor.cred"
-    assert natsauth.parse_userpass(cred) == ("actor", passwords["actor"])  # the host reads it
+    passwords |= natsauth.ensure_actor_credentials(tmp_path / "auth", 1)
+    cred = tmp_path / "auth" / "actors" / "actor-0.cred"
+    assert natsauth.parse_userpass(cred) == ("actor-0", passwords["actor-0"])  # the host reads it
     async with await backend.create(SandboxSpec(owner="test")) as sb:
         read = await sb.run(["cat", str(cred)], timeout=30)
         env = await sb.run(["env"], timeout=30)

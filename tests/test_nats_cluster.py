@@ -112,17 +112,18 @@ async def test_r3_streams_lose_nothing_when_a_node_is_killed_and_restarted(
         assert info.config.num_replicas == 3 and len(info.cluster.replicas) == 2
 
     learner = await as_role(cluster, "learner", publish_timeout=60)
-    actor_pub = await as_role(cluster, "actor", publish_timeout=60)
-    actors = [await as_role(cluster, "actor") for _ in range(2)]
+    actor_pub = await as_role(cluster, "actor-0", publish_timeout=60)
+    actors = [await as_role(cluster, f"actor-{i}") for i in (1, 2)]
     assembler = await as_role(cluster, "assembler")
     # ack_wait as the services' default (10 s), over twice the Bus's ack timeout (5 s): an ack
     # in flight to the node when it dies hangs until that timeout, and the deliveries acked after
     # it must not lapse meanwhile (with 4 s they were redelivered elsewhere and acked twice)
     wait = 10
+    await learner.ensure_consumer(
+        "TASKS", "actors", filter_subject=s.tasks, ack_wait=wait
+    )  # the learner's feeder owns the task consumer; actors bind to it
     flows = {
-        "tasks": [
-            await a.consumer("TASKS", "actors", r.TaskRequest, ack_wait=wait) for a in actors
-        ],
+        "tasks": [await a.bind_consumer("TASKS", "actors", r.TaskRequest) for a in actors],
         "rollouts": [
             await assembler.consumer("ROLLOUTS", "assembler", r.RolloutResult, ack_wait=wait)
         ],
@@ -146,7 +147,7 @@ async def test_r3_streams_lose_nothing_when_a_node_is_killed_and_restarted(
     async def publish_rollouts() -> None:
         for i in range(n):
             res = r.RolloutResult(rollout_id=f"g{i}-0-1", task_id="t", group_id=f"g{i}", k=0)
-            await actor_pub.publish(s.rollouts, res)
+            await actor_pub.publish(actor_pub.subjects.rollouts_of(), res)
             published["rollouts"].add(res.msg_id())
 
     async def consume(flow: str, cons: busmod.Consumer) -> None:

@@ -253,7 +253,7 @@ def embedded_engine():
         from harnessrl.proxy.engine_cmd import spawn_engine
     except ImportError as e:  # pragma: no cover - the engine lands separately
         pytest.skip(f"embedded engine not available: {e}")
-    proc, url = spawn_engine(["--model", "tiny-1m", "--port", "0", "--threads", "1"])
+    proc, url = spawn_engine(["--model", "tiny-1m", "--port", "0", "--threads", "1", "--insecure"])
     yield url
     proc.terminate()
     try:

@@ -98,13 +98,16 @@ async def test_records_are_deltas_that_rebuild_exactly(bus: Bus) -> None:
 
 
 async def test_msg_id_deduplicates(bus: Bus) -> None:
-    """Records carry ``call:<rollout>:<seq>``: a republish (retry) is stored once."""
+    """Records carry ``call:<rollout>:<seq>:<salt>`` (the salt random per recorder: no other
+    publisher can take the id first): a republish (retry) is stored once."""
     async with Recorder(bus) as rec:
         r = rec.record(rec.begin("g-1-1"), [1], result([2]))
         await rec.flush("g-1-1")
-        await bus.publish(bus.subjects.calls("g-1-1"), r, r.msg_id())
-    assert r.msg_id() == "call:g-1-1:0"
-    assert await bus.stream_count("CALLS", bus.subjects.calls("g-1-1")) == 1
+        await bus.publish(bus.subjects.calls("g-1-1"), r, f"{r.msg_id()}:{rec.salt}")
+        await bus.publish(bus.subjects.calls("g-1-1"), r, r.msg_id())  # another's guess
+    assert r.msg_id() == "call:g-1-1:0" and len(rec.salt) == 12
+    assert Recorder(bus).salt != rec.salt
+    assert await bus.stream_count("CALLS", bus.subjects.calls("g-1-1")) == 2
 
 
 async def test_seq_is_arrival_order_and_errors_are_recorded(bus: Bus) -> None:

@@ -15,10 +15,10 @@ from harnessrl.actors.config import ActorConfig
 from harnessrl.actors.service import DURABLE
 from harnessrl.common.bus import Bus, connect
 from harnessrl.common.records import TaskRequest
-from harnessrl.learner.config import AssemblerConfig, LearnerConfig
+from harnessrl.learner.config import AssemblerConfig, FeederConfig, LearnerConfig
 from harnessrl.proxy.config import WeightSyncConfig
 from harnessrl.proxy.scripted import ScriptedEngine
-from tests.test_actor_service import actor_argv, actor_process, wait_for
+from tests.test_actor_service import actor_argv, actor_process, task_consumer, wait_for
 from tests.test_rollout import TOK, request, toy_solver
 
 REDELIVERY_S = 15.0
@@ -27,24 +27,26 @@ REDELIVERY_S = 15.0
 
 @pytest.fixture
 async def bus(nats_url: str, run_name: str):
+    """The run's bus with the task consumer as the learner creates it by default."""
     b = await connect(nats_url, run_name)
+    await task_consumer(b, FeederConfig().task_ack_wait_s)
     yield b
     await b.close()
 
 
 def test_every_consumer_is_redelivered_within_seconds() -> None:
-    """Actors (TASKS), the assembler (ROLLOUTS), the learner (SAMPLES) and weight updaters
-    (WEIGHTS) all default to an ``ack_wait`` of seconds, with heartbeats at most a third of it
-    (a minute of idle learner after any death was the default before)."""
-    actor = ActorConfig()
+    """Actors (TASKS: the consumer the learner's feeder makes), the assembler (ROLLOUTS), the
+    learner (SAMPLES) and weight updaters (WEIGHTS) all default to an ``ack_wait`` of seconds,
+    with heartbeats at most a third of it (a minute of idle learner after any death was the
+    default before)."""
     waits = {
-        "actor": actor.ack_wait_s,
+        "actor": FeederConfig().task_ack_wait_s,
         "assembler": AssemblerConfig().ack_wait,
         "learner": LearnerConfig().ack_wait,
         "weights_sync": WeightSyncConfig().ack_wait,
     }
     assert all(w <= REDELIVERY_S for w in waits.values()), waits
-    assert actor.heartbeat_interval <= actor.ack_wait_s / 3
+    assert ActorConfig().heartbeat_s == 0  # 0: a third of the consumer's ack_wait
 
 
 async def test_running_task_is_kept_and_a_killed_actors_task_comes_back(
@@ -53,8 +55,6 @@ async def test_running_task_is_kept_and_a_killed_actors_task_comes_back(
     """Default settings: a rollout outliving ``ack_wait`` keeps its task (heartbeats); SIGKILL
     the actor and the task is redelivered as attempt 2 within ``ack_wait``."""
     argv = actor_argv(nats_url, run_name, "ENGINE", sandbox_root)
-    i = argv.index("--ack-wait-s")
-    del argv[i : i + 2]  # the default
     async with ScriptedEngine(TOK, toy_solver(hang_attempt=1)) as eng:
         argv[argv.index("ENGINE")] = eng.url
         async with actor_process(argv, tmp_path / "actor.log") as proc:
@@ -62,8 +62,8 @@ async def test_running_task_is_kept_and_a_killed_actors_task_comes_back(
             await wait_for(lambda: len(eng.requests) == 1, what="the first model call")
             info = await bus.js.consumer_info(bus.subjects.stream("TASKS"), DURABLE)
             ack_wait = info.config.ack_wait
-            assert ack_wait == ActorConfig().ack_wait_s
-            other = await bus.consumer("TASKS", DURABLE, TaskRequest, ack_wait=ack_wait)
+            assert ack_wait == FeederConfig().task_ack_wait_s
+            other = await bus.bind_consumer("TASKS", DURABLE, TaskRequest)
             assert await other.fetch(1, timeout=ack_wait + 2) == []  # alive: kept
             proc.kill()
             await proc.wait()

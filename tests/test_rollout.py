@@ -105,6 +105,29 @@ async def test_command_reference_solution_scores_one(nats_url, run_name, bwrap, 
     assert sandbox_dirs(bwrap) == []
 
 
+async def test_a_harness_over_its_disk_quota_is_scored_as_a_failure(nats_url, run_name, bwrap):
+    """A harness that solves the task and then fills its sandbox past ``sandbox_disk_mb`` (40
+    MB in the workspace, 40 in /tmp: 80 over a 64 MiB quota) is stopped within seconds, not at
+    its timeout, and scored 0 without verifying (the same workspace scores 1 otherwise): the
+    harness's failure, not an infrastructure outcome."""
+    from harnessrl.common import metrics
+
+    fill = "head -c 40000000 /dev/zero > {}; "
+    cmd = f"{SOLVE}; {fill.format('junk')}{fill.format('/tmp/junk')}sleep 60"
+    before = metrics.sample_value("hrl_actor_failures_total", {"reason": "disk_quota"}) or 0
+    opts = dict(expose_solution=True, sandbox_disk_mb=64)
+    async with rollout_env(nats_url, run_name, bwrap, **opts) as (deps, _, _):
+        res = await run_rollout(request(cmd=cmd), 1, deps)
+        ok = await run_rollout(request(cmd=SOLVE, group_id="g2"), 1, deps)
+    assert (res.status, res.reward, res.reason) == ("ok", 0.0, ""), res
+    assert "disk quota" in res.error and "64 MiB" in res.error, res.error
+    assert res.durations["harness"] < 20 and "verify" not in res.durations, res.durations
+    assert (ok.status, ok.reward) == ("ok", 1.0)  # under the quota: scored as usual
+    after = metrics.sample_value("hrl_actor_failures_total", {"reason": "disk_quota"})
+    assert after == before + 1
+    assert sandbox_dirs(bwrap) == []
+
+
 async def test_doing_nothing_scores_below_one(nats_url, run_name, bwrap):
     """A harness that does nothing is scored, and scores below 1."""
     async with rollout_env(nats_url, run_name, bwrap) as (deps, _, _):

@@ -15,19 +15,24 @@ from types import SimpleNamespace
 
 from harnessrl.common.bus import Bus, connect
 from harnessrl.common.layout import CLIENT_STATE, LATEST, LearnerState
-from harnessrl.common.records import RolloutResult, TaskRequest, TreeSample
+from harnessrl.common.records import RolloutResult, TaskRequest, TreeSample, member_claim
 from harnessrl.common.run.dashboard import Monitor
 from harnessrl.common.run.run import Run
 from harnessrl.learner.assembler import Assembler
 from harnessrl.learner.config import AssemblerConfig
 
 
-def task(gid: str, k: int) -> TaskRequest:
-    return TaskRequest(group_id=gid, k=k, group_size=2, issued_version=0, task_id="copy_01")
+def task(gid: str, k: int, key: bytes = b"") -> TaskRequest:
+    """A TaskRequest as the feeder issues it (with its claim under ``key``, when given)."""
+    claim = member_claim(key, gid, k) if key else ""
+    return TaskRequest(
+        group_id=gid, k=k, group_size=2, issued_version=0, task_id="copy_01", claim=claim
+    )
 
 
 def result(t: TaskRequest, attempt: int, status: str = "ok") -> RolloutResult:
     return RolloutResult(
+        claim=t.claim,
         rollout_id=f"{t.group_id}-{t.k}-{attempt}",
         task_id=t.task_id,
         group_id=t.group_id,
@@ -76,8 +81,9 @@ async def summarise(nats_url: str, run: str, run_dir) -> object:
 
 async def test_unaccounted_is_exact_across_restarts(nats_url: str, run_name: str, tmp_path):
     bus = await connect(nats_url, run_name)
+    key = await bus.claim_key(create=True)  # as the learner makes it
     try:
-        for t in [task(g, k) for g in ("ga", "gb", "gc") for k in (0, 1)]:
+        for t in [task(g, k, key) for g in ("ga", "gb", "gc") for k in (0, 1)]:
             await bus.publish(bus.subjects.tasks, t)
         actors = await bus.consumer("TASKS", "actors", TaskRequest, ack_wait=30)
         got = {(d.record.group_id, d.record.k): d for d in await actors.fetch(6, timeout=5)}
@@ -88,22 +94,24 @@ async def test_unaccounted_is_exact_across_restarts(nats_url: str, run_name: str
         await first.tick()
         await first.close()
         # ga-0: a result, acked
-        await bus.publish(bus.subjects.rollouts, result(got["ga", 0].record, 1))
+        await bus.publish(bus.subjects.rollouts_of(), result(got["ga", 0].record, 1))
         await got["ga", 0].ack()
         # ga-1: a result, then the actor dies before its ack: redelivered, run again, acked
-        await bus.publish(bus.subjects.rollouts, result(got["ga", 1].record, 1))
+        await bus.publish(bus.subjects.rollouts_of(), result(got["ga", 1].record, 1))
         await got["ga", 1].nak()
         (again,) = await actors.fetch(1, timeout=5)
         assert (again.record.group_id, again.record.k, again.num_delivered) == ("ga", 1, 2)
-        await bus.publish(bus.subjects.rollouts, result(again.record, 2))
+        await bus.publish(bus.subjects.rollouts_of(), result(again.record, 2))
         await again.ack()
         # gb-0: dead-lettered without a result; gb-1: a bad request (failed result + dead letter)
         await got["gb", 0].dead_letter("unusable TaskRequest identity")
-        await bus.publish(bus.subjects.rollouts, result(got["gb", 1].record, 1, "harness_error"))
+        await bus.publish(
+            bus.subjects.rollouts_of(), result(got["gb", 1].record, 1, "harness_error")
+        )
         await got["gb", 1].dead_letter("task not found")
         # gc-0 running; gc-1 result stored, ack not yet sent
-        await bus.publish(bus.subjects.rollouts, result(got["gc", 1].record, 1))
-        await bus.publish(bus.subjects.tasks, task("gd", 0))  # gd-0 stays queued
+        await bus.publish(bus.subjects.rollouts_of(), result(got["gc", 1].record, 1))
+        await bus.publish(bus.subjects.tasks, task("gd", 0, key))  # gd-0 stays queued
         # the assembler settles every result, restarted in between (its counters reset)
         await assemble_for(bus, 1.5)
         await assemble_for(bus, 1.5)
@@ -195,7 +203,7 @@ async def test_audit_reads_the_results_its_follower_missed(nats_url: str, run_na
             await bus.publish(bus.subjects.tasks, t)
         actors = await bus.consumer("TASKS", "actors", TaskRequest, ack_wait=30)
         for d in await actors.fetch(4, timeout=5):
-            await bus.publish(bus.subjects.rollouts, result(d.record, 1))
+            await bus.publish(bus.subjects.rollouts_of(), result(d.record, 1))
             await d.ack()
         seen = {("ha", 0)}  # the follower read the first result only
         acc = await audit(bus, seen, lambda: 1, catch_up_s=0.2)

@@ -197,15 +197,17 @@ def test_run_with_credentials_tls_and_engine_key(tmp_path: Path) -> None:
     auth = out / "auth"
     assert auth.stat().st_mode & 0o077 == 0
     secrets = [(auth / "engine-api-key").read_text().strip()]
-    for cred in sorted((auth / "nats").glob("*.cred")):
+    creds = sorted((auth / "nats").glob("*.cred")) + sorted((auth / "nats").glob("actors/*"))
+    for cred in creds:
         assert cred.stat().st_mode & 0o777 == 0o600, cred
         secrets.append(cred.read_text().strip().split(":", 1)[1])
-    assert len(secrets) == 1 + len(ROLES) + 1  # the engine key, every role, the routes' own
+    # the engine key, every role, the routes' own, one per actor (the run has one actor)
+    assert len(secrets) == 1 + len(ROLES) + 1 + 1
     for secret in secrets:
         assert secret not in commands
         for resolved in (out / "resolved").glob("*.toml"):
             assert secret not in resolved.read_text(), resolved
-    for role in ("actor", "assembler", "learner", "weights_sync"):
+    for role in ("actors/actor-0", "assembler", "learner", "weights_sync"):
         assert f"auth/nats/{role}.cred" in commands
     for log in [*(out / "logs").glob("*.log"), out / "nats" / "nats-server.log"]:
         text = log.read_text().lower()
@@ -327,8 +329,10 @@ def test_plan_gives_each_role_its_own_credential_and_no_secret(tmp_path: Path) -
     nats = _argv_pairs(plan.nats_argv())
     assert nats["--runs"] == "p1" and nats["--auth-dir"] == str(auth)
     assert "--insecure" not in plan.nats_argv()
+    assert nats["--actors"] == str(plan.cfg.actors)  # one credential per actor
     for role, argv in [
-        ("actor", plan.actor_argv(0)),
+        ("actors/actor-0", plan.actor_argv(0)),
+        ("actors/actor-1", plan.actor_argv(1)),
         ("assembler", plan.assembler_argv()),
         ("learner", plan.learner_argv()),
         ("weights_sync", plan.weights_sync_argv("engine-0")),
@@ -355,4 +359,5 @@ def test_plan_gives_each_role_its_own_credential_and_no_secret(tmp_path: Path) -
     assert flags["--nats-creds"] == str(ext_auth / "assembler.cred")
     assert flags["--nats-ca"] == str(ext_auth / "tls" / "ca.pem")
     assert ext.nats_creds("admin") == str(ext_auth / "admin.cred")
+    assert _argv_pairs(ext.actor_argv(3))["--nats-creds"] == str(ext_auth / "actors/actor-3.cred")
     assert ext.specs()["nats"] == []

@@ -125,6 +125,30 @@ async def test_file_size_limit(backend: SandboxBackend):
         assert s.workspace_host.joinpath("big").stat().st_size <= 2**20
 
 
+QUOTA = 64 * 2**20
+
+
+async def test_disk_quota_stops_a_sandbox_within_a_second(backend: SandboxBackend):
+    """The total across the writable mounts is limited (``Limits.disk_bytes``): 40 MiB in the
+    workspace and 40 MiB in /tmp each fit, together they do not; the sandbox is stopped within
+    a second (not at the command's 60 s), the result says how much it held and is no death
+    from outside. /dev/shm and home count too; under the quota nothing happens."""
+    spec = SandboxSpec(limits=Limits(disk_bytes=QUOTA))
+    fill = "head -c 40000000 /dev/zero > {}; sync"
+    async with await backend.create(spec) as s:
+        r = await s.run(["sh", "-c", f"{fill.format('w1')}; sleep 0.2"], timeout=30)
+        assert r.ok and not r.disk_exceeded, r
+        t0 = asyncio.get_running_loop().time()
+        r = await s.run(["sh", "-c", f"{fill.format('/tmp/t1')}; sleep 60"], timeout=90)
+        took = asyncio.get_running_loop().time() - t0
+        assert r.disk_exceeded > QUOTA and not r.killed and not r.timed_out, r
+        assert r.returncode != 0 and took < 10, (took, r)
+    for where in ("/dev/shm/x", "~/x"):  # a fresh sandbox: these count as well
+        async with await backend.create(spec) as s:
+            r = await s.run(["sh", "-c", f"{fill.format('w1')}; {fill.format(where)}"], timeout=30)
+            assert r.disk_exceeded > QUOTA, (where, r)
+
+
 PROXY_PROBE = """
 import os, socket, sys
 out = [os.environ.get("HRL_PROXY_URL", "-")]

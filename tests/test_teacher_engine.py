@@ -137,12 +137,16 @@ def test_teacher_engine_process_with_harnessrl_rollout(tmp_path: Path) -> None:
         pytest.skip("bubblewrap not installed")
     from harnessrl.proxy.engine_cmd import spawn_engine
 
-    eng, url = spawn_engine(["--kind", "teacher", "--port", "0", "--suites", "toy"])
+    key = tmp_path / "engine-api-key"  # made by the engine, read by the rollout
+    eng, url = spawn_engine(
+        ["--kind", "teacher", "--port", "0", "--suites", "toy", "--api-key-file", str(key)]
+    )
     try:
         assert url, "teacher engine did not start"
         out = subprocess.run(
             [sys.executable, "-m", "harnessrl.common.cli", "rollout", "--suite", "toy", "--task"]
             + ["reverse_lines_02", "--engine", url, "--model", "tiny-1m", "--json"]
+            + ["--engine-api-key-file", str(key)]
             + ["--sandbox-root", str(tmp_path / "sandboxes")],
             capture_output=True,
             text=True,
@@ -170,13 +174,14 @@ def test_teacher_kind_ready_line_and_sigterm() -> None:
 
     proc, url = spawn_engine(
         ["--kind", "teacher", "--suites", "toy", "--suites", "toy-eval", "--model", "tiny-1m"]
-        + ["--host", "127.0.0.1", "--port", "0"]
+        + ["--host", "127.0.0.1", "--port", "0", "--insecure"]
     )
     try:
         with urllib.request.urlopen(url + "/health", timeout=10) as r:
             assert r.status == 200
         assert url.startswith("http://127.0.0.1:")
-        assert "suites toy, toy-eval" in proc.output_lines[0]
+        ready = [ln for ln in proc.output_lines if ln.startswith("engine ready")]
+        assert "suites toy, toy-eval" in ready[0]
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0

@@ -1,5 +1,6 @@
 """The host's view of a docker sandbox's container (``harnessrl.actors.sandbox.docker``): its processes
-in ``/proc``, its cgroup, its forwarder's listening socket, and the exec output stream."""
+in ``/proc``, its cgroup, its forwarder's listening socket, the exec output stream, and the
+files and exit statuses of its commands."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ import contextlib
 import os
 import signal
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from harnessrl.actors.sandbox.base import SandboxSpec
 
 
 def _boot_id() -> str:
@@ -145,3 +150,25 @@ async def _feed(stream, data: bytes) -> None:
         transport = resp.connection.transport if resp is not None and resp.connection else None
         if transport is not None and transport.can_write_eof():
             transport.write_eof()
+
+
+def _etc_files(spec: SandboxSpec, uid: int, proxy_uid: int) -> dict[str, str]:
+    return {
+        "passwd": "root:x:0:0:root:/root:/bin/bash\n"
+        f"hrl:x:{uid}:{uid}:harnessrl sandbox:{spec.home}:/bin/bash\n"
+        f"hrl-proxy:x:{proxy_uid}:{proxy_uid}:harnessrl proxy:/nonexistent:/usr/sbin/nologin\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+        "group": f"root:x:0:\nhrl:x:{uid}:\nhrl-proxy:x:{proxy_uid}:\nnogroup:x:65534:\n",
+    }
+
+
+def _exec_failure(message: bytes) -> int | None:
+    """Exit status for a command docker could not start (127 not found, 126 not executable);
+    None when the sandbox itself is at fault (bad cwd, no pids left, …)."""
+    if b"chdir to cwd" in message:
+        return None
+    if b"executable file not found" in message or b"no such file or directory" in message:
+        return 127
+    if b"permission denied" in message:
+        return 126
+    return None

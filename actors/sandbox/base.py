@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import os
 import posixpath
@@ -32,8 +33,10 @@ import re
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
+from harnessrl.actors.sandbox.quota import DiskWatch
+from harnessrl.common.procs import kill_tree
 from harnessrl.common.tasks.model import TaskEnv
 
 KiB = 1024
@@ -77,6 +80,9 @@ class ExecResult:
     """CPU seconds (user + system) of the command and of the processes it waited for, as its
     launcher inside the sandbox measured them (bwrap runs with a proxy); None: not measured.
     Independent of how busy the machine is, unlike ``duration_s``."""
+    disk_exceeded: int = 0
+    """Bytes the sandbox held when it went over ``Limits.disk_bytes`` and was stopped (the
+    command killed with it); 0: it did not."""
 
     @property
     def ok(self) -> bool:
@@ -158,7 +164,18 @@ class Limits:
     max_processes: int | None = 1024
     """Processes + threads (RLIMIT_NPROC, or pids limit for Docker)."""
     max_file_size: int | None = 4 * GiB
-    """Largest file a process may write (RLIMIT_FSIZE; SIGXFSZ beyond)."""
+    """Largest file a process may write (RLIMIT_FSIZE; SIGXFSZ beyond); at most
+    ``disk_bytes`` when that is set."""
+    disk_bytes: int | None = None
+    """Bytes the sandbox may hold across all its writable mounts (workspace, home, ``/tmp``,
+    ``/dev/shm``); beyond, it is stopped (`ExecResult.disk_exceeded`; see ``quota.py``).
+    None: no limit."""
+
+    def file_size_limit(self) -> int | None:
+        """RLIMIT_FSIZE to set: ``max_file_size``, no more than ``disk_bytes``."""
+        sizes = [v for v in (self.max_file_size, self.disk_bytes) if v is not None]
+        return min(sizes) if sizes else None
+
     max_open_files: int | None = None
     """RLIMIT_NOFILE."""
     wall_clock_s: float = 3600.0
@@ -352,6 +369,49 @@ class SandboxBase:
     def _check_alive(self) -> None:
         if self._destroyed:
             raise SandboxError("sandbox destroyed")
+
+    # -- the disk quota (``quota.py``): a backend gives its writable host folders and a way
+    # -- to stop everything, and runs each command inside ``self._disk_watched()``
+
+    _disk: DiskWatch | None = None
+
+    def disk_paths(self) -> list[Path]:
+        """Host folders of the sandbox's writable mounts (the disk quota's)."""
+        return [self.workspace_host]
+
+    def disk_extra(self) -> int:
+        """Bytes the sandbox holds outside `disk_paths` (docker: its ``/tmp`` tmpfs)."""
+        return 0
+
+    def _over_quota(self) -> None:
+        """Stop every process of the sandbox (it went over its disk quota): by default the
+        process tree of each command running (``_procs``: bwrap's, whose pid namespace then
+        takes the rest)."""
+        for proc in list(getattr(self, "_procs", ())):
+            kill_tree(proc.pid)
+
+    def _disk_watched(self) -> Any:
+        """Context of one command: the disk quota's watchdog runs while it does."""
+        limit = self.spec.limits.disk_bytes
+        if limit is None:
+            return contextlib.nullcontext()
+        if self._disk is None:
+            self._disk = DiskWatch(
+                self.disk_paths(), limit, self._over_quota, extra=self.disk_extra
+            )
+        return self._disk.watching()
+
+    def _quota_checked(self, res: ExecResult) -> ExecResult:
+        """``res`` of a command the quota may have stopped: then it says so, and the stop is
+        the sandbox's own doing, not a death from outside."""
+        if self._disk is not None and self._disk.exceeded:
+            return dataclasses.replace(res, disk_exceeded=self._disk.exceeded, killed="")
+        return res
+
+    @property
+    def disk_watch(self) -> DiskWatch | None:
+        """The quota's watchdog (None until a command ran with a quota)."""
+        return self._disk
 
     async def read_file(self, path: str, *, max_bytes: int = MAX_READ_BYTES) -> bytes:
         """See `Sandbox.read_file` (``max_bytes``: larger files raise `SandboxError`)."""

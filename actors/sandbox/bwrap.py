@@ -11,8 +11,8 @@ Design (the simplest one that is correct):
 * **What is visible inside:** read-only ``/usr`` (+ the ``/bin``, ``/lib*`` links), a curated
   read-only ``/etc`` (an allowlist copied once per host into a cache: no shadow, sudoers, ssh
   keys…; passwd/group/hosts/hostname are per sandbox, under ``/run/hrl/etc``), a fresh
-  ``/proc`` and ``/dev`` (``/dev/shm`` writable, in memory, per command), the sandbox's own
-  ``/tmp`` and ``$HOME``, the workspace (read-write) at ``spec.workdir``, and
+  ``/proc`` and ``/dev``, the sandbox's own ``/tmp``, ``/dev/shm`` and ``$HOME`` (folders of
+  its state), the workspace (read-write) at ``spec.workdir``, and
   ``spec.ro_binds``. The root is a read-only tmpfs: nothing else exists, in particular not
   the host's ``/root``, ``/home``, ``/tmp`` or the state dir's other files.
 * **Namespaces:** pid, net (loopback only), ipc, uts (hostname), cgroup; ``--die-with-parent``
@@ -27,7 +27,8 @@ Design (the simplest one that is correct):
   are nobody else's. As non-root, bwrap uses a user namespace (uid 1000 inside, mapped to the
   actor's uid); RLIMIT_NPROC is then counted per user namespace, i.e. per `run`.
 * **Limits:** ``prlimit`` sets RLIMIT_NPROC / DATA / FSIZE / NOFILE / CORE=0 inside, after the
-  uid drop (the compiled forwarder sets them itself where it runs: one exec less); the wall clock: ``killpg`` of bwrap's session from here, the pid namespace the rest.
+  uid drop (the compiled forwarder sets them itself: one exec less); the wall clock: ``killpg``
+  of bwrap's session, the pid namespace the rest; disk (workspace, home, tmp, shm): ``quota.py``.
 * **Task environment:** a spec's ``environment`` is built once per content into
   ``<env_cache_dir>/bwrap-<name>-<hash>/env`` (a venv over the host's ``python3``, made
   inside a bwrap with the folder bound where sandboxes see it; see ``envs.py``), bound
@@ -496,7 +497,8 @@ class BwrapBackend:
                 uid_fd, uid = self._alloc_uid()
             _write_lock_info(lock_fd, "(blank)", sid, uid, self.mode)
             owner = (uid, uid) if self.mode == "root" else None
-            for sub, mode in (("workspace", 0o755), ("home", 0o700), ("tmp", 0o1777)):
+            subs = (("workspace", 0o755), ("home", 0o700), ("tmp", 0o1777), ("shm", 0o1777))
+            for sub, mode in subs:
                 d = tmp_dir / sub
                 d.mkdir()
                 os.chmod(d, mode)
@@ -672,7 +674,8 @@ class BwrapBackend:
         """The bwrap options shared by every command of one sandbox (``env_dir``: the task
         environment's host folder, bound at ``/opt/hrl/env``)."""
         args = [self._bwrap, *self._ns_args(), "--hostname", spec.hostname]
-        args += self._system_binds() + ["--chmod", "1777", "/dev/shm"] + self._etc_binds(state)
+        args += [*self._system_binds(), "--bind", str(state / "shm"), "/dev/shm"]
+        args += self._etc_binds(state)
         binds = [
             ("--bind", state / "tmp", "/tmp"),
             ("--bind", state / "home", spec.home),
@@ -710,7 +713,7 @@ class BwrapBackend:
             chain += ["--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--"]
         lim = spec.limits
         rl = [("nproc", lim.max_processes), ("data", lim.memory_bytes)]
-        rl += [("fsize", lim.max_file_size), ("nofile", lim.max_open_files), ("core", 0)]
+        rl += [("fsize", lim.file_size_limit()), ("nofile", lim.max_open_files), ("core", 0)]
         rl = [(k, v) for k, v in rl if v is not None]
         forwarder = spec.proxy_socket is not None and proxy
         if forwarder and self._forwarder_bin is not None:  # it sets the limits itself
@@ -794,10 +797,15 @@ class BwrapSandbox(SandboxBase):
             finally:
                 if status_w is not None:
                     os.close(status_w)
-            return await self._supervise(proc, stdin, limit, t0, status_r)
+            async with self._disk_watched():  # (its end looks once more: then check)
+                res = await self._supervise(proc, stdin, limit, t0, status_r)
+            return self._quota_checked(res)
         finally:
             if status_r is not None:
                 os.close(status_r)
+
+    def disk_paths(self) -> list[Path]:
+        return [self.state_dir / d for d in ("workspace", "home", "tmp", "shm")]
 
     def _per_run_args(self, cwd: str | None, proxy: bool = True) -> list[str]:
         args = ["--chdir", cwd or self.workdir]

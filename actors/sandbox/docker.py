@@ -85,6 +85,8 @@ from harnessrl.actors.sandbox._docker_host import (
     _boot_id,
     _cgroup_procs,
     _dying,
+    _etc_files,
+    _exec_failure,
     _feed,
     _forwarder_pid,
     _kill_uid_round,
@@ -105,6 +107,7 @@ from harnessrl.actors.sandbox.base import (
 from harnessrl.actors.sandbox.docker_image import DEFAULT_IMAGE, ensure_env_image
 from harnessrl.actors.sandbox.envs import EnvBuilds, content_key, with_env_path
 from harnessrl.actors.sandbox.envs import env_cache_dir as default_env_cache
+from harnessrl.actors.sandbox.quota import tmpfs_used
 from harnessrl.common.tasks.model import TaskEnv
 
 DEFAULT_ROOT = Path(tempfile.gettempdir()) / "harnessrl-docker-sandboxes"
@@ -133,28 +136,6 @@ def _shape(spec: SandboxSpec, image: str | None) -> tuple:
         spec.proxy_socket is not None,
         spec.proxy_port,
     )
-
-
-def _etc_files(spec: SandboxSpec, uid: int, proxy_uid: int) -> dict[str, str]:
-    return {
-        "passwd": "root:x:0:0:root:/root:/bin/bash\n"
-        f"hrl:x:{uid}:{uid}:harnessrl sandbox:{spec.home}:/bin/bash\n"
-        f"hrl-proxy:x:{proxy_uid}:{proxy_uid}:harnessrl proxy:/nonexistent:/usr/sbin/nologin\n"
-        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
-        "group": f"root:x:0:\nhrl:x:{uid}:\nhrl-proxy:x:{proxy_uid}:\nnogroup:x:65534:\n",
-    }
-
-
-def _exec_failure(message: bytes) -> int | None:
-    """Exit status for a command docker could not start (127 not found, 126 not executable);
-    None when the sandbox itself is at fault (bad cwd, no pids left, …)."""
-    if b"chdir to cwd" in message:
-        return None
-    if b"executable file not found" in message or b"no such file or directory" in message:
-        return 127
-    if b"permission denied" in message:
-        return 126
-    return None
 
 
 class DockerBackend:
@@ -488,9 +469,10 @@ class DockerBackend:
                 mounts.append((spec.proxy_socket, sock_inside, True))
             cmd = ["python3", "-I", "-S", "-B", FORWARDER_INSIDE, str(spec.proxy_port)]
             cmd += [sock_inside, "--", "sleep", "infinity"]
-        ulimits = [("core", 0), ("fsize", lim.max_file_size), ("nofile", lim.max_open_files)]
+        ulimits = [("core", 0), ("fsize", lim.file_size_limit()), ("nofile", lim.max_open_files)]
         tmp_opts = "rw,exec,nosuid,nodev,mode=1777"
-        if tmp_size := self.tmp_bytes or lim.memory_bytes:
+        sizes = [v for v in (self.tmp_bytes or lim.memory_bytes, lim.disk_bytes) if v]
+        if tmp_size := min(sizes, default=0):  # the disk quota bounds /tmp too
             tmp_opts += f",size={tmp_size}"
         host = {
             "NetworkMode": "none",
@@ -732,7 +714,9 @@ class DockerSandbox(SandboxBase):
             t0 = time.monotonic()
             try:
                 await self._proxy_listening(proxy)
-                return await self._run_locked(argv, env, cwd, limit, stdin, t0, proxy)
+                async with self._disk_watched():
+                    res = await self._run_locked(argv, env, cwd, limit, stdin, t0, proxy)
+                return self._quota_checked(res)
             finally:
                 await self._kill_user_procs()
 
@@ -775,6 +759,16 @@ class DockerSandbox(SandboxBase):
                 return ExecResult(-signal.SIGKILL, b"", b"", False, time.monotonic() - t0)
             raise self._failure(f"docker exec: {e}") from e
         return self._result(info, out, err, timed_out, t0, ooms)
+
+    def disk_paths(self) -> list[Path]:
+        return [self.workspace_host, self.state_dir / "home"]
+
+    def disk_extra(self) -> int:  # its tmpfs /tmp and /dev/shm, seen through its init
+        root = f"/proc/{self._init_pid}/root"
+        return tmpfs_used(f"{root}/tmp") + tmpfs_used(f"{root}/dev/shm") if self._init_pid else 0
+
+    def _over_quota(self) -> None:
+        self._quota_kill = asyncio.ensure_future(self._kill_user_procs())
 
     async def _wait_exit(self, ex, pump: asyncio.Future, deadline: float) -> bool:
         """Wait until the exec's process exited (its output ended and docker says so);

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harnessrl.common.bus import TASK_STALL_ALERT_S
 from harnessrl.common.layout import (
     RUN_SOURCE,
     MetricsLine,
@@ -206,6 +207,11 @@ class RunStatus:
     """Actor failures by reason."""
     dropped: dict[str, float] = field(default_factory=dict)
     """Learner drops by reason (stale, low reward, small group...)."""
+    task_stall_s: float = 0.0
+    """Seconds the task consumer has delivered nothing while tasks waited and actors asked
+    (the learner's ``hrl_task_queue_stalled_seconds``; 0: it delivers)."""
+    tasks_waiting: int = 0
+    """Tasks stored and not with any actor (the learner's ``hrl_task_queue_waiting``)."""
     queues: dict[str, int | None] = field(default_factory=dict)
     """Messages waiting: ``tasks`` (TASKS stream), ``samples`` (SAMPLES stream), ``results``
     (the assembler's pending RolloutResults); None: the last query failed (unknown)."""
@@ -600,6 +606,8 @@ class Monitor:
             ),
             failures=by_label(actors, "hrl_actor_failures_total", "reason"),
             dropped=by_label(learner, "hrl_learner_dropped_total", "reason"),
+            task_stall_s=total(learner, "hrl_task_queue_stalled_seconds"),
+            tasks_waiting=int(total(learner, "hrl_task_queue_waiting")),
             queues=dict(self.queues),
             unread=dict(self.unread),
             reward_train=dict(self.reward_train),
@@ -655,14 +663,25 @@ def _r(x: float | None) -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
 
 
+def stall(st: RunStatus) -> str:
+    """What the views say about a stalled task queue ("" when it is not)."""
+    if st.task_stall_s < TASK_STALL_ALERT_S:
+        return ""
+    return (
+        f"TASK QUEUE STALLED {st.task_stall_s:.0f}s: {st.tasks_waiting} tasks wait, the task "
+        "consumer delivers none (see the learner's log)"
+    )
+
+
 def status_line(st: RunStatus) -> str:
     """One plain line (logs, non-TTY)."""
     engines = " ".join(f"{n}@v{v}" for n, v in sorted(st.engine_versions.items())) or "-"
     train = st.reward_train.get(st.version)
     q = _queues(st, " ")
     unread = f" | UNREAD {', '.join(sorted(st.unread))}" if st.unread else ""
+    stalled = f"{stall(st)} | " if stall(st) else ""
     return (
-        f"[{_clock(st.elapsed_s)}] v{st.version}/{st.steps} | engines {engines} | reward train "
+        f"[{_clock(st.elapsed_s)}] {stalled}v{st.version}/{st.steps} | engines {engines} | reward train "
         f"{_r(train)} eval {_r(st.latest_reward('eval'))} | {st.rollouts_per_s:.2f} rollouts/s "
         f"{st.gen_tokens_per_s:.0f} tok/s | trained {st.samples_trained} | idle "
         f"{100 * st.learner_idle:.0f}% | stale {st.staleness_mean:.1f} | queues {q or '-'} | "
@@ -733,6 +752,8 @@ def render(st: RunStatus) -> Any:
     head.add_row(
         "queues", _queues(st, " · ") + f" · rollouts issued {st.issued}, running {st.in_flight}"
     )
+    if stall(st):
+        head.add_row("stalled", Text(stall(st), style="bold red"))
     if st.unread:
         unread = "; ".join(f"{k}: {v}" for k, v in sorted(st.unread.items()))
         head.add_row("unread", Text(f"{unread} (? = unknown)", style="red"))

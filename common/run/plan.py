@@ -231,9 +231,14 @@ class Plan:
         return Path(self.cfg.nats_auth_dir).resolve() if self.cfg.nats_auth_dir else None
 
     def nats_creds(self, role: str) -> str:
-        """Credential file of ``role`` ("" without credentials)."""
+        """Credential file of ``role``, or of actor ``actor-<i>`` (each actor has its own:
+        ``actors/actor-<i>.cred``); "" without credentials."""
         d = self.nats_auth_dir
-        return str(d / f"{role}.cred") if d is not None else ""
+        if d is None:
+            return ""
+        if role.startswith("actor-"):
+            return str(d / "actors" / f"{role}.cred")
+        return str(d / f"{role}.cred")
 
     @property
     def nats_ca(self) -> str:
@@ -289,7 +294,7 @@ class Plan:
             str(self.paths.config),
             "--nats",
             self.nats_url,
-            *self.nats_flags(_role(name)),
+            *self.nats_flags(name if name.startswith("actor-") else _role(name)),
             "--run",
             self.cfg.name,
             "--metrics-port",
@@ -312,7 +317,7 @@ class Plan:
         ]
         if self.cfg.nats_insecure:
             return [*argv, "--insecure"]
-        argv += ["--auth-dir", str(self.paths.nats_auth)]
+        argv += ["--auth-dir", str(self.paths.nats_auth), "--actors", str(self.cfg.actors)]
         return argv if self.cfg.nats_tls else [*argv, "--no-tls"]
 
     def engine_argv(self, name: str, restart: bool = False) -> list[str]:

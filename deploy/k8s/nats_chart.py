@@ -1,7 +1,8 @@
 """The NATS cluster of a Kubernetes fleet, run by the official NATS Helm chart (``nats/nats``).
 
-    python deploy/k8s/nats_chart.py auth OUT [--runs RUN ...] [--tls-hosts NAME ...]
-    python deploy/k8s/nats_chart.py helm-values [--runs RUN ...] > deploy/k8s/nats-values.yaml
+    python deploy/k8s/nats_chart.py auth OUT [--runs RUN ...] [--actors N] [--tls-hosts NAME ...]
+    python deploy/k8s/nats_chart.py helm-values [--runs RUN ...] [--actors N] \
+        > deploy/k8s/nats-values.yaml
     python deploy/k8s/nats_chart.py streams --nats URL[,URL...] --creds ADMIN.cred --ca CA.pem
                                     [--runs RUN ...] [--replicas 3] [--wait 120]
 
@@ -10,12 +11,14 @@ On machines of its own a cluster is three ``harnessrl nats --cluster-name ...`` 
 ``harnessrl nats`` would have:
 
 * ``auth``: the auth folder ``harnessrl nats`` makes (``harnessrl.common.natsauth.prepare_server_auth``:
-  one credential per role, the CA, a server certificate for the pods' names), whose files go
-  into the Secrets the chart and the pods mount (deploy/k8s/README.md);
+  one credential per role, one per actor (``actors/actor-<i>.cred``, ``--actors``: as many as
+  the actors' ScaledObject may run), the CA, a server certificate for the pods' names), whose
+  files go into the Secrets the chart and the pods mount (deploy/k8s/README.md);
 * ``helm-values``: the chart's values, a ``replicas``-node cluster with JetStream on file
   storage, TLS for clients and for the routes (verified both ways with the same CA), and the
-  role users of ``harnessrl.common.natsauth`` with their permissions, passwords read from the Secret
-  ``hrl-nats-users`` (generated: ``tests/test_deploy.py`` checks the committed file is fresh);
+  role users of ``harnessrl.common.natsauth`` with their permissions, ``actor-0`` ...
+  ``actor-<N-1>`` included, passwords read from the Secret ``hrl-nats-users`` (generated:
+  ``tests/test_deploy.py`` checks the committed file is fresh);
 * ``streams``: the runs' streams with ``--replicas`` copies, created as the admin role exactly
   as ``harnessrl nats --stream-replicas`` and ``harnessrl run`` create them (``harnessrl.common.bus``;
   waits for the cluster to place them).
@@ -28,30 +31,39 @@ import asyncio
 import sys
 from pathlib import Path
 
-from harnessrl.common.natsauth import ROLES, prepare_server_auth, role_permissions
+from harnessrl.common.natsauth import ACTOR_PREFIX, ROLES, prepare_server_auth, role_permissions
 
 MAX_PAYLOAD = 8 * 1024 * 1024
 """As ``harnessrl nats`` (``max_payload_mb`` 8): weight chunks and split samples fit below it."""
 TLS_SECRET = "hrl-nats-tls"
 """Secret with the nodes' certificate (``tls.crt``, ``tls.key``, ``ca.crt``)."""
 USERS_SECRET = "hrl-nats-users"
-"""Secret with one key per role: its password."""
+"""Secret with one key per role and per actor (``actor-<i>``): its password."""
+ACTORS = 64
+"""Actor users in the committed values: the actors' ScaledObject's ``maxReplicaCount``."""
 
 
 def password_env(role: str) -> str:
     """Environment variable holding ``role``'s password in the NATS pods (from a Secret)."""
-    return f"HRL_NATS_{role.upper()}_PASSWORD"
+    return f"HRL_NATS_{role.upper().replace('-', '_')}_PASSWORD"
 
 
-def helm_values(runs: list[str], *, replicas: int = 3, storage: str = "20Gi") -> dict:
-    """Values of the official ``nats/nats`` chart (v1.x) for ``runs``."""
+def users_of(actors: int) -> list[str]:
+    """Every user of the chart: the roles, then ``actor-0`` ... ``actor-<actors-1>``."""
+    return [*ROLES, *(f"{ACTOR_PREFIX}{i}" for i in range(actors))]
+
+
+def helm_values(
+    runs: list[str], *, actors: int = ACTORS, replicas: int = 3, storage: str = "20Gi"
+) -> dict:
+    """Values of the official ``nats/nats`` chart (v1.x) for ``runs`` and ``actors`` actors."""
     users = [
         {
             "user": role,
             "password": f"<< ${password_env(role)} >>",
             "permissions": role_permissions(role, runs),
         }
-        for role in ROLES
+        for role in users_of(actors)
     ]
     secret = {"enabled": True, "secretName": TLS_SECRET}
     return {
@@ -71,7 +83,7 @@ def helm_values(runs: list[str], *, replicas: int = 3, storage: str = "20Gi") ->
                 password_env(role): {
                     "valueFrom": {"secretKeyRef": {"name": USERS_SECRET, "key": role}}
                 }
-                for role in ROLES
+                for role in users_of(actors)
             }
         },
         "podTemplate": {
@@ -84,12 +96,14 @@ def helm_values(runs: list[str], *, replicas: int = 3, storage: str = "20Gi") ->
 
 HELM_HEADER = """\
 # Values of the official NATS Helm chart for a harnessrl fleet (3 nodes, JetStream R3 on file
-# storage, TLS for clients and routes, one user per role with least-privilege permissions):
+# storage, TLS for clients and routes, one user per role and per actor with least-privilege
+# permissions):
 #   helm repo add nats https://nats-io.github.io/k8s/helm/charts/
 #   helm install nats nats/nats -n harnessrl -f deploy/k8s/nats-values.yaml
-# Generated by `python deploy/k8s/nats_chart.py helm-values --runs RUN` from harnessrl.common.natsauth's
-# permission table (tests/test_deploy.py checks it is up to date); regenerate for other runs.
-# Needs the Secrets hrl-nats-users (one key per role: its password) and hrl-nats-tls
+# Generated by `python deploy/k8s/nats_chart.py helm-values --runs RUN --actors N` from
+# harnessrl.common.natsauth's permission table (tests/test_deploy.py checks it is up to date);
+# regenerate for other runs or more actors.
+# Needs the Secrets hrl-nats-users (one key per role and per actor: its password) and hrl-nats-tls
 # (tls.crt, tls.key, ca.crt): see deploy/k8s/README.md.
 """
 
@@ -121,10 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     a = sub.add_parser("auth", help="make the auth folder (credentials, CA, certificate) in OUT")
     a.add_argument("out", type=Path, help="auth folder (made or reused: existing files are kept)")
     a.add_argument("--runs", nargs="+", default=["default"], help="runs the users may use")
+    a.add_argument("--actors", type=int, default=ACTORS, help="per-actor credentials to make")
     a.add_argument("--tls-hosts", nargs="*", default=[],
                    help="names the certificate covers: the Service and the pods (see README)")  # fmt: skip
     h = sub.add_parser("helm-values", help="print the official NATS chart's values (YAML)")
     h.add_argument("--runs", nargs="+", default=["default"], help="runs the users may use")
+    h.add_argument("--actors", type=int, default=ACTORS, help="actor users (actor-0 ...)")
     s = sub.add_parser("streams", help="create the runs' streams with N replicas (as admin)")
     s.add_argument("--nats", required=True, help="URL of the nodes (comma-separated list)")
     s.add_argument("--creds", required=True, help="the admin credential file")
@@ -137,16 +153,22 @@ def main(argv: list[str] | None = None) -> int:
         from harnessrl.common.natsauth import AuthError
 
         try:
-            sa = prepare_server_auth(args.out, args.runs, host="", tls_hosts=args.tls_hosts)
+            sa = prepare_server_auth(
+                args.out, args.runs, host="", tls_hosts=args.tls_hosts, actors=args.actors
+            )
         except (AuthError, OSError) as e:
             print(f"nats_chart.py auth: {e}", file=sys.stderr)
             return 1
-        print(f"credentials {sa.auth_dir}/ROLE.cred, CA {sa.ca}, certificate {sa.tls_cert}")
+        print(
+            f"credentials {sa.auth_dir}/ROLE.cred and {len(sa.actors)} in {sa.auth_dir}/actors, "
+            f"CA {sa.ca}, certificate {sa.tls_cert}"
+        )
         return 0
     if args.action == "helm-values":
         import yaml
 
-        sys.stdout.write(HELM_HEADER + yaml.safe_dump(helm_values(args.runs), sort_keys=False))
+        values = helm_values(args.runs, actors=args.actors)
+        sys.stdout.write(HELM_HEADER + yaml.safe_dump(values, sort_keys=False))
         return 0
     from harnessrl.common.bus import BusError
     from harnessrl.common.natsauth import AuthError

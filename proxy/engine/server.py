@@ -17,7 +17,7 @@ from aiohttp import web
 
 from harnessrl.common import metrics as m
 from harnessrl.proxy.config import EngineConfig
-from harnessrl.proxy.engine.auth import api_key_middleware, load_api_key
+from harnessrl.proxy.engine.auth import api_key_middleware, key_note, load_api_key, serving_key
 from harnessrl.proxy.engine.requests import (
     BadRequest,
     EngineStopped,
@@ -116,9 +116,12 @@ class EngineServer:
     supervisors can watch a slow start.
     """
 
-    def __init__(self, cfg: EngineConfig):
+    def __init__(self, cfg: EngineConfig, api_key: str | None = None):
         self.cfg = cfg
-        self.api_key = load_api_key(cfg.api_key, cfg.api_key_file)
+        self.api_key = load_api_key(cfg.api_key, cfg.api_key_file) if api_key is None else api_key
+        """Every request but ``/health*`` and ``/metrics`` must carry it ("": none). In
+        process it is the config's key, if any; ``harnessrl engine`` (`serve`) passes the key
+        it is closed with by default (``harnessrl.proxy.engine.auth.serving_key``)."""
         self.engine = Engine(cfg)
         self.ready = False
         self.url = ""
@@ -430,7 +433,8 @@ async def serve(cfg: EngineConfig, stop: asyncio.Event | None = None) -> int:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     try:
-        srv = EngineServer(cfg)
+        key, where = serving_key(cfg.api_key, cfg.api_key_file, cfg.insecure)
+        srv = EngineServer(cfg, api_key=key)
         await srv.start()
     except (ValueError, OSError) as e:
         print(f"harnessrl engine: {e}", file=sys.stderr, flush=True)
@@ -438,8 +442,7 @@ async def serve(cfg: EngineConfig, stop: asyncio.Event | None = None) -> int:
     try:
         print(
             f"engine ready: {srv.url} (model {srv.engine.folder}, "
-            f"weight_version {srv.engine.version}"
-            f"{', API key required' if srv.api_key else ''})",
+            f"weight_version {srv.engine.version}, {key_note(where)})",
             flush=True,
         )
         await stop.wait()

@@ -44,7 +44,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
-from harnessrl.proxy.engine.auth import load_api_key
+from harnessrl.proxy.engine.auth import key_note, serving_key
 
 if TYPE_CHECKING:
     from harnessrl.proxy.config import EngineConfig
@@ -262,7 +262,7 @@ async def serve_teacher(cfg: EngineConfig, stop: asyncio.Event | None = None) ->
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     try:
-        key = load_api_key(cfg.api_key, cfg.api_key_file)
+        key, where = serving_key(cfg.api_key, cfg.api_key_file, cfg.insecure)
         eng = make_teacher_engine(
             cfg.suites,
             cfg.model,
@@ -281,7 +281,7 @@ async def serve_teacher(cfg: EngineConfig, stop: asyncio.Event | None = None) ->
         print(
             f"engine ready: {eng.url} (teacher, tokenizer {cfg.model}, "
             f"suites {', '.join(cfg.suites)}, style {cfg.teacher_style}, "
-            f"weight_version {eng.weight_version})",
+            f"weight_version {eng.weight_version}, {key_note(where)})",
             flush=True,
         )
         await stop.wait()
