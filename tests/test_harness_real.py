@@ -279,7 +279,7 @@ async def serve_unix(app: web.Application, sock: Path) -> web.AppRunner:
 async def run_in_sandbox(name: str, cache: Path, fake: Recorder, tmp_path: Path):
     """prepare → bwrap sandbox bound to the fake's socket → launch; returns (ExecResult, ws)."""
     from harnessrl.actors.sandbox.base import SandboxSpec
-    from tests.conftest import bwrap_or_skip
+    from tests.helpers.sandboxes import bwrap_or_skip
 
     backend = await bwrap_or_skip(tmp_path / "sandboxes")
     ctx = HarnessContext(

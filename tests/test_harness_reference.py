@@ -369,7 +369,7 @@ async def fake_unix(tmp_path: Path):
 async def test_reference_adapter_in_bwrap_sandbox(fake_unix, tmp_path: Path):
     """The reference LaunchSpec runs in a real sandbox and talks to the proxy's socket."""
     from harnessrl.actors.sandbox.base import SandboxSpec
-    from tests.conftest import bwrap_or_skip
+    from tests.helpers.sandboxes import bwrap_or_skip
 
     chat, sock = fake_unix
     backend = await bwrap_or_skip(tmp_path / "sandboxes")

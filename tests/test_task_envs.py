@@ -42,7 +42,7 @@ from harnessrl.common.tasks.environments import (
 )
 from harnessrl.common.tasks.formats import NativeToml
 from harnessrl.common.tasks.registry import SuiteToml, list_tasks, load_task
-from tests.conftest import bwrap_or_skip
+from tests.helpers.sandboxes import bwrap_or_skip
 from tests.treefiles import write
 
 REPO = Path(__file__).resolve().parents[1]
