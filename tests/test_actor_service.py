@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -19,12 +18,14 @@ import pytest
 from harnessrl.actors.config import ActorConfig
 from harnessrl.actors.rollout import SOCKET_ROOT, RolloutDeps
 from harnessrl.actors.service import DURABLE, ActorService
-from harnessrl.common import cli, metrics
+from harnessrl.common import metrics
 from harnessrl.common.bus import Bus, connect
 from harnessrl.common.config import undocumented_fields
 from harnessrl.common.records import DeadLetter, RolloutResult, TaskRequest
 from harnessrl.proxy.scripted import Reply, ScriptedEngine
-from tests.test_rollout import SOLVE, TOK, request, toy_solver
+from tests.helpers.actor import actor_argv, actor_process
+from tests.helpers.rollout import SOLVE, TOK, request, toy_solver
+from tests.helpers.wait import until
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -119,60 +120,6 @@ async def test_service_end_to_end(bus: Bus, nats_url, run_name, sandbox_root: Pa
 # as a process
 
 
-def actor_argv(nats_url: str, run: str, engine: str, root: Path, *extra: str) -> list[str]:
-    entry = (
-        ["-m", "harnessrl.common.cli", "actor"]
-        if cli.COMMANDS["actor"].module
-        else ["-m", "harnessrl.actors.actor_cmd"]
-    )
-    return [
-        sys.executable,
-        *entry,
-        "--nats",
-        nats_url,
-        "--run",
-        run,
-        "--engine",
-        engine,
-        "--model",
-        "tiny-1m",
-        "--sandbox-root",
-        str(root),
-        "--no-install-harnesses",
-        "--metrics-port",
-        "-1",
-        "--concurrency",
-        "1",
-        "--ack-wait-s",
-        "3",
-        *extra,
-    ]
-
-
-@contextlib.asynccontextmanager
-async def actor_process(argv: list[str], log: Path):
-    """The actor as a child process; yields it once it printed ``actor ready``."""
-    with open(log, "wb") as err:
-        proc = await asyncio.create_subprocess_exec(
-            *argv, cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=err
-        )
-    try:
-        line = await asyncio.wait_for(proc.stdout.readline(), 60)
-        assert b"actor ready" in line, log.read_text()[-3000:]
-        yield proc
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-
-
-async def wait_for(predicate, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
-
-
 async def test_killed_actor_task_becomes_attempt_two(
     bus: Bus, nats_url, run_name, sandbox_root: Path, tmp_path: Path
 ):
@@ -182,7 +129,7 @@ async def test_killed_actor_task_becomes_attempt_two(
         argv = actor_argv(nats_url, run_name, eng.url, sandbox_root)
         async with actor_process(argv, tmp_path / "actor.log") as proc:
             await bus.publish(bus.subjects.tasks, request("reference", group_id="gk"))
-            await wait_for(lambda: len(eng.requests) == 1, what="the first model call")
+            await until(lambda: len(eng.requests) == 1, what="the first model call")
             assert len(sandboxes(sandbox_root)) == 1
             proc.kill()
             await proc.wait()
@@ -212,7 +159,7 @@ async def test_sigterm_shutdown_cleans_up_and_requeues(
         argv = actor_argv(nats_url, run_name, eng.url, sandbox_root, "--shutdown-grace-s", "0.5")
         async with actor_process(argv, tmp_path / "actor.log") as proc:
             await bus.publish(bus.subjects.tasks, request("reference", group_id="gt"))
-            await wait_for(lambda: len(eng.requests) == 1, what="the first model call")
+            await until(lambda: len(eng.requests) == 1, what="the first model call")
             proc.send_signal(signal.SIGTERM)
             rc = await asyncio.wait_for(proc.wait(), 30)
         assert rc == 0, (tmp_path / "actor.log").read_text()[-3000:]
@@ -235,7 +182,7 @@ async def test_second_sigterm_cuts_the_grace_period_short(
         argv = actor_argv(nats_url, run_name, eng.url, sandbox_root, "--shutdown-grace-s", "120")
         async with actor_process(argv, tmp_path / "actor.log") as proc:
             await bus.publish(bus.subjects.tasks, request("reference", group_id="gh"))
-            await wait_for(lambda: len(eng.requests) == 1, what="the first model call")
+            await until(lambda: len(eng.requests) == 1, what="the first model call")
             proc.send_signal(signal.SIGTERM)
             await asyncio.sleep(1.0)
             assert proc.returncode is None  # the first signal waits for the rollout

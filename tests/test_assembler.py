@@ -22,11 +22,7 @@ from harnessrl.common.tree import assemble, expand, join_parts, split_sample
 from harnessrl.learner import assembler as assembler_mod
 from harnessrl.learner.assembler import Assembler
 from harnessrl.learner.config import AssemblerConfig
-
-try:  # `pytest` puts tests/ itself on sys.path (no tests/__init__.py); `python -m pytest` the root
-    from test_tree import Spec, make_calls, result_for
-except ImportError:  # pragma: no cover
-    from tests.test_tree import Spec, make_calls, result_for
+from tests.helpers.trees import Spec, make_calls, result_for
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,7 +15,7 @@ from harnessrl.common import metrics
 from harnessrl.common import records as r
 from harnessrl.common.bus import Bus, connect
 from harnessrl.common.nats_acks import publish_scattered
-from tests.test_records import sample_records
+from tests.helpers.records import sample_records
 
 
 @pytest.fixture(params=["nats", "memory"])

@@ -24,6 +24,7 @@ import yaml
 
 from harnessrl.common import natsauth
 from harnessrl.common.files import free_port
+from tests.helpers.dashboards import dashboards_module
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
@@ -234,8 +235,6 @@ def test_grafana_provisioning_points_at_the_generated_dashboards() -> None:
     dash_dir = mounts[provider["options"]["path"]]
     assert dash_dir == DEPLOY / "monitoring" / "dashboards"
     files = sorted(dash_dir.glob("*.json"))
-    from tests.test_monitoring import dashboards_module
-
     assert [f.name for f in files] == sorted(dashboards_module().generate())
     [ds] = yaml.safe_load((prov / "datasources" / "prometheus.yml").read_text())["datasources"]
     assert ds["type"] == "prometheus"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import signal
 import stat
 import subprocess
 import sys
@@ -22,7 +21,8 @@ from harnessrl.common import natsauth
 from harnessrl.common import records as r
 from harnessrl.common.bus import STREAMS, Bus, BusConnectError, PermissionDenied
 from harnessrl.common.natsd import NatsServer
-from tests.test_records import sample_records
+from tests.helpers.nats_cli import start_nats_cli, stop_nats_cli
+from tests.helpers.records import sample_records
 
 RUNS = [f"sec{i}" for i in range(12)]
 HRL = [sys.executable, "-m", "harnessrl.common.cli"]
@@ -319,42 +319,12 @@ async def admin_delete(srv: NatsServer, run: str, kind: str) -> None:
     await admin.close()
 
 
-def spawn_nats_cli(tmp_path: Path, *flags: str) -> subprocess.Popen:
-    """``harnessrl nats`` on a free client port with its store in ``tmp_path/store``."""
-    return subprocess.Popen(
-        [*HRL, "nats", "--port", "0", "--store-dir", str(tmp_path / "store"), *flags],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def ready_line(proc: subprocess.Popen) -> str:
-    """Its ``nats-server ready: URL …`` line (an AssertionError with its stderr otherwise)."""
-    line = proc.stdout.readline()  # type: ignore[union-attr]
-    if "nats-server ready: " not in line:
-        proc.kill()
-        raise AssertionError(line + proc.communicate()[1])
-    return line
-
-
-def _start_nats_cli(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen, str]:
-    proc = spawn_nats_cli(tmp_path, *flags)
-    return proc, ready_line(proc)
-
-
-def stop_nats_cli(proc: subprocess.Popen) -> None:
-    """SIGTERM; it must stop its server and exit 0."""
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(30) == 0
-
-
 async def test_nats_command_is_secure_by_default_and_creates_the_runs_streams(
     tmp_path: Path,
 ) -> None:
     """``harnessrl nats`` makes credentials and a CA, refuses anonymous clients and creates
     the streams of ``--runs``; a restart keeps the credentials valid."""
-    proc, line = _start_nats_cli(tmp_path, "--runs", "exp1")
+    proc, line = start_nats_cli(tmp_path, "--runs", "exp1")
     try:
         url = line.split("ready: ")[1].split()[0]
         assert url.startswith("tls://")
@@ -369,7 +339,7 @@ async def test_nats_command_is_secure_by_default_and_creates_the_runs_streams(
         password = (auth / "learner.cred").read_text()
     finally:
         stop_nats_cli(proc)
-    proc, line = _start_nats_cli(tmp_path, "--runs", "exp1")
+    proc, line = start_nats_cli(tmp_path, "--runs", "exp1")
     try:
         assert (auth / "learner.cred").read_text() == password
         url = line.split("ready: ")[1].split()[0]
@@ -381,7 +351,7 @@ async def test_nats_command_is_secure_by_default_and_creates_the_runs_streams(
 
 async def test_nats_command_insecure_accepts_anyone(tmp_path: Path) -> None:
     """Only an explicit ``--insecure`` serves anonymous clients (plain TCP)."""
-    proc, line = _start_nats_cli(tmp_path, "--insecure")
+    proc, line = start_nats_cli(tmp_path, "--insecure")
     try:
         assert "INSECURE" in line
         url = line.split("ready: ")[1].split()[0]

@@ -28,7 +28,7 @@ from harnessrl.common.config import ConfigError, NatsServerConfig, load_config
 from harnessrl.common.files import free_port
 from harnessrl.common.natsd import Cluster, NatsServer, cluster_urls, start_cluster
 from harnessrl.common.run.config import RunConfig
-from tests.test_nats_auth import ready_line, spawn_nats_cli, stop_nats_cli
+from tests.helpers.nats_cli import ready_line, spawn_nats_cli, stop_nats_cli
 
 RUN = "clu"
 LEADS = [("TASKS", ""), ("TASKS", "actors"), ("ROLLOUTS", ""), ("ROLLOUTS", "assembler")]

@@ -17,7 +17,7 @@ from harnessrl.proxy.proxy_config import ProxySettings
 from harnessrl.proxy.scripted import Reply, ScriptedEngine
 from harnessrl.proxy.sglang import EngineBadRequest, EngineError, EngineUnavailable
 from harnessrl.proxy.stack import LABEL_RULES, TrackingRouter, failure_reason, open_proxy_stack
-from tests.test_rollout import TOK
+from tests.helpers.rollout import TOK
 
 SAMPLING = {"max_new_tokens": 8}
 

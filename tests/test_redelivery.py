@@ -18,8 +18,9 @@ from harnessrl.common.records import TaskRequest
 from harnessrl.learner.config import AssemblerConfig, LearnerConfig
 from harnessrl.proxy.config import WeightSyncConfig
 from harnessrl.proxy.scripted import ScriptedEngine
-from tests.test_actor_service import actor_argv, actor_process, wait_for
-from tests.test_rollout import TOK, request, toy_solver
+from tests.helpers.actor import actor_argv, actor_process
+from tests.helpers.rollout import TOK, request, toy_solver
+from tests.helpers.wait import until
 
 REDELIVERY_S = 15.0
 """The most a consumer's work may wait for redelivery after its process died."""
@@ -59,7 +60,7 @@ async def test_running_task_is_kept_and_a_killed_actors_task_comes_back(
         argv[argv.index("ENGINE")] = eng.url
         async with actor_process(argv, tmp_path / "actor.log") as proc:
             await bus.publish(bus.subjects.tasks, request("reference", group_id="gr"))
-            await wait_for(lambda: len(eng.requests) == 1, what="the first model call")
+            await until(lambda: len(eng.requests) == 1, what="the first model call")
             info = await bus.js.consumer_info(bus.subjects.stream("TASKS"), DURABLE)
             ack_wait = info.config.ack_wait
             assert ack_wait == ActorConfig().ack_wait_s

@@ -17,7 +17,7 @@ from harnessrl.actors.config import RolloutConfig
 from harnessrl.common import cli
 from harnessrl.common.config import add_config_args, config_from_args, undocumented_fields
 from harnessrl.proxy.scripted import ScriptedEngine
-from tests.test_rollout import TASK, TOK, toy_solver
+from tests.helpers.rollout import TASK, TOK, toy_solver
 
 REPO = Path(__file__).resolve().parents[1]
 ENTRY = (

@@ -30,9 +30,10 @@ from harnessrl.common.procs import popen_child
 from harnessrl.common.run.config import RunConfig
 from harnessrl.learner.checkpoint import Checkpointer
 from harnessrl.proxy.scripted import ScriptedEngine
-from tests.test_actor_service import actor_argv
-from tests.test_learner_service import grpo_group, publish, start_learner, wait_for
-from tests.test_rollout import TOK, toy_solver
+from tests.helpers.actor import actor_argv
+from tests.helpers.learner import grpo_group, publish, start_learner
+from tests.helpers.rollout import TOK, toy_solver
+from tests.helpers.wait import until
 
 pytestmark = pytest.mark.slow
 
@@ -78,9 +79,7 @@ async def test_sigterm_with_nats_down_stops_every_process_cleanly(
             procs["actor"] = start(actor, tmp_path / "actor.log")
             metrics = run_dir / "metrics.jsonl"
             steps = lambda: [m for m in read_metrics(metrics) if isinstance(m, StepLine)]  # noqa: E731
-            await asyncio.to_thread(
-                wait_for, lambda: len(steps()) == 3, 240, procs["learner"], "three steps"
-            )
+            await until(lambda: len(steps()) == 3, 240, "three steps", proc=procs["learner"])
             server.kill()
             await asyncio.sleep(1.0)  # every client saw the connection go
             for p in procs.values():

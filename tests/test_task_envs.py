@@ -483,7 +483,7 @@ async def test_rollout_gives_the_task_its_environment(nats_url, run_name, bwrap,
     agent would): scored 1.0 with the task's environment; with ``task_environments`` off the
     agent's ``python`` is missing, so nothing is scored as the model's."""
     from harnessrl.actors.rollout import run_rollout
-    from tests.test_rollout import request, rollout_env
+    from tests.helpers.rollout import request, rollout_env
 
     folder = acceptance_task(tmp_path / "pandas_pytest")
     req = request(cmd='bash "$HRL_SOLUTION"', suite="", task_id=str(folder))
