@@ -433,58 +433,12 @@ def test_kubernetes_scrape_config_keeps_the_monitoring_jobs_and_labels() -> None
     assert keep["action"] == "keep" and re.fullmatch(keep["regex"], "hrl-actor")
 
 
-def test_gpu_dockerfile_and_cpu_dockerfile_define_the_documented_images() -> None:
-    """The Dockerfiles define the stages build.py and compose name (actor, cpu, prometheus;
-    gpu), install the project the way the docs say, and copy only files that exist."""
-    stages = {}
-    for name in ("Dockerfile", "Dockerfile.gpu", "Dockerfile.prometheus"):
-        text = (DEPLOY / "images" / name).read_text()
-        for line in text.splitlines():
-            if line.startswith("FROM "):
-                parts = line.split()
-                stages[parts[-1]] = name
-            if line.startswith("COPY ") and "--from" not in line and name == "Dockerfile.gpu":
-                for src in line.split()[1:-1]:
-                    assert (REPO / src).exists(), src
-    assert {"actor", "cpu", "prometheus", "gpu"} <= set(stages)
-    gpu = (DEPLOY / "images" / "Dockerfile.gpu").read_text()
-    assert "[train,sglang]" in gpu and "nvidia/cuda" in gpu
-    assert "sglang" in tomllib_project()["optional-dependencies"]
-
-
 def _load_build_module():
     """``deploy/images/build.py`` as a module (deploy/ is not a package)."""
     spec = importlib.util.spec_from_file_location("hrl_build", DEPLOY / "images" / "build.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-def test_cpu_image_installs_on_the_shared_core_stage_without_copying_a_venv() -> None:
-    """actor and cpu are each one stage on ``core`` (the venv with harnessrl's dependencies):
-    no venv is copied between stages, actor comes before cpu (the legacy builder builds every
-    stage before the target), torch's wheels are copied only into cpu, and harnessrl's own
-    wheel is each image's last install (a code change reinstalls only it)."""
-    text = (DEPLOY / "images" / "Dockerfile").read_text()
-    stages: dict[str, list[str]] = {}
-    parents = {}
-    for line in text.splitlines():
-        if line.startswith("FROM "):
-            parts = line.split()
-            name = parts[-1]
-            parents[name], stages[name] = parts[1], []
-        elif stages and line and not line.startswith("#"):
-            stages[list(stages)[-1]].append(line)
-    assert list(stages) == ["core", "actor", "cpu"]
-    assert parents["actor"] == parents["cpu"] == "core"
-    assert "--from" not in text
-    copies = {
-        n: [ln.split()[1] for ln in body if ln.startswith("COPY ")] for n, body in stages.items()
-    }
-    assert "wheels/train/" in copies["cpu"]
-    assert not any("train" in c for c in copies["core"] + copies["actor"])
-    for name in ("actor", "cpu"):
-        assert copies[name][-1] == "wheels/hrl/", (name, copies[name])
 
 
 def test_each_image_is_sent_only_its_part_of_the_build_context(tmp_path: Path) -> None:
@@ -508,12 +462,6 @@ def test_each_image_is_sent_only_its_part_of_the_build_context(tmp_path: Path) -
     assert sent["prometheus"] == {"Dockerfile.prometheus", "prometheus"}
     assert sent["cpu"] == set(files) - {"prometheus"}
     assert sent["actor"] == set(files) - {"prometheus", "wheels/train/torch-1-py3-none-any.whl"}
-
-
-def tomllib_project() -> dict:
-    import tomllib
-
-    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 
 
 # ---------------------------------------------------------------------------------------------
