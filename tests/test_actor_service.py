@@ -52,13 +52,12 @@ def actor_config(nats_url: str, run: str, engine: str, root: Path, **kw) -> Acto
 
 async def results(bus: Bus, n: int, timeout: float = 60.0) -> list[RolloutResult]:
     """Wait until ``n`` RolloutResults are stored; return them (failing after ``timeout``)."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    async def stored() -> list[RolloutResult] | None:
         got = await bus.read_subject(bus.subjects.rollouts, RolloutResult)
-        if len(got) >= n or time.monotonic() > deadline:
-            assert len(got) >= n, f"{len(got)} of {n} results after {timeout} s"
-            return got
-        await asyncio.sleep(0.2)
+        return got if len(got) >= n else None
+
+    return await until(stored, timeout, f"{n} results")
 
 
 @contextlib.asynccontextmanager
@@ -75,6 +74,11 @@ async def in_process_actor(cfg: ActorConfig, bus: Bus, name: str = "inproc"):
             await asyncio.wait_for(task, 60)
 
 
+async def tasks_left(bus: Bus, n: int) -> bool:
+    """Whether ``n`` tasks are left in the queue (acked ones are removed)."""
+    return await bus.stream_count("TASKS") == n
+
+
 def sandboxes(root: Path) -> list[str]:
     return [p.name for p in root.iterdir() if not p.name.startswith(".")] if root.exists() else []
 
@@ -82,7 +86,8 @@ def sandboxes(root: Path) -> list[str]:
 async def test_service_end_to_end(bus: Bus, nats_url, run_name, sandbox_root: Path):
     """Four tasks, two slots: one result per task, good tasks acked, the unknown task
     published as a failed result and dead-lettered; nothing left in the queue."""
-    acked = metrics.sample_value("hrl_actor_tasks_total", {"outcome": "acked"})
+    acks = lambda: metrics.sample_value("hrl_actor_tasks_total", {"outcome": "acked"})  # noqa: E731
+    acked = acks()
     reqs = [
         request(cmd=SOLVE, group_id="ga", k=0, group_size=2, meta={"tag": "x"}),
         request(cmd="true", group_id="ga", k=1, group_size=2),
@@ -97,8 +102,8 @@ async def test_service_end_to_end(bus: Bus, nats_url, run_name, sandbox_root: Pa
         )
         async with in_process_actor(cfg, bus) as service:
             got = {r.rollout_id: r for r in await results(bus, 4)}
-            await asyncio.sleep(0.3)  # let the last ack land
-        assert service.done == 4
+            await until(lambda: service.done == 4, what="every task done")
+            await until(lambda: acks() - acked == 3, what="the three good tasks acked")
     assert set(got) == {"ga-0-1", "ga-1-1", "gb-0-1", "gc-0-1"}
     assert (got["ga-0-1"].status, got["ga-0-1"].reward, got["ga-0-1"].meta) == (
         "ok",
@@ -112,7 +117,6 @@ async def test_service_end_to_end(bus: Bus, nats_url, run_name, sandbox_root: Pa
     assert await bus.stream_count("TASKS") == 0
     dead = await bus.read_subject(bus.subjects.dead("TASKS"), DeadLetter)
     assert len(dead) == 1 and "no_such_task" in dead[0].reason
-    assert metrics.sample_value("hrl_actor_tasks_total", {"outcome": "acked"}) - acked == 3
     assert sandboxes(sandbox_root) == []
 
 
@@ -138,7 +142,7 @@ async def test_killed_actor_task_becomes_attempt_two(
             assert sandboxes(sandbox_root) == []  # swept at start
             assert not list(SOCKET_ROOT.glob(f"{proc.pid}-*"))
             (res,) = await results(bus, 1)
-            await asyncio.sleep(0.3)
+            await until(lambda: tasks_left(bus, 0), what="the task acked")
     assert (res.rollout_id, res.attempt, res.k, res.status, res.reward) == (
         "gk-0-2",
         2,
@@ -184,7 +188,7 @@ async def test_second_sigterm_cuts_the_grace_period_short(
             await bus.publish(bus.subjects.tasks, request("reference", group_id="gh"))
             await until(lambda: len(eng.requests) == 1, what="the first model call")
             proc.send_signal(signal.SIGTERM)
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0)  # a window for a wrong exit to happen in
             assert proc.returncode is None  # the first signal waits for the rollout
             t0 = time.monotonic()
             proc.send_signal(signal.SIGTERM)
@@ -228,7 +232,7 @@ async def test_engine_error_is_published_and_acked(bus: Bus, nats_url, run_name,
         cfg = actor_config(nats_url, run_name, eng.url, sandbox_root, harness_options=opts)
         async with in_process_actor(cfg, bus):
             (res,) = await results(bus, 1)
-            await asyncio.sleep(0.3)  # let the ack land
+            await until(lambda: tasks_left(bus, 0), what="the task acked")
     assert (res.rollout_id, res.status, res.reason, res.n_calls) == (
         "ge-0-1",
         "engine_error",
@@ -250,9 +254,10 @@ async def test_given_up_task_has_a_reason(bus: Bus, nats_url, run_name, sandbox_
     cfg = actor_config(nats_url, run_name, "http://127.0.0.1:9", sandbox_root, max_attempts=1)
     async with in_process_actor(cfg, bus):
         (res,) = await results(bus, 1)
-        await asyncio.sleep(0.3)
+        dead = await until(
+            lambda: bus.read_subject(bus.subjects.dead("TASKS"), DeadLetter), what="a dead letter"
+        )
     assert (res.rollout_id, res.status, res.reason) == ("gg-0-2", "harness_error", "given_up")
-    dead = await bus.read_subject(bus.subjects.dead("TASKS"), DeadLetter)
     assert len(dead) == 1 and "given up" in dead[0].reason
     assert metrics.sample_value("hrl_actor_failures_total", {"reason": "given_up"}) == before + 1
 

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from harnessrl.common.config import (
     undocumented_fields,
 )
 from harnessrl.common.procs import pid_alive
+from tests.helpers.wait import wait_until
 
 HRL = [sys.executable, "-m", "harnessrl.common.cli"]
 
@@ -138,11 +138,7 @@ def test_nats_command_serves_until_sigterm_and_leaves_nothing(tmp_path: Path) ->
     asyncio.run(check())
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(20) == 0
-    for _ in range(50):
-        if not pid_alive(server_pid):
-            break
-        time.sleep(0.1)
-    assert not pid_alive(server_pid), "nats-server survived harnessrl nats"
+    wait_until(lambda: not pid_alive(server_pid), 5, "nats-server to exit with harnessrl nats")
 
 
 def test_nats_server_dies_with_a_killed_parent(tmp_path: Path) -> None:
@@ -157,8 +153,4 @@ def test_nats_server_dies_with_a_killed_parent(tmp_path: Path) -> None:
     server_pid = int(line.split("pid ")[1].split(")")[0])
     proc.kill()
     proc.wait()
-    for _ in range(50):
-        if not pid_alive(server_pid):
-            break
-        time.sleep(0.1)
-    assert not pid_alive(server_pid)
+    wait_until(lambda: not pid_alive(server_pid), 5, "nats-server to exit")

@@ -29,6 +29,7 @@ from harnessrl.common.run.demo import (
 )
 from harnessrl.common.run.plan import resolve
 from harnessrl.common.tasks.toy import FAMILIES
+from tests.helpers.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 HRL = [sys.executable, "-m", "harnessrl.common.cli"]
@@ -311,6 +312,13 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -330,13 +338,15 @@ def test_a_signal_to_the_demo_alone_stops_every_phase(tmp_path: Path, sig: int) 
         start_new_session=True,  # its own group: only the signal sent below reaches it
     )
     try:
-        deadline = time.monotonic() + 200
-        while not (out / "rl" / "metrics.jsonl").exists():  # the RL run has started
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
-            time.sleep(0.5)
-        time.sleep(2)
-        tree = _descendants(proc.pid)
-        assert tree
+        started = lambda: (out / "rl" / "metrics.jsonl").exists()  # noqa: E731
+        wait_until(started, 200, "the RL phase to start", interval=0.5, proc=proc)
+
+        def rl_processes() -> list[int] | None:
+            tree = _descendants(proc.pid)
+            names = " ".join(_cmdline(p) for p in tree)
+            return tree if all(n in names for n in ("learner", "actor", "assembler")) else None
+
+        tree = wait_until(rl_processes, 60, "the RL phase's processes", proc=proc)
         proc.send_signal(sig)
         rc = proc.wait(timeout=120)
         text = proc.stdout.read()

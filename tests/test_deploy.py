@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ import yaml
 from harnessrl.common import natsauth
 from harnessrl.common.files import free_port
 from tests.helpers.dashboards import dashboards_module
+from tests.helpers.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
@@ -484,9 +484,8 @@ def test_entrypoint_lists_the_process_while_it_runs_and_passes_its_status(tmp_pa
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
     proc = subprocess.Popen(["sh", str(ENTRYPOINT), "hrl-actor", str(script), "--x"], env=env)
     try:
-        deadline = time.monotonic() + 60
-        while not (out.exists() and list(scrape.glob("*.json"))) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        listed = lambda: out.exists() and list(scrape.glob("*.json"))  # noqa: E731
+        wait_until(listed, 60, "the command started and listed", proc=proc)
         [target] = scrape.glob("hrl-actor-actor-*.json")
         [group] = json.loads(target.read_text())
         args = out.read_text().split()

@@ -331,6 +331,8 @@ EVENT_ONLY = {
 }
 """Queries that may return nothing in a healthy run of one step: their series are labelled by
 an outcome that only an event creates (a query containing a key may be empty)."""
+SCRAPE_S = 2
+"""The test Prometheus' scrape interval (seconds)."""
 GRAFANA_VARS = {"$run": "mon", "$__rate_interval": "1m"}
 """What Grafana would substitute: the test run, and a rate window of several scrapes."""
 
@@ -388,7 +390,8 @@ def prometheus_config(tmp: Path, targets: Path) -> Path:
     """deploy/monitoring's prometheus.yml and alerts.yml as they are, with short intervals, the
     run's target files and every alert's ``for`` at 0 (the expressions are under test)."""
     cfg = yaml.safe_load((MONITORING / "prometheus.yml").read_text())
-    cfg["global"] = {"scrape_interval": "2s", "scrape_timeout": "2s", "evaluation_interval": "1s"}
+    every = f"{SCRAPE_S}s"
+    cfg["global"] = {"scrape_interval": every, "scrape_timeout": every, "evaluation_interval": "1s"}
     rules = yaml.safe_load((MONITORING / "alerts.yml").read_text())
     for group in rules["groups"]:
         for rule in group["rules"]:
@@ -492,7 +495,13 @@ def test_prometheus_evaluates_dashboards_and_alerts_against_a_run(tmp_path: Path
 
         wait_for("trained step reaching the engine", trained_and_synced, 450, run, run_log)
         t_step = time.monotonic() - t0
-        time.sleep(5)  # a few scrapes after the step: rate windows hold new series twice
+        after = time.time()
+
+        def scraped_twice_since_the_step() -> bool:  # so rate windows hold new series twice
+            res = p.query('min(timestamp(up{job=~"hrl-.*",run="mon"}))')["data"]["result"]
+            return bool(res) and float(res[0]["value"][1]) > after + SCRAPE_S
+
+        wait_for("two scrapes after the step", scraped_twice_since_the_step, 60, run, run_log)
         excused = check_queries(prom, moment_all_up(prom))
         check_rules(prom)
 

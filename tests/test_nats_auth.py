@@ -23,6 +23,7 @@ from harnessrl.common.bus import STREAMS, Bus, BusConnectError, PermissionDenied
 from harnessrl.common.natsd import NatsServer
 from tests.helpers.nats_cli import start_nats_cli, stop_nats_cli
 from tests.helpers.records import sample_records
+from tests.helpers.wait import until
 
 RUNS = [f"sec{i}" for i in range(12)]
 HRL = [sys.executable, "-m", "harnessrl.common.cli"]
@@ -188,10 +189,7 @@ async def test_a_role_cannot_snoop_another_roles_inbox(secure_server: NatsServer
         await nc.subscribe("_INBOX.learner.>")
         await nc.subscribe(f"hrl.{run}.samples")
         await nc.flush()
-        for _ in range(50):
-            if len(denied) >= 2:
-                break
-            await asyncio.sleep(0.05)
+        await until(lambda: len(denied) >= 2, 5, "two permission errors")
     finally:
         await nc.close()
     text = " ".join(denied).lower()

@@ -18,6 +18,7 @@ from harnessrl.common import cli
 from harnessrl.common.config import add_config_args, config_from_args, undocumented_fields
 from harnessrl.proxy.scripted import ScriptedEngine
 from tests.helpers.rollout import TASK, TOK, toy_solver
+from tests.helpers.wait import until
 
 REPO = Path(__file__).resolve().parents[1]
 ENTRY = (
@@ -197,9 +198,9 @@ async def test_progress_lines_count_calls_and_tokens(run_name: str):
     rid = "manual1-0-1"
     buf = io.StringIO()
     watch = asyncio.create_task(rollout_cmd.progress(bus, rid, every=0.05, out=buf))
+    last_line = lambda: (buf.getvalue().splitlines() or [""])[-1]  # noqa: E731
     try:
-        await asyncio.sleep(0.12)
-        assert "0 calls, 0 tokens generated" in buf.getvalue().splitlines()[-1]
+        await until(lambda: "0 calls, 0 tokens generated" in last_line(), 10, "a first line")
         for seq, n_out in enumerate((3, 5)):
             rec = CallRecord(
                 rollout_id=rid,
@@ -210,7 +211,7 @@ async def test_progress_lines_count_calls_and_tokens(run_name: str):
                 finish_reason="length" if seq else "stop",
             )
             await bus.publish(bus.subjects.calls(rid), rec)
-        await asyncio.sleep(0.15)
+        await until(lambda: "2 calls" in last_line(), 10, "a line counting both calls")
     finally:
         watch.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -27,6 +27,7 @@ from harnessrl.proxy.sglang import (
     GenerateResult,
     IdsJson,
 )
+from tests.helpers.wait import until
 
 REPO = Path(__file__).resolve().parents[1]
 TOK = load_tokenizer("tiny-1m")
@@ -215,7 +216,7 @@ async def test_cancelled_generate_aborts_on_engine() -> None:
     async with ScriptedEngine(TOK, [Reply(text="slow", delay=5)]) as eng:
         async with EngineClient(eng.url) as c:
             task = asyncio.create_task(c.generate([1], SAMPLING, rid="gone-1"))
-            await asyncio.sleep(0.2)
+            await until(lambda: eng.requests, 10, "the call at the engine")
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
@@ -302,8 +303,10 @@ async def test_router_least_outstanding() -> None:
         # a busy sticky engine gives its key away once it is max_imbalance ahead
         async with EngineRouter([e.url for e in engines], health_interval=0, max_imbalance=1) as r2:
             first = await r2.generate([1], SAMPLING, key="k")
+            sent = sum(len(e.requests) for e in engines)
             busy = [asyncio.create_task(r2.generate([1], SAMPLING, key="k")) for _ in range(2)]
-            await asyncio.sleep(0.05)
+            at_engines = lambda: sum(len(e.requests) for e in engines) == sent + 2  # noqa: E731
+            await until(at_engines, 10, "both busy calls at the engine")
             moved = await r2.generate([1], SAMPLING, key="k")
             await asyncio.gather(*busy)
         assert moved.engine != first.engine
@@ -320,14 +323,13 @@ async def test_router_ejects_unhealthy_and_readmits() -> None:
         async with EngineRouter(
             [e.url for e in engines], health_interval=0.05, eject_after=2
         ) as router:
+            healthy = lambda: [s["healthy"] for s in router.status()]  # noqa: E731
             bad.healthy = False
-            await asyncio.sleep(0.3)
-            assert [s["healthy"] for s in router.status()] == [False, True]
+            await until(lambda: healthy() == [False, True], 10, "the bad engine ejected")
             for key in "abcd":
                 assert (await router.generate([1], SAMPLING, key=key)).engine == engines[1].url
             bad.healthy = True
-            await asyncio.sleep(0.3)
-            assert [s["healthy"] for s in router.status()] == [True, True]
+            await until(lambda: healthy() == [True, True], 10, "the engine readmitted")
             got = {(await router.generate([1], SAMPLING, key=k)).engine for k in "efgh"}
             assert bad.url in got
     finally:
@@ -379,7 +381,7 @@ async def test_router_retries_abort_caused_by_weight_swap() -> None:
         EngineRouter([eng.url], health_interval=0) as router,
     ):
         call = asyncio.create_task(router.generate([1], SAMPLING, rid="w1"))
-        await asyncio.sleep(0.2)
+        await until(lambda: eng.requests, 10, "the call at the engine")
         async with EngineClient(eng.url) as c:
             await c.update_weights_from_disk("/ckpt/2", 2, abort_all_requests=True)
         res = await call
@@ -395,7 +397,7 @@ async def test_router_does_not_retry_its_own_abort() -> None:
         EngineRouter([eng.url], health_interval=0, swap_wait_s=0.2) as router,
     ):
         call = asyncio.create_task(router.generate([1], SAMPLING, rid="mine"))
-        await asyncio.sleep(0.2)
+        await until(lambda: eng.requests, 10, "the call at the engine")
         await router.abort("mine")
         res = await call
     assert (res.finish_reason, res.output_ids) == ("abort", [])
@@ -409,10 +411,10 @@ async def test_router_pause_abort_then_swap_is_retried() -> None:
         EngineRouter([eng.url], health_interval=0) as router,
     ):
         call = asyncio.create_task(router.generate([1], SAMPLING))
-        await asyncio.sleep(0.2)
+        await until(lambda: eng.requests, 10, "the call at the engine")
         async with EngineClient(eng.url) as c:
             await c.pause("abort")
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2)  # the new version comes a little after the pause
             await c.update_weights_from_disk("/ckpt/2", 2)
             await c.resume()
         res = await call

@@ -21,6 +21,7 @@ from harnessrl.common.records import TaskRequest
 from harnessrl.common.tasks import load_task
 from harnessrl.common.tasks.teacher import teacher_rollout, teacher_step
 from harnessrl.proxy.engine.teacher import Teacher, make_teacher_engine, parse_prompt
+from tests.helpers.wait import wait_until
 
 TOK = load_tokenizer("tiny-1m")
 REPO = Path(__file__).resolve().parents[1]
@@ -160,7 +161,6 @@ def test_teacher_kind_ready_line_and_sigterm() -> None:
     """``harnessrl engine --kind teacher`` prints the engine's ready line, answers on it, and
     stops cleanly on SIGTERM, logging how many calls it served."""
     import signal
-    import time
     import urllib.request
 
     from harnessrl.proxy.engine_cmd import spawn_engine
@@ -177,7 +177,6 @@ def test_teacher_kind_ready_line_and_sigterm() -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
-    deadline = time.monotonic() + 10  # the reader thread drains the pipe
-    while "engine stopped\n" not in proc.output_lines and time.monotonic() < deadline:
-        time.sleep(0.05)
+    # the reader thread drains the pipe
+    wait_until(lambda: "engine stopped\n" in proc.output_lines, 10, "the engine's last line")
     assert any("teacher served 0 calls (0 unknown tasks)" in line for line in proc.output_lines)

@@ -36,6 +36,7 @@ from harnessrl.common.weights import (
 )
 from harnessrl.learner.weights import DistributedPublisher, StreamPublisher
 from harnessrl.proxy.weights_sync import WeightUpdater, engine_apply
+from tests.helpers.wait import until
 
 TOL = 1e-4
 
@@ -269,11 +270,11 @@ async def test_weights_sync_command_applies_versions(
         try:
             config_json = (resolve_model("tiny-1m") / "config.json").read_text()
             await StreamPublisher(bus, config_json=config_json).publish(4, 4, new)
-            for _ in range(600):
-                if await client.weight_version() == 4:
-                    break
-                await asyncio.sleep(0.1)
-            assert await client.weight_version() == 4
+
+            async def at_4() -> bool:
+                return await client.weight_version() == 4
+
+            await until(at_4, 60, "version 4 at the engine", interval=0.1)
         finally:
             proc.send_signal(signal.SIGTERM)
             _, err = proc.communicate(timeout=30)
