@@ -4,7 +4,10 @@ sandbox image (skipped where dockerd cannot run).
 
 Task environments (``actors/sandbox/envs.py``) are built into the default cache
 (``$HARNESSRL_CACHE/envs``, as the docker rootfs and the tiny models are), so a session and the
-sessions after it pay a build once; a docker environment image once per session engine."""
+sessions after it pay a build once; a docker environment image once per session engine.
+
+Every test carries one tier marker, ``unit``, ``integration`` or ``slow`` (tests/helpers/tiers.py,
+loaded here: it refuses tests without one and guards the unit tier)."""
 
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ from harnessrl.actors.sandbox.bwrap import BwrapBackend
 from harnessrl.actors.sandbox.docker_image import DockerdError, PrivateDockerd, ensure_image
 from harnessrl.common.natsd import NatsServer
 from tests.helpers.sandboxes import bwrap_or_skip
+
+pytest_plugins = ["tests.helpers.tiers"]
 
 
 @pytest.fixture(scope="session")

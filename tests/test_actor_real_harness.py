@@ -13,7 +13,7 @@ from harnessrl.common.tree import assemble
 from tests.harness_env import Brain, Prompt, ensure_installed, write_call
 from tests.helpers.rollout import TASK, request, rollout_env
 
-pytestmark = pytest.mark.harness
+pytestmark = [pytest.mark.harness, pytest.mark.integration]
 
 
 class SolveCopy(Brain):

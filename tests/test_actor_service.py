@@ -83,6 +83,7 @@ def sandboxes(root: Path) -> list[str]:
     return [p.name for p in root.iterdir() if not p.name.startswith(".")] if root.exists() else []
 
 
+@pytest.mark.integration
 async def test_service_end_to_end(bus: Bus, nats_url, run_name, sandbox_root: Path):
     """Four tasks, two slots: one result per task, good tasks acked, the unknown task
     published as a failed result and dead-lettered; nothing left in the queue."""
@@ -124,6 +125,7 @@ async def test_service_end_to_end(bus: Bus, nats_url, run_name, sandbox_root: Pa
 # as a process
 
 
+@pytest.mark.integration
 async def test_killed_actor_task_becomes_attempt_two(
     bus: Bus, nats_url, run_name, sandbox_root: Path, tmp_path: Path
 ):
@@ -154,6 +156,7 @@ async def test_killed_actor_task_becomes_attempt_two(
     assert len(await bus.read_subject(bus.subjects.rollouts, RolloutResult)) == 1
 
 
+@pytest.mark.integration
 async def test_sigterm_shutdown_cleans_up_and_requeues(
     bus: Bus, nats_url, run_name, sandbox_root: Path, tmp_path: Path
 ):
@@ -176,6 +179,7 @@ async def test_sigterm_shutdown_cleans_up_and_requeues(
     await d.term()
 
 
+@pytest.mark.integration
 async def test_second_sigterm_cuts_the_grace_period_short(
     bus: Bus, nats_url, run_name, sandbox_root: Path, tmp_path: Path
 ):
@@ -203,6 +207,7 @@ async def test_second_sigterm_cuts_the_grace_period_short(
     await d.term()
 
 
+@pytest.mark.unit
 def test_config_fields_documented_and_engine_flag():
     """Every actor config field is documented; ``--engine`` repeats into ``engines``."""
     import argparse
@@ -222,6 +227,7 @@ def test_config_fields_documented_and_engine_flag():
         ActorConfig(ack_wait_s=5, heartbeat_s=10)
 
 
+@pytest.mark.integration
 async def test_engine_error_is_published_and_acked(bus: Bus, nats_url, run_name, sandbox_root):
     """A rollout the engine failed is published as an engine_error with its reason and acked
     (it is this attempt's outcome, not a bad request): no dead letter, no retry."""
@@ -243,6 +249,7 @@ async def test_engine_error_is_published_and_acked(bus: Bus, nats_url, run_name,
     assert await bus.read_subject(bus.subjects.dead("TASKS"), DeadLetter) == []
 
 
+@pytest.mark.integration
 async def test_given_up_task_has_a_reason(bus: Bus, nats_url, run_name, sandbox_root):
     """A task delivered more than max_attempts times ends as a harness_error result with
     reason given_up, and is dead-lettered."""
@@ -262,6 +269,7 @@ async def test_given_up_task_has_a_reason(bus: Bus, nats_url, run_name, sandbox_
     assert metrics.sample_value("hrl_actor_failures_total", {"reason": "given_up"}) == before + 1
 
 
+@pytest.mark.integration
 async def test_fetches_at_most_fetch_batch_tasks(
     bus: Bus, nats_url, run_name, sandbox_root: Path, monkeypatch
 ):

@@ -34,8 +34,15 @@ CHAIN = [
 ]
 
 
-@pytest.fixture(params=["memory", "nats"])
+@pytest.fixture(
+    params=[
+        pytest.param("memory", marks=pytest.mark.unit),
+        pytest.param("nats", marks=pytest.mark.integration),
+    ]
+)
 async def bus(request, run_name: str):
+    """The bus in memory (unit) and on a real nats-server (integration): each test using it
+    runs on both, in the tier of each."""
     url = (
         f"memory://{run_name}" if request.param == "memory" else request.getfixturevalue("nats_url")
     )
@@ -263,6 +270,7 @@ async def test_large_sample_is_split_into_parts(bus: Bus) -> None:
         assert all(np.array_equal(a, b) for a, b in zip(w, g, strict=True))
 
 
+@pytest.mark.unit
 async def test_assembly_bug_gives_tombstone_and_dead_letter(monkeypatch) -> None:
     """An exception inside assemble never stalls the group: tombstone + dead letter."""
     b = await connect("memory://bug", "bug")
@@ -279,10 +287,12 @@ async def test_assembly_bug_gives_tombstone_and_dead_letter(monkeypatch) -> None
     assert len(dead) == 1 and "boom" in dead[0].reason
 
 
+@pytest.mark.unit
 def test_config_documented() -> None:
     assert undocumented_fields(AssemblerConfig) == []
 
 
+@pytest.mark.integration
 async def test_command_runs_and_stops_on_sigterm(nats_url: str, run_name: str) -> None:
     """The real entry point as a subprocess: assembles, then exits 0 on SIGTERM."""
     b = await connect(nats_url, run_name)

@@ -18,6 +18,8 @@ from harnessrl.learner.batching import Batcher, BatchRules, Ledger
 from harnessrl.learner.losses import grpo_advantages
 from tests.helpers.learner import VOCAB, synthetic_sample
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture
 async def bus() -> Bus:

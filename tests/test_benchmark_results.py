@@ -12,6 +12,8 @@ import pytest
 
 from benchmarks import _common
 
+pytestmark = pytest.mark.integration
+
 REPO = Path(__file__).resolve().parents[1]
 
 

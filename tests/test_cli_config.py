@@ -32,6 +32,7 @@ def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([*HRL, *args], capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.integration
 def test_help_is_fast_and_imports_no_heavy_library() -> None:
     code = (
         "import sys, time; t=time.perf_counter(); from harnessrl.common import cli\n"
@@ -45,6 +46,7 @@ def test_help_is_fast_and_imports_no_heavy_library() -> None:
     assert float(line.split()[1]) < 1.0, line
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", sorted(cli.COMMANDS))
 def test_every_subcommand_has_help(name: str) -> None:
     res = run_cli(name, "--help")
@@ -63,12 +65,14 @@ def all_config_models() -> list[type[BaseModel]]:
     return models
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("model", all_config_models(), ids=lambda m: m.__name__)
 def test_every_config_field_is_documented_and_strict(model: type[HrlModel]) -> None:
     assert undocumented_fields(model) == []
     assert model.model_config.get("extra") == "forbid"
 
 
+@pytest.mark.unit
 def test_unknown_and_illtyped_fields_name_the_field(tmp_path: Path) -> None:
     f = tmp_path / "c.toml"
     f.write_text('port = 1\nstore_dirr = "x"\n')
@@ -86,6 +90,7 @@ def test_unknown_and_illtyped_fields_name_the_field(tmp_path: Path) -> None:
         load_config(NatsServerConfig, f)
 
 
+@pytest.mark.unit
 def test_precedence_defaults_toml_flags(tmp_path: Path) -> None:
     f = tmp_path / "c.toml"
     f.write_text('port = 5000\nhost = "0.0.0.0"\n')
@@ -94,6 +99,7 @@ def test_precedence_defaults_toml_flags(tmp_path: Path) -> None:
     assert load_config(NatsServerConfig, None, {}).port == 4222
 
 
+@pytest.mark.integration
 def test_print_config_roundtrips(tmp_path: Path) -> None:
     res = run_cli("nats", "--port", "1234", "--max-payload-mb", "16", "--print-config")
     assert res.returncode == 0, res.stderr
@@ -106,12 +112,14 @@ def test_print_config_roundtrips(tmp_path: Path) -> None:
     assert dump_toml(load_config(NatsServerConfig, f)) == res.stdout
 
 
+@pytest.mark.integration
 def test_cli_rejects_bad_flag_value_naming_it() -> None:
     res = run_cli("nats", "--port", "-5", "--print-config")
     assert res.returncode == 2
     assert "'port'" in res.stderr
 
 
+@pytest.mark.integration
 def test_nats_command_serves_until_sigterm_and_leaves_nothing(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [*HRL, "nats", "--port", "0", "--store-dir", str(tmp_path / "store"), "--insecure"],
@@ -141,6 +149,7 @@ def test_nats_command_serves_until_sigterm_and_leaves_nothing(tmp_path: Path) ->
     wait_until(lambda: not pid_alive(server_pid), 5, "nats-server to exit with harnessrl nats")
 
 
+@pytest.mark.integration
 def test_nats_server_dies_with_a_killed_parent(tmp_path: Path) -> None:
     """Even SIGKILL of `harnessrl nats` leaves no nats-server behind (PDEATHSIG)."""
     proc = subprocess.Popen(

@@ -41,6 +41,7 @@ def _resolve(tmp_path: Path, name: str, tables: dict) -> tuple:
     return resolve(argparse.Namespace(run_file=str(path), config=None))
 
 
+@pytest.mark.unit
 def test_phase_run_files_are_valid_run_configs(tmp_path: Path) -> None:
     """What the demo writes to ``sft.toml``/``rl.toml`` parses as a run file, with the
     demo's choices carried into the right tables."""
@@ -109,6 +110,7 @@ def test_phase_run_files_are_valid_run_configs(tmp_path: Path) -> None:
     assert run.engines == ["http://gpu-0:30000"] and run.nats == "nats://n:4222"
 
 
+@pytest.mark.unit
 def test_training_suite_is_generated_once_and_holds_out_toy_eval(tmp_path: Path) -> None:
     from harnessrl.common.tasks import list_tasks
 
@@ -136,6 +138,7 @@ def test_training_suite_is_generated_once_and_holds_out_toy_eval(tmp_path: Path)
     assert (Path(path) / "copy_01" / "marker").exists()
 
 
+@pytest.mark.unit
 def test_paired_outcomes_match_task_and_seed() -> None:
     """Before/after rollouts pair by (task, k) within a harness; unmatched ones are left out."""
 
@@ -158,12 +161,14 @@ def test_paired_outcomes_match_task_and_seed() -> None:
     }
 
 
+@pytest.mark.unit
 def test_sft_steps_default_follows_rl_steps() -> None:
     assert sft_steps(DemoConfig(steps=4)) == 60
     assert sft_steps(DemoConfig(steps=100)) == 400
     assert sft_steps(DemoConfig(steps=4, sft_steps=7)) == 7
 
 
+@pytest.mark.unit
 def test_final_weights_falls_back_to_the_last_version(tmp_path: Path) -> None:
     weights = tmp_path / "learner" / "weights"
     with pytest.raises(RuntimeError, match="no weights"):
@@ -175,6 +180,7 @@ def test_final_weights_falls_back_to_the_last_version(tmp_path: Path) -> None:
     assert final_weights(tmp_path, 9).name == "v000000004"  # a time limit ended it early
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
@@ -190,6 +196,7 @@ def test_bad_flags_name_the_field(args: list[str], expected: str) -> None:
     assert expected in res.stderr.replace("-", "_"), res.stderr
 
 
+@pytest.mark.integration
 def test_refuses_a_finished_demo_folder(tmp_path: Path) -> None:
     (tmp_path / "demo.json").write_text("{}")
     res = subprocess.run(
@@ -277,6 +284,7 @@ def test_demo_starts_from_the_shipped_warm_start(tmp_path: Path) -> None:
     assert row["before"]["n"] == 2 and row["after"]["n"] == 2
 
 
+@pytest.mark.unit
 def test_example_run_file_is_valid() -> None:
     """``deploy/run-toy.toml`` (README's ``harnessrl run`` example) validates table by table
     against the config of the process that reads it."""

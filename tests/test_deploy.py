@@ -57,6 +57,7 @@ def run_chart_tool(*args: str, timeout: float = 120) -> subprocess.CompletedProc
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_chart_streams_command_fails_with_one_line_when_the_cluster_is_unreachable(
     tmp_path: Path,
 ) -> None:
@@ -72,6 +73,7 @@ def test_chart_streams_command_fails_with_one_line_when_the_cluster_is_unreachab
     assert len(res.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.integration
 def test_chart_auth_folder_is_the_one_harnessrl_nats_makes(tmp_path: Path) -> None:
     """``nats_chart.py auth`` makes what the Secrets are made of: one credential per role, the
     route credential, the CA and a certificate for the pods' names (usable by routes: server
@@ -95,6 +97,7 @@ def test_chart_auth_folder_is_the_one_harnessrl_nats_makes(tmp_path: Path) -> No
     assert again == files
 
 
+@pytest.mark.integration
 def test_nats_chart_values_are_generated_from_the_permission_table() -> None:
     """``deploy/k8s/nats-values.yaml`` is exactly what ``nats_chart.py helm-values`` prints for
     its run: 3 nodes, JetStream on file storage, TLS for clients and routes, and every role with
@@ -159,6 +162,7 @@ def harnessrl_config(argv: list[str], capsys: pytest.CaptureFixture) -> dict:
     return tomllib.loads(out)
 
 
+@pytest.mark.integration
 def test_compose_cpu_stack_config(capsys: pytest.CaptureFixture) -> None:
     """The CPU stack: three `harnessrl nats` cluster nodes sharing one auth folder and keeping
     the run's streams at R3, every harnessrl service on the host network with its role's
@@ -223,6 +227,7 @@ def test_compose_cpu_stack_config(capsys: pytest.CaptureFixture) -> None:
     assert any(v.startswith("targets:/etc/prometheus/hrl/targets") for v in prom["volumes"])
 
 
+@pytest.mark.integration
 def test_grafana_provisioning_points_at_the_generated_dashboards() -> None:
     """Grafana (profile ``grafana``) gets deploy/monitoring's generated dashboards at the path
     its file provider reads, and a Prometheus datasource at the stack's Prometheus: every
@@ -247,6 +252,7 @@ def test_grafana_provisioning_points_at_the_generated_dashboards() -> None:
         assert [v["query"] for v in ds_vars] == ["prometheus"], f.name
 
 
+@pytest.mark.integration
 def test_compose_gpu_variant_config() -> None:
     """The GPU override: SGLang engine and learner on their own GPUs from the GPU image, the
     GPU run file, weights-sync off (NCCL broadcast), nothing depending on a disabled service."""
@@ -283,6 +289,7 @@ def _run_files() -> dict[str, str]:
     }
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", sorted(_run_files()))
 def test_run_files_are_valid_process_configs(name: str) -> None:
     """Every table of the deploy run files is a valid config of its process (the same check
@@ -330,6 +337,7 @@ def k8s_documents() -> list[tuple[str, dict]]:
     return out
 
 
+@pytest.mark.unit
 def test_kubernetes_manifests_validate_against_the_openapi_schemas() -> None:
     """Every manifest validates strictly (unknown fields are errors) against the Kubernetes
     schemas of ``kubernetes-validate``; custom resources against their CRD's models."""
@@ -367,6 +375,7 @@ def _strip_empty(v):
     return v
 
 
+@pytest.mark.unit
 def test_kubernetes_gpu_requests_hardening_and_scaling() -> None:
     """Engines and the learner request GPUs; the actor pod is hardened (own user namespace,
     non-root, no capabilities, read-only root, no token) and scaled by KEDA on the actors'
@@ -402,6 +411,7 @@ def test_kubernetes_gpu_requests_hardening_and_scaling() -> None:
     assert jobs == {"hrl-engine", "hrl-learner", "hrl-assembler", "hrl-actor"}
 
 
+@pytest.mark.integration
 def test_prometheus_config_passes_promtool(tmp_path: Path) -> None:
     """The compose stack's scrape config (deploy/monitoring/prometheus.yml) passes ``promtool
     check config`` with its rule files."""
@@ -415,6 +425,7 @@ def test_prometheus_config_passes_promtool(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+@pytest.mark.unit
 def test_kubernetes_scrape_config_keeps_the_monitoring_jobs_and_labels() -> None:
     """The Kubernetes scrape config (Debian's promtool has no Kubernetes discovery to check it
     with): pod discovery in the fleet's namespace, relabelling that keeps hrl-* pods and sets
@@ -441,6 +452,7 @@ def _load_build_module():
     return mod
 
 
+@pytest.mark.unit
 def test_each_image_is_sent_only_its_part_of_the_build_context(tmp_path: Path) -> None:
     """The actor's context has no torch (``wheels/train``), cpu's has everything the legacy
     builder needs for the actor stage it passes through, Prometheus' only its binary."""
@@ -471,6 +483,7 @@ def test_each_image_is_sent_only_its_part_of_the_build_context(tmp_path: Path) -
 ENTRYPOINT = DEPLOY / "images" / "entrypoint.sh"
 
 
+@pytest.mark.integration
 def test_entrypoint_lists_the_process_while_it_runs_and_passes_its_status(tmp_path: Path) -> None:
     """With a scrape dir, hrl-entrypoint gives the command a free --metrics-port and --name,
     lists it as a file_sd target while it runs, removes the target when it ends and exits
@@ -501,6 +514,7 @@ def test_entrypoint_lists_the_process_while_it_runs_and_passes_its_status(tmp_pa
             proc.kill()
 
 
+@pytest.mark.integration
 def test_entrypoint_without_a_job_just_runs_the_command(tmp_path: Path) -> None:
     """No job (nats-server, one-shot tools): the command runs as it is, its status passed."""
     env = {**os.environ, "HRL_SCRAPE_DIR": str(tmp_path / "t")}

@@ -35,7 +35,7 @@ STEPS_BEFORE = 3
 STEPS_DURING = 2
 """...and the further steps it must take with that node down."""
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.stack, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

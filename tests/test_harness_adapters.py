@@ -57,6 +57,7 @@ def prepare(name: str, cache: Path, **kw) -> LaunchSpec:
     return get_adapter(name).prepare(ctx_for(cache, **kw))
 
 
+@pytest.mark.unit
 def test_registry_lists_every_builtin():
     """The registry knows the issue's seven harnesses; an unknown name says which exist."""
     assert (
@@ -85,6 +86,7 @@ def test_registry_lists_every_builtin():
         get_adapter("cursor")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", list(ADAPTERS))
 def test_spec_invariants(name: str, cache: Path):
     """Token only in env/files, cwd/timeout from the context, files inside home, ctx.env last."""
@@ -102,6 +104,7 @@ def test_spec_invariants(name: str, cache: Path):
     )
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", list(FAKE_FILES))
 def test_not_installed_is_a_clear_error(name: str, tmp_path: Path):
     """prepare() on an empty cache says how to install."""
@@ -111,6 +114,7 @@ def test_not_installed_is_a_clear_error(name: str, tmp_path: Path):
         adapter.prepare(ctx_for(tmp_path))
 
 
+@pytest.mark.unit
 def test_claude_code_options(cache: Path):
     """bare off, stream-json (+ --verbose), retries and extra args."""
     spec = prepare(
@@ -131,6 +135,7 @@ def test_claude_code_options(cache: Path):
     assert spec.env["CLAUDE_CODE_MAX_RETRIES"] == "3"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("api", "kind", "base"),
     [
@@ -151,6 +156,7 @@ def test_openclaw_provider_per_api(cache: Path, api: str, kind: str, base: str):
         prepare("openclaw", cache, options={"api": "gemini"})
 
 
+@pytest.mark.unit
 def test_openclaw_session_tools_denied_unless_asked(cache: Path):
     """OpenClaw's session tools (whose runtime-context message rewrites its history) are
     denied by default; ``session_tools: true`` keeps them."""
@@ -161,6 +167,7 @@ def test_openclaw_session_tools_denied_unless_asked(cache: Path):
     assert "tools" not in cfg
 
 
+@pytest.mark.unit
 def test_command_needs_a_command(cache: Path):
     """command: a list is the argv as given; no command at all names the flag to pass. (What
     a command receives at launch: test_harness_launch.py.)"""
@@ -169,6 +176,7 @@ def test_command_needs_a_command(cache: Path):
         prepare("command", cache)
 
 
+@pytest.mark.unit
 def test_reference_spec(cache: Path):
     """reference: host python3 + the script bound as one file; compaction from context_window."""
     spec = prepare("reference", cache, context_window=8000, options={"subagent": True})
@@ -188,6 +196,7 @@ def test_reference_spec(cache: Path):
 # Context window and output limit (the rule in actors/harnesses/__init__.py)
 
 
+@pytest.mark.unit
 def test_output_and_compaction_limits():
     """``output_limit``: the option, else the run's limit, else the default; the compaction
     limit keeps ``max(O, W/4)`` of the window free."""
@@ -229,6 +238,7 @@ def limits_of(name: str, spec: LaunchSpec) -> tuple:
     return (None, *flags)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("name", "told", "untold"),
     [
@@ -254,6 +264,7 @@ def test_window_and_output_limit_reach_the_harness(
     assert "HRL_CONTEXT_WINDOW" not in plain.env and "HRL_MAX_OUTPUT_TOKENS" not in plain.env
 
 
+@pytest.mark.unit
 def test_options_override_the_runs_output_limit(cache: Path):
     """A per-harness ``max_output_tokens`` option wins over the run's limit, everywhere."""
     kw = {"context_window": 32768, "max_output_tokens": 4096}
@@ -274,6 +285,7 @@ def test_options_override_the_runs_output_limit(cache: Path):
 # Installing: lock + temporary dir + rename
 
 
+@pytest.mark.unit
 async def test_locked_install_is_idempotent_and_atomic(tmp_path: Path):
     """A failed build leaves nothing; a good one appears with its manifest; reruns are no-ops."""
     builds = []
@@ -303,6 +315,7 @@ async def test_locked_install_is_idempotent_and_atomic(tmp_path: Path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [".h.lock", "h"]
 
 
+@pytest.mark.integration
 def test_concurrent_installs_from_two_processes_build_once(tmp_path: Path):
     """Two processes installing the same harness at once: one builds, the other waits."""
     code = textwrap.dedent(
@@ -348,6 +361,7 @@ def run_cli(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> int:
     return cli.main(argv)
 
 
+@pytest.mark.unit
 def test_cli_list_json(monkeypatch, cache: Path, capsys):
     """``harness list --json``: every harness with API, installed state, version and dir."""
     assert run_cli(monkeypatch, ["harness", "list", "--cache-dir", str(cache), "--json"]) == 0
@@ -358,6 +372,7 @@ def test_cli_list_json(monkeypatch, cache: Path, capsys):
     assert rows["reference"]["builtin"] and rows["reference"]["install_dir"] is None
 
 
+@pytest.mark.unit
 def test_cli_list_table_and_show(monkeypatch, tmp_path: Path, capsys):
     """The table marks what is missing; ``show`` prints the adapter's recipe."""
     assert run_cli(monkeypatch, ["harness", "list", "--cache-dir", str(tmp_path)]) == 0
@@ -369,6 +384,7 @@ def test_cli_list_table_and_show(monkeypatch, tmp_path: Path, capsys):
     assert 'wire_api = "responses"' in capsys.readouterr().out
 
 
+@pytest.mark.unit
 def test_cli_install_unknown_and_already_installed(monkeypatch, cache: Path, capsys):
     """Unknown names exit 2; an installed harness is not reinstalled."""
     assert run_cli(monkeypatch, ["harness", "install", "nope", "--cache-dir", str(cache)]) == 2
@@ -377,6 +393,7 @@ def test_cli_install_unknown_and_already_installed(monkeypatch, cache: Path, cap
     assert "already installed" in capsys.readouterr().out
 
 
+@pytest.mark.unit
 def test_cli_help(monkeypatch, capsys):
     """``harnessrl harness install --help`` documents every flag."""
     with pytest.raises(SystemExit) as e:

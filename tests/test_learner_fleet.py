@@ -32,6 +32,7 @@ from tests.helpers.wait import wait_until
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.unit
 def test_shard_rows_gives_each_row_to_exactly_one_rank() -> None:
     """Contiguous shards cover every row once, for any row and rank count."""
     for n in range(0, 12):
@@ -135,6 +136,7 @@ def test_killing_a_rank_stops_the_other_without_a_half_commit(tmp_path: Path, ki
     assert not any(p.name.startswith("step-") and p.name > tag for p in ckpt.iterdir())
 
 
+@pytest.mark.integration
 def test_run_starts_the_learner_ranks_with_torchrun(tmp_path: Path) -> None:
     """``[run] learner_ranks = 2``: the learner child is ``torchrun --nproc-per-node 2 -m
     harnessrl.common.cli learner ...`` with its usual flags, given time to commit when stopped."""

@@ -83,6 +83,7 @@ def names_in(expr: str) -> set[str]:
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_dashboards_are_generated_and_fresh() -> None:
     """The committed dashboards are exactly what ``dashboards.py`` writes (one file each, no
     other file); each has the data source and run variables and numbered queries."""
@@ -98,6 +99,7 @@ def test_dashboards_are_generated_and_fresh() -> None:
         assert targets and all(t["refId"] and t["expr"] for t in targets), doc["uid"]
 
 
+@pytest.mark.unit
 def test_event_only_exceptions_name_real_queries() -> None:
     """Each `EVENT_ONLY` exception (queries the live test lets return no data) still matches
     a dashboard query: the list cannot outlive what it excuses."""
@@ -105,6 +107,7 @@ def test_event_only_exceptions_name_real_queries() -> None:
     assert [k for k in EVENT_ONLY if not any(k in e for e in queries)] == []
 
 
+@pytest.mark.unit
 def test_every_query_reads_metrics_the_code_creates() -> None:
     """Each ``hrl_*`` name in a dashboard query or an alert rule is a metric created in
     common/proxy/actors/learner (histogram series by their family), and every panel filters by
@@ -120,6 +123,7 @@ def test_every_query_reads_metrics_the_code_creates() -> None:
         assert '{run=~"$run"' in expr or 'run=~"$run"}' in expr, where
 
 
+@pytest.mark.integration
 def test_run_writes_prometheus_targets_for_every_process(tmp_path: Path) -> None:
     """`Plan.scrape_targets`: one job per role, every metrics port and embedded engine listed
     once, labelled with the run and the process (what prometheus.yml's file_sd reads)."""
@@ -235,6 +239,7 @@ PROMTOOL_CASES = {
 }
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("case", sorted(PROMTOOL_CASES))
 def test_alert_expression_catches_what_it_promises(tmp_path: Path, case: str) -> None:
     """On synthetic series (``promtool test rules``), each alert expression returns exactly
@@ -252,6 +257,7 @@ def test_alert_expression_catches_what_it_promises(tmp_path: Path, case: str) ->
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.integration
 def test_alert_rules_and_config_pass_promtool() -> None:
     """``promtool check`` accepts prometheus.yml and alerts.yml; every alert has a severity, a
     summary and a description."""

@@ -25,6 +25,8 @@ from tests.helpers.nats_cli import start_nats_cli, stop_nats_cli
 from tests.helpers.records import sample_records
 from tests.helpers.wait import until
 
+pytestmark = pytest.mark.integration
+
 RUNS = [f"sec{i}" for i in range(12)]
 HRL = [sys.executable, "-m", "harnessrl.common.cli"]
 _next_run = itertools.count()

@@ -28,6 +28,8 @@ from harnessrl.proxy.sglang import EngineClient, EngineRouter
 from harnessrl.proxy.tito import ChatRenderer
 from tests.helpers.wait import until
 
+pytestmark = pytest.mark.integration
+
 TOK = load_tokenizer("tiny-1m")
 R = ChatRenderer(TOK)
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]

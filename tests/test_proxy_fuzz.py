@@ -33,6 +33,8 @@ from harnessrl.proxy.server import ProxyServer
 from harnessrl.proxy.sglang import EngineClient
 from harnessrl.proxy.tito import ChatRenderer
 
+pytestmark = pytest.mark.integration
+
 TOKEN, ROLLOUT = "sk-fuzz", "fuzz-0-1"
 TOK = load_tokenizer("tiny-1m")
 PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages?beta=true"}

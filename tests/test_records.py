@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 from harnessrl.common import records as r
 from tests.helpers.records import sample_records
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize("rec", sample_records(), ids=lambda x: x.record)
 def test_roundtrip_and_plain_msgpack(rec: r.Record) -> None:

@@ -33,6 +33,7 @@ async def bus(nats_url: str, run_name: str):
     await b.close()
 
 
+@pytest.mark.unit
 def test_every_consumer_is_redelivered_within_seconds() -> None:
     """Actors (TASKS), the assembler (ROLLOUTS), the learner (SAMPLES) and weight updaters
     (WEIGHTS) all default to an ``ack_wait`` of seconds, with heartbeats at most a third of it
@@ -48,6 +49,7 @@ def test_every_consumer_is_redelivered_within_seconds() -> None:
     assert actor.heartbeat_interval <= actor.ack_wait_s / 3
 
 
+@pytest.mark.integration
 async def test_running_task_is_kept_and_a_killed_actors_task_comes_back(
     bus: Bus, nats_url, run_name, sandbox_root, tmp_path
 ) -> None:

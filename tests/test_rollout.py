@@ -36,6 +36,7 @@ def processes_with(needle: str) -> list[int]:
     return found
 
 
+@pytest.mark.integration
 async def test_command_reference_solution_scores_one(nats_url, run_name, bwrap, tmp_path):
     """The task's reference solution through the command harness scores 1.0; the kept
     workspace is the harness's final one, without reward files."""
@@ -54,6 +55,7 @@ async def test_command_reference_solution_scores_one(nats_url, run_name, bwrap, 
     assert sandbox_dirs(bwrap) == []
 
 
+@pytest.mark.integration
 async def test_doing_nothing_scores_below_one(nats_url, run_name, bwrap):
     """A harness that does nothing is scored, and scores below 1."""
     async with rollout_env(nats_url, run_name, bwrap) as (deps, _, _):
@@ -61,6 +63,7 @@ async def test_doing_nothing_scores_below_one(nats_url, run_name, bwrap):
     assert res.status == "ok" and res.reward < 1.0
 
 
+@pytest.mark.integration
 async def test_reward_weights_override_the_tasks(nats_url, run_name, bwrap):
     """A wrong but written output earns the toy suite's partial credit (``written``) unless the
     run's ``reward_weights`` weigh that metric 0; the metrics themselves are unchanged."""
@@ -78,11 +81,13 @@ async def test_reward_weights_override_the_tasks(nats_url, run_name, bwrap):
     assert (shaped.reward, exact.reward, right.reward) == (0.5, 0.0, 1.0)
 
 
+@pytest.mark.unit
 def test_reward_weights_must_not_be_negative():
     with pytest.raises(ValueError, match="'written' is negative"):
         RolloutSettings(reward_weights={"written": -1})
 
 
+@pytest.mark.integration
 async def test_reference_harness_with_scripted_engine(nats_url, run_name, bwrap):
     """The reference agent writes the answer through the proxy; both calls are on the bus and
     the second call's input extends the first call's input + output exactly (TITO)."""
@@ -105,6 +110,7 @@ async def test_reference_harness_with_scripted_engine(nats_url, run_name, bwrap)
     assert not sample.is_tombstone and sample.counters.n_leaves == 1
 
 
+@pytest.mark.integration
 async def test_timeout_kills_and_cleans_up(nats_url, run_name, bwrap):
     """Past its timeout the harness is killed: status timeout, no process or sandbox left."""
     async with rollout_env(nats_url, run_name, bwrap) as (deps, _, _):
@@ -115,6 +121,7 @@ async def test_timeout_kills_and_cleans_up(nats_url, run_name, bwrap):
     assert processes_with("sleep\x004242") == []
 
 
+@pytest.mark.integration
 async def test_timeout_scored_when_configured(nats_url, run_name, bwrap):
     """With timeout_scoring=score the killed harness's workspace is verified anyway."""
     cmd = "cp notes.txt output.txt; sleep 4243"
@@ -142,6 +149,7 @@ class FailingBackend:
         pass
 
 
+@pytest.mark.integration
 async def test_sandbox_failure_is_sandbox_error(nats_url, run_name):
     """A sandbox that cannot be made ends the rollout as sandbox_error (and nothing leaks)."""
     async with rollout_env(nats_url, run_name, FailingBackend()) as (deps, _, _):
@@ -150,6 +158,7 @@ async def test_sandbox_failure_is_sandbox_error(nats_url, run_name):
     assert res.status == "sandbox_error" and "no sandbox for you" in res.error
 
 
+@pytest.mark.integration
 async def test_harness_that_cannot_start_is_harness_error(nats_url, run_name, bwrap):
     """Exit 127 (command not found) is a harness_error with the harness's stderr."""
     async with rollout_env(nats_url, run_name, bwrap) as (deps, _, _):
@@ -159,6 +168,7 @@ async def test_harness_that_cannot_start_is_harness_error(nats_url, run_name, bw
     assert "no-such-harness-xyz" in res.error and not report.bad_request
 
 
+@pytest.mark.integration
 async def test_unknown_task_is_a_bad_request(nats_url, run_name, bwrap):
     """A task the actor cannot load is a failed result and flagged as a bad request."""
     async with rollout_env(nats_url, run_name, bwrap) as (deps, _, _):
@@ -175,6 +185,7 @@ QUICK_RETRIES = {"reference": {"retries": 1, "retry_base": 0.05}}
 """The reference agent retries a failed call once, at once (its default waits ~30 s)."""
 
 
+@pytest.mark.integration
 async def test_engine_failing_every_call_is_engine_error(nats_url, run_name, bwrap):
     """An engine that fails every call (HTTP 500): the harness gives up after calling the model,
     which is no model failure but an engine_error with its reason and cause, never verified,
@@ -202,6 +213,7 @@ async def test_engine_failing_every_call_is_engine_error(nats_url, run_name, bwr
     assert sandbox_dirs(bwrap) == []
 
 
+@pytest.mark.integration
 async def test_transient_engine_failure_is_scored(nats_url, run_name, bwrap):
     """A failed call followed by calls that generate is scored as usual."""
     solver, first = toy_solver(), []
@@ -218,6 +230,7 @@ async def test_transient_engine_failure_is_scored(nats_url, run_name, bwrap):
     assert (res.status, res.reason, res.reward, res.n_calls) == ("ok", "", 1.0, 3)
 
 
+@pytest.mark.integration
 async def test_engine_refusing_the_request_is_the_models_failure(nats_url, run_name, bwrap):
     """A 400 (the request can never succeed) is no infrastructure failure: the harness that
     stops on it is scored."""
@@ -227,6 +240,7 @@ async def test_engine_refusing_the_request_is_the_models_failure(nats_url, run_n
     assert (res.status, res.reason, res.n_calls) == ("ok", "", 1) and res.reward < 1.0
 
 
+@pytest.mark.integration
 async def test_failed_statuses_carry_their_reason(nats_url, run_name, bwrap):
     """Every failure names its reason: the metric's label, in the result."""
     async with rollout_env(nats_url, run_name, bwrap) as (deps, _, _):
@@ -246,6 +260,7 @@ async def test_failed_statuses_carry_their_reason(nats_url, run_name, bwrap):
     assert (exit127.harness_version, slow.harness_version) == ("", "")
 
 
+@pytest.mark.integration
 async def test_checker_crash_is_scored_zero_and_missing_module_tombstoned(
     nats_url, run_name, bwrap, tmp_path
 ):
@@ -316,6 +331,7 @@ async def killed_mid_run(deps, group_id: str, then: str, victim: str):
     return await asyncio.wait_for(task, 60)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("victim", ["sleep", "bwrap", "init"])
 async def test_sandbox_killed_from_outside_is_tombstoned(nats_url, run_name, bwrap, victim):
     """A sandbox killed from outside mid-run (the harness SIGKILLed as by the OOM killer, or
@@ -334,6 +350,7 @@ async def test_sandbox_killed_from_outside_is_tombstoned(nats_url, run_name, bwr
     assert processes_with("sleep\x004245") == []
 
 
+@pytest.mark.integration
 async def test_harness_exiting_137_by_itself_is_scored(nats_url, run_name, bwrap):
     """The control: a harness that calls the model and then exits 137 on its own (or dies of
     a signal other than SIGKILL, a crash) is the model's outcome, scored as usual."""

@@ -37,6 +37,7 @@ def parse(argv: list[str]) -> tuple[RolloutConfig, argparse.Namespace]:
     return config_from_args(RolloutConfig, args), args
 
 
+@pytest.mark.integration
 async def test_json_output_of_a_reference_rollout(sandbox_root: Path, tmp_path: Path):
     """As a process with an embedded nats-server: one JSON object with the score, the calls
     and the assembled tree's counters; the kept workspace holds the answer."""
@@ -82,6 +83,7 @@ async def test_json_output_of_a_reference_rollout(sandbox_root: Path, tmp_path: 
     assert not any(sandbox_root.iterdir())
 
 
+@pytest.mark.integration
 async def test_task_folder_and_text_report(nats_url: str, sandbox_root: Path):
     """A task given as a folder path, run by --harness-cmd on an existing nats-server: scored
     below 1 when it does nothing, and the text report says there is no sample (no calls)."""
@@ -110,6 +112,7 @@ async def test_task_folder_and_text_report(nats_url: str, sandbox_root: Path):
     assert "status   ok" in text and "no sample: no_calls" in text and "written" in text
 
 
+@pytest.mark.unit
 def test_config_documented_and_bad_arguments():
     """Every field is documented; contradicting flags are refused with exit 2."""
     assert undocumented_fields(RolloutConfig) == []
@@ -134,6 +137,7 @@ async def run_cli(*argv: str, timeout: float = 120) -> tuple[int, str, str, floa
     return proc.returncode, out.decode(), err.decode(), time.monotonic() - t0
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
@@ -156,6 +160,7 @@ async def test_bad_arguments_exit_2_at_once(argv: list[str], says: list[str], tm
     assert not (tmp_path / "sb").exists()
 
 
+@pytest.mark.integration
 async def test_dead_engine_is_refused_at_once(tmp_path: Path, sandbox_root: Path):
     """An engine nobody listens on: refused before any sandbox starts, as an engine_error
     (reason engine_unreachable) naming the URL, exit 1, in seconds rather than after the
@@ -175,6 +180,7 @@ async def test_dead_engine_is_refused_at_once(tmp_path: Path, sandbox_root: Path
     assert not sandbox_root.exists() or not any(sandbox_root.iterdir())
 
 
+@pytest.mark.unit
 def test_help_documents_exit_status(capsys):
     """``--help`` says what each exit status means, as the module docstring does."""
     with pytest.raises(SystemExit):
@@ -185,6 +191,7 @@ def test_help_documents_exit_status(capsys):
     assert "Exit status" in rollout_cmd.__doc__ and "2 bad arguments" in rollout_cmd.__doc__
 
 
+@pytest.mark.unit
 async def test_progress_lines_count_calls_and_tokens(run_name: str):
     """While a rollout runs, stderr gets lines with its calls and tokens so far, read back
     from the bus as the proxy records them."""

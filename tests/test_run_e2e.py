@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 STEPS = 2
 
 
+@pytest.mark.unit
 def test_run_config_is_documented() -> None:
     """Every RunConfig field has a docstring (it is the [run] table users edit)."""
     assert undocumented_fields(RunConfig) == []
@@ -173,6 +174,7 @@ def test_run_with_credentials_tls_and_engine_key(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_counters_survive_a_restart() -> None:
     """A counter that goes down means the process restarted: its old total is carried."""
     from harnessrl.common.run.dashboard import Scraped, total
@@ -187,6 +189,7 @@ def test_counters_survive_a_restart() -> None:
     assert total([s], "hrl_actor_rollouts_inflight") == 0.0
 
 
+@pytest.mark.unit
 def test_monitor_copies_learner_lines_once(tmp_path: Path) -> None:
     """Learner lines are copied verbatim and only once, also by a resumed supervisor."""
     from harnessrl.common.layout import RollupLine
@@ -213,6 +216,7 @@ def test_monitor_copies_learner_lines_once(tmp_path: Path) -> None:
     assert m2.status().samples_trained == 8 and m2.reward_train[1] == 0.5
 
 
+@pytest.mark.unit
 def test_plot_from_metrics(tmp_path: Path) -> None:
     """The plot is drawn from metrics.jsonl alone (rollup reward deltas summed per version)."""
     pytest.importorskip("matplotlib")
@@ -232,6 +236,7 @@ def test_plot_from_metrics(tmp_path: Path) -> None:
     assert path is not None and path.stat().st_size > 1000
 
 
+@pytest.mark.unit
 def test_run_file_round_trip(tmp_path: Path) -> None:
     """The resolved run file parses back to the same tables; [run] is complete and typed."""
     import tomllib
@@ -250,6 +255,7 @@ def test_run_file_round_trip(tmp_path: Path) -> None:
     assert back["run"]["steps"] == 5 and back["run"]["on_exit"]["learner"] == "stop"
 
 
+@pytest.mark.unit
 def test_run_file_errors_name_the_problem(tmp_path: Path) -> None:
     from harnessrl.common.config import ConfigError
     from harnessrl.common.run.plan import resolve
@@ -269,6 +275,7 @@ def _argv_pairs(argv: list[str]) -> dict[str, str]:
     return {a: b for a, b in zip(argv, argv[1:], strict=False) if a.startswith("--")}
 
 
+@pytest.mark.integration
 def test_plan_gives_each_role_its_own_credential_and_no_secret(tmp_path: Path) -> None:
     """Embedded defaults: TLS URL, the server made for this run, each child its own role's
     credential file, the CA and the engine key file; ``nats_insecure`` drops them all; an

@@ -39,6 +39,7 @@ SAMPLING = {"max_new_tokens": 64, "temperature": 1.0, "stop_token_ids": [2]}
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 async def test_generate_forces_logprobs_and_raw_text() -> None:
     """Every /generate asks for log-probs, special tokens and untrimmed stops; the reply is
     normalised (ids incl. the stop token, float32 log-probs, versions as ints)."""
@@ -60,6 +61,7 @@ async def test_generate_forces_logprobs_and_raw_text() -> None:
     )
 
 
+@pytest.mark.integration
 async def test_length_finish_and_cached_tokens() -> None:
     """max_new_tokens cuts the reply (finish length); the second call reports a prefix-cache hit."""
     async with ScriptedEngine(TOK, [[5, 6, 7, 8], [9]]) as eng, EngineClient(eng.url) as c:
@@ -69,6 +71,7 @@ async def test_length_finish_and_cached_tokens() -> None:
     assert b.cached_tokens == 5
 
 
+@pytest.mark.integration
 async def test_keyed_calls_send_the_ids_they_are_given() -> None:
     """A rollout's calls (``key``) reuse the text of the ids the last call sent where the new
     ids extend them; the engine receives exactly each call's ids all the same, forks included,
@@ -85,6 +88,7 @@ async def test_keyed_calls_send_the_ids_they_are_given() -> None:
     assert c.ids_json.reused == 3
 
 
+@pytest.mark.unit
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(
@@ -110,6 +114,7 @@ def test_ids_json_is_the_json_of_the_ids(steps: list[tuple[int, list[int]]]) -> 
     assert cache._bytes <= 200 or len(cache._last) == 1  # the newest key is always kept
 
 
+@pytest.mark.integration
 async def test_weight_version_start_reported_when_it_changed() -> None:
     """A swap during generation: start and end versions differ."""
     async with (
@@ -120,6 +125,7 @@ async def test_weight_version_start_reported_when_it_changed() -> None:
     assert (res.weight_version_start, res.weight_version_end) == (3, 4)
 
 
+@pytest.mark.unit
 def test_result_without_output_ids_uses_logprob_tokens() -> None:
     """Engines that omit output_ids: ids come from output_token_logprobs; misalignment fails."""
     body = {
@@ -136,6 +142,7 @@ def test_result_without_output_ids_uses_logprob_tokens() -> None:
         GenerateResult.from_json({**body, "output_ids": [10, 11, 12]})
 
 
+@pytest.mark.integration
 async def test_errors_are_classified() -> None:
     """400 -> EngineBadRequest with the engine's message; 503 -> EngineUnavailable; 500 ->
     EngineError (not retryable); an abort with status_code 400 inside a 200 -> EngineBadRequest."""
@@ -169,6 +176,7 @@ async def test_errors_are_classified() -> None:
             await c.generate([1], SAMPLING)
 
 
+@pytest.mark.integration
 async def test_connection_refused_is_unavailable() -> None:
     """Nothing listening: EngineUnavailable, quickly; health() says False without raising."""
     c = EngineClient(f"http://127.0.0.1:{free_port()}", retries=1, retry_backoff=0.01)
@@ -182,6 +190,7 @@ async def test_connection_refused_is_unavailable() -> None:
         await c.close()
 
 
+@pytest.mark.integration
 async def test_idempotent_reads_are_retried() -> None:
     """Health, model info and version survive transient 503s; generate is not retried."""
     async with (
@@ -200,6 +209,7 @@ async def test_idempotent_reads_are_retried() -> None:
         assert (await c.generate([1], SAMPLING)).output_ids  # the script was not consumed
 
 
+@pytest.mark.integration
 async def test_timeout_is_unavailable_and_aborts_the_request() -> None:
     """A generate that outlives its timeout fails as unavailable and is aborted on the engine."""
     async with ScriptedEngine(TOK, [Reply(text="slow", delay=5)]) as eng:
@@ -211,6 +221,7 @@ async def test_timeout_is_unavailable_and_aborts_the_request() -> None:
         assert ("/abort_request", {"rid": "slow-1"}) in eng.control
 
 
+@pytest.mark.integration
 async def test_cancelled_generate_aborts_on_engine() -> None:
     """The harness went away (task cancelled): the engine gets /abort_request for the rid."""
     async with ScriptedEngine(TOK, [Reply(text="slow", delay=5)]) as eng:
@@ -223,6 +234,7 @@ async def test_cancelled_generate_aborts_on_engine() -> None:
         assert ("/abort_request", {"rid": "gone-1"}) in eng.control
 
 
+@pytest.mark.integration
 async def test_control_calls() -> None:
     """Weight update (version passed as a string inside it), pause/resume, abort."""
     async with ScriptedEngine(TOK, []) as eng, EngineClient(eng.url) as c:
@@ -269,6 +281,7 @@ async def _stop(engines: list[ScriptedEngine]) -> None:
         await e.stop()
 
 
+@pytest.mark.integration
 async def test_router_is_sticky_per_key() -> None:
     """Calls of one rollout stay on one engine (its prefix cache); rollouts spread out."""
     engines = _engines(2)
@@ -291,6 +304,7 @@ async def test_router_is_sticky_per_key() -> None:
         await _stop(engines)
 
 
+@pytest.mark.integration
 async def test_router_least_outstanding() -> None:
     """Concurrent unkeyed calls go to the engine with the fewest in flight."""
     engines = _engines(2, delay=0.3)
@@ -314,6 +328,7 @@ async def test_router_least_outstanding() -> None:
         await _stop(engines)
 
 
+@pytest.mark.integration
 async def test_router_ejects_unhealthy_and_readmits() -> None:
     """An engine failing health checks leaves rotation, and comes back when healthy."""
     engines = _engines(2)
@@ -336,6 +351,7 @@ async def test_router_ejects_unhealthy_and_readmits() -> None:
         await _stop(engines)
 
 
+@pytest.mark.integration
 async def test_router_moves_call_off_a_dead_engine() -> None:
     """A refused generate ejects the engine at once and the call is served elsewhere."""
     engines = _engines(2)
@@ -355,6 +371,7 @@ async def test_router_moves_call_off_a_dead_engine() -> None:
         await _stop(engines)
 
 
+@pytest.mark.integration
 async def test_router_no_engine_is_unavailable() -> None:
     """With every engine down, a call waits wait_healthy_s and then fails as unavailable."""
     router = EngineRouter(
@@ -373,6 +390,7 @@ async def test_router_no_engine_is_unavailable() -> None:
         await router.close()
 
 
+@pytest.mark.integration
 async def test_router_retries_abort_caused_by_weight_swap() -> None:
     """A weight update aborts the call before any token: the router retries it on the new
     weights; the harness never sees the abort."""
@@ -390,6 +408,7 @@ async def test_router_retries_abort_caused_by_weight_swap() -> None:
     assert [r["rid"] for r in eng.requests] == ["w1", "w1-1"]
 
 
+@pytest.mark.integration
 async def test_router_does_not_retry_its_own_abort() -> None:
     """An abort the proxy asked for (harness gone) is final."""
     async with (
@@ -404,6 +423,7 @@ async def test_router_does_not_retry_its_own_abort() -> None:
     assert len(eng.requests) == 1
 
 
+@pytest.mark.integration
 async def test_router_pause_abort_then_swap_is_retried() -> None:
     """SGLang-style update: pause(abort) first, new version a little later, then continue."""
     async with (
@@ -426,6 +446,7 @@ async def test_router_pause_abort_then_swap_is_retried() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 async def test_scripted_engine_subprocess(tmp_path: Path) -> None:
     """``python -m harnessrl.proxy.scripted`` prints its URL and serves the script file."""
     script = tmp_path / "s.json"

@@ -39,6 +39,7 @@ def conversation(task, tmp_path: Path) -> list[dict]:
     return teacher_rollout(task, execute, system=SYSTEM_PROMPT.format(workspace=ws_dir))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("task_id", ["copy_01", "concat_dir_02", "find_word_03"])
 def test_every_turn_is_rendered_exactly(task_id: str, tmp_path: Path) -> None:
     """For each prefix of a teacher conversation, prompt + reply + "\\n" is the template's
@@ -55,6 +56,7 @@ def test_every_turn_is_rendered_exactly(task_id: str, tmp_path: Path) -> None:
         assert prompt + reply + "\n" == expected
 
 
+@pytest.mark.unit
 def test_parse_prompt_recovers_the_messages(tmp_path: Path) -> None:
     """The decoded prompt parses back into the conversation (tool ids renamed consistently)."""
     task = load_task("toy", "concat_dir_02")
@@ -68,6 +70,7 @@ def test_parse_prompt_recovers_the_messages(tmp_path: Path) -> None:
     assert teacher_step(task, parsed) == teacher_step(task, msgs)
 
 
+@pytest.mark.unit
 def test_unknown_task_gets_finish() -> None:
     """A prompt with no known instruction is answered with a finish call, not an error."""
     prompt = render_chat([{"role": "user", "content": "Write a poem."}], add_generation_prompt=True)
@@ -77,6 +80,7 @@ def test_unknown_task_gets_finish() -> None:
     assert teacher.unknown == 1
 
 
+@pytest.mark.unit
 def test_reply_ids_have_zero_logprobs() -> None:
     """The engine callable returns the reply's ids (ending in <|im_end|>) with log-prob 0."""
     task = load_task("toy", "copy_01")
@@ -103,6 +107,7 @@ TASKS = [
 ]
 
 
+@pytest.mark.integration
 async def test_reference_harness_solves_toy_tasks(nats_url, run_name, bwrap) -> None:
     """Reference harness + proxy + teacher engine solve toy tasks with reward 1.0."""
     eng = await make_teacher_engine(["toy", "toy-eval"], "tiny-1m").start()
@@ -129,6 +134,7 @@ async def test_reference_harness_solves_toy_tasks(nats_url, run_name, bwrap) -> 
     assert eng.fn.unknown == 0
 
 
+@pytest.mark.integration
 def test_teacher_engine_process_with_harnessrl_rollout(tmp_path: Path) -> None:
     """``harnessrl engine --kind teacher`` + ``harnessrl rollout`` score 1.0 end to end."""
     if shutil.which("bwrap") is None:
@@ -157,6 +163,7 @@ def test_teacher_engine_process_with_harnessrl_rollout(tmp_path: Path) -> None:
         eng.wait(20)
 
 
+@pytest.mark.integration
 def test_teacher_kind_ready_line_and_sigterm() -> None:
     """``harnessrl engine --kind teacher`` prints the engine's ready line, answers on it, and
     stops cleanly on SIGTERM, logging how many calls it served."""

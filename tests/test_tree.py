@@ -26,6 +26,8 @@ from harnessrl.common.tree import (
 )
 from tests.helpers.trees import RID, Spec, lcp, logprobs_of, make_calls, result_for
 
+pytestmark = pytest.mark.unit
+
 
 def node_view(s: r.TreeSample) -> list[tuple[int, list[int], list[int], int]]:
     """(parent, ids, mask, weight_version) per node: the exact shape of a tree."""
