@@ -22,6 +22,7 @@ from aiohttp import web
 
 from harnessrl.actors.sandbox.bwrap import BwrapBackend
 from harnessrl.actors.sandbox.docker_image import DockerdError, PrivateDockerd, ensure_image
+from harnessrl.common.bus import connect
 from harnessrl.common.natsd import NatsServer
 from tests.helpers.sandboxes import bwrap_or_skip
 
@@ -53,6 +54,22 @@ def nats_url(nats_server: NatsServer) -> str:
 def run_name() -> str:
     """A fresh run name per test, so tests sharing the server never see each other's streams."""
     return "t" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("memory", marks=pytest.mark.unit),
+        pytest.param("nats", marks=pytest.mark.integration),
+    ]
+)
+async def memory_and_nats_bus(request: pytest.FixtureRequest, run_name: str):
+    """A bus of this test's run in memory (a unit test) and on the session's nats-server (an
+    integration test): each test using it runs on both, in the tier of each."""
+    nats = request.param == "nats"
+    url = request.getfixturevalue("nats_url") if nats else f"memory://{run_name}"
+    b = await connect(url, run_name)
+    yield b
+    await b.close()
 
 
 @pytest.fixture

@@ -34,21 +34,10 @@ CHAIN = [
 ]
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("memory", marks=pytest.mark.unit),
-        pytest.param("nats", marks=pytest.mark.integration),
-    ]
-)
-async def bus(request, run_name: str):
-    """The bus in memory (unit) and on a real nats-server (integration): each test using it
-    runs on both, in the tier of each."""
-    url = (
-        f"memory://{run_name}" if request.param == "memory" else request.getfixturevalue("nats_url")
-    )
-    b = await connect(url, run_name)
-    yield b
-    await b.close()
+@pytest.fixture
+def bus(memory_and_nats_bus: Bus) -> Bus:
+    """Each test runs on the bus in memory (unit) and on nats-server (integration)."""
+    return memory_and_nats_bus
 
 
 REDELIVERED = "hrl_bus_redelivered_total"

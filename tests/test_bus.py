@@ -18,20 +18,10 @@ from harnessrl.common.nats_acks import publish_scattered
 from tests.helpers.records import sample_records
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("nats", marks=pytest.mark.integration),
-        pytest.param("memory", marks=pytest.mark.unit),
-    ]
-)
-async def bus(request, run_name: str):
-    """The bus on a real nats-server (integration) and in memory (unit): each test using it
-    runs on both, in the tier of each."""
-    nats = request.param == "nats"
-    url = request.getfixturevalue("nats_url") if nats else f"memory://{run_name}"
-    b = await connect(url, run_name)
-    yield b
-    await b.close()
+@pytest.fixture
+def bus(memory_and_nats_bus: Bus) -> Bus:
+    """Each test runs on the bus in memory (unit) and on nats-server (integration)."""
+    return memory_and_nats_bus
 
 
 def subject_for(b: Bus, rec: r.Record) -> str:
