@@ -53,6 +53,8 @@ class _Watch:
     enforce: bool
     nodeid: str
     used: set[str] = field(default_factory=set)
+    others: set[int] = field(default_factory=set)
+    """Threads already running when the watch began (another test's leftovers): not watched."""
 
 
 _current: _Watch | None = None
@@ -61,7 +63,7 @@ _lock = threading.Lock()
 
 def _check(key: str, what: str) -> None:
     watch = _current
-    if watch is None:
+    if watch is None or threading.get_ident() in watch.others:
         return
     with _lock:
         watch.used.add(key)
@@ -104,6 +106,8 @@ def watching(nodeid: str, *, enforce: bool) -> Iterator[_Watch]:
     """Watch (and with ``enforce``, refuse) processes and sockets while the body runs."""
     global _current
     watch, saved, patches = _Watch(enforce, nodeid), _current, _patches()
+    main = threading.main_thread()
+    watch.others = {t.ident for t in threading.enumerate() if t is not main and t.ident}
     for owner, name, _real, guard in patches:
         setattr(owner, name, guard)
     _current = watch
