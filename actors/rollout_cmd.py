@@ -184,7 +184,7 @@ async def rollout(cfg: RolloutConfig, args: argparse.Namespace) -> dict[str, Any
     """Run the rollout and assemble its tree; the report as a JSON-able dict."""
     from harnessrl.actors.rollout import RolloutDeps, RolloutReport, run_rollout
     from harnessrl.common.bus import BusConnectError, BusError, PermissionDenied, connect
-    from harnessrl.common.natsauth import ROLES
+    from harnessrl.common.natsauth import ACTOR_PREFIX, ROLES
     from harnessrl.common.natsd import NatsServer
     from harnessrl.common.records import CallRecord, rollout_id
     from harnessrl.common.tree import assemble
@@ -204,6 +204,8 @@ async def rollout(cfg: RolloutConfig, args: argparse.Namespace) -> dict[str, Any
                 raise
             raise BusConnectError(str(e)) from None
         role = getattr(bus, "user", "")
+        if role.startswith(ACTOR_PREFIX):  # an actor's own credential is the actor role's
+            role = "actor"
         if role in ROLES and role != "admin":  # refused before anything runs, not at the end
             await bus.close()
             raise PermissionDenied(f"this credential is the {role!r} role's")

@@ -4,7 +4,10 @@ sandbox image (skipped where dockerd cannot run).
 
 Task environments (``actors/sandbox/envs.py``) are built into the default cache
 (``$HARNESSRL_CACHE/envs``, as the docker rootfs and the tiny models are), so a session and the
-sessions after it pay a build once; a docker environment image once per session engine."""
+sessions after it pay a build once; a docker environment image once per session engine.
+
+Every test carries one tier marker, ``unit``, ``integration`` or ``slow`` (tests/helpers/tiers.py,
+loaded here: it refuses tests without one and guards the unit tier)."""
 
 from __future__ import annotations
 
@@ -15,10 +18,15 @@ import uuid
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from harnessrl.actors.sandbox.bwrap import BwrapBackend
 from harnessrl.actors.sandbox.docker_image import DockerdError, PrivateDockerd, ensure_image
+from harnessrl.common.bus import connect
 from harnessrl.common.natsd import NatsServer
+from tests.helpers.sandboxes import bwrap_or_skip
+
+pytest_plugins = ["tests.helpers.tiers", "tests.helpers.secure_nats"]
 
 
 @pytest.fixture(scope="session")
@@ -48,14 +56,20 @@ def run_name() -> str:
     return "t" + uuid.uuid4().hex[:12]
 
 
-async def bwrap_or_skip(root: Path, **kwargs) -> BwrapBackend:
-    """A bubblewrap backend with its state under ``root`` (``kwargs``: see `BwrapBackend`);
-    skips the test where bwrap cannot run (the probe says why)."""
-    be = BwrapBackend(root, **kwargs)
-    reason = await be.probe()
-    if reason is not None:
-        pytest.skip(f"bubblewrap not usable here: {reason}")
-    return be
+@pytest.fixture(
+    params=[
+        pytest.param("memory", marks=pytest.mark.unit),
+        pytest.param("nats", marks=pytest.mark.integration),
+    ]
+)
+async def memory_and_nats_bus(request: pytest.FixtureRequest, run_name: str):
+    """A bus of this test's run in memory (a unit test) and on the session's nats-server (an
+    integration test): each test using it runs on both, in the tier of each."""
+    nats = request.param == "nats"
+    url = request.getfixturevalue("nats_url") if nats else f"memory://{run_name}"
+    b = await connect(url, run_name)
+    yield b
+    await b.close()
 
 
 @pytest.fixture
@@ -76,6 +90,24 @@ async def backend(bwrap: BwrapBackend):
 def sandbox_root(bwrap: BwrapBackend) -> Path:
     """State folder of a usable bubblewrap backend, for configs that take ``sandbox_root``."""
     return bwrap.root
+
+
+@pytest.fixture
+async def unix_http(tmp_path: Path):
+    """A stand-in proxy: an aiohttp app on a host unix socket that echoes what it got."""
+
+    async def handle(request: web.Request) -> web.Response:
+        body = await request.read()
+        return web.json_response({"path": request.path, "len": len(body), "via": "unix"})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    sock = tmp_path / "proxy.sock"
+    await web.UnixSite(runner, str(sock)).start()
+    yield sock
+    await runner.cleanup()
 
 
 @pytest.fixture(scope="session")
@@ -100,19 +132,3 @@ def docker_engine(tmp_path_factory: pytest.TempPathFactory):
         yield daemon.url
     finally:
         daemon.stop(remove=True)
-
-
-def procs_with(marker: str) -> list[int]:
-    """Host pids whose environment or command line contains ``marker``."""
-    found, needle = [], marker.encode()
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid():
-            continue
-        for f in ("environ", "cmdline"):
-            try:
-                if needle in Path(f"/proc/{d}/{f}").read_bytes():
-                    found.append(int(d))
-                    break
-            except OSError:
-                pass
-    return found

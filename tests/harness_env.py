@@ -408,7 +408,7 @@ async def run_harness(
     """Launch ``name`` in a bwrap sandbox whose forwarder reaches ``stack``'s proxy socket;
     return its exit and the workspace files named in ``read`` (None when missing)."""
     from harnessrl.actors.sandbox.base import SandboxSpec
-    from tests.conftest import bwrap_or_skip
+    from tests.helpers.sandboxes import bwrap_or_skip
 
     cache = await ensure_installed(name)
     backend = await bwrap_or_skip(tmp_path / "sandboxes")

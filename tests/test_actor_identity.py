@@ -24,14 +24,11 @@ from harnessrl.common.natsd import NatsServer
 from harnessrl.common.tree import assemble
 from harnessrl.learner.assembler import Assembler
 from harnessrl.learner.config import AssemblerConfig
-from tests.test_nats_auth import (  # noqa: F401  (fixtures)
-    HRL,
-    as_role,
-    run,
-    secure_server,
-    stop_nats_cli,
-)
-from tests.test_tree import Spec, make_calls, result_for
+from tests.helpers.nats_cli import ready_line, spawn_nats_cli, stop_nats_cli
+from tests.helpers.secure_nats import HRL, as_role
+from tests.helpers.trees import Spec, make_calls, result_for
+
+pytestmark = pytest.mark.integration
 
 CHAIN = [Spec([1, 2, 3], [4, 5], wv=2), Spec([1, 2, 3, 4, 5, 6], [7, 8], wv=3)]
 
@@ -98,8 +95,8 @@ async def dead(admin: Bus, kind: str, n: int, timeout: float = 10.0) -> list[r.D
 
 
 async def test_an_actor_cannot_publish_into_another_actors_rollout(
-    secure_server: NatsServer,  # noqa: F811
-    run: str,  # noqa: F811
+    secure_server: NatsServer,
+    run: str,
 ) -> None:
     """With its own valid credential, actor-1 is refused at once every publish under
     actor-0's name: a call into actor-0's rollout, a result in actor-0's name; and the old
@@ -131,8 +128,8 @@ async def test_an_actor_cannot_publish_into_another_actors_rollout(
 
 
 async def test_forged_calls_and_results_are_dead_lettered_never_assembled(
-    secure_server: NatsServer,  # noqa: F811
-    run: str,  # noqa: F811
+    secure_server: NatsServer,
+    run: str,
 ) -> None:
     """actor-0 is handed member 0 of group ga and runs it. actor-1, holding a valid actor
     credential, does what the server still lets it: publishes a call of that rollout under its
@@ -193,8 +190,6 @@ async def test_nats_command_makes_per_actor_credentials_and_picks_up_new_ones(
     """``harnessrl nats --actors 2`` writes actors/actor-{0,1}.cred (0600, no shared actor
     credential); a credential added while it runs is accepted within seconds; a folder of
     them is a pool: each process claims one no other process holds."""
-    from tests.test_nats_auth import ready_line, spawn_nats_cli
-
     proc = spawn_nats_cli(tmp_path, "--runs", "idr", "--actors", "2")
     try:
         line = ready_line(proc)

@@ -11,9 +11,9 @@ import pytest
 from harnessrl.common.records import CallRecord
 from harnessrl.common.tree import assemble
 from tests.harness_env import Brain, Prompt, ensure_installed, write_call
-from tests.test_rollout import TASK, request, rollout_env
+from tests.helpers.rollout import TASK, request, rollout_env
 
-pytestmark = pytest.mark.harness
+pytestmark = [pytest.mark.harness, pytest.mark.integration]
 
 
 class SolveCopy(Brain):

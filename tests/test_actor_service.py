@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -19,12 +18,14 @@ import pytest
 from harnessrl.actors.config import ActorConfig
 from harnessrl.actors.rollout import SOCKET_ROOT, RolloutDeps
 from harnessrl.actors.service import DURABLE, ActorService
-from harnessrl.common import cli, metrics
+from harnessrl.common import metrics
 from harnessrl.common.bus import Bus, connect
 from harnessrl.common.config import undocumented_fields
 from harnessrl.common.records import DeadLetter, RolloutResult, TaskRequest
 from harnessrl.proxy.scripted import Reply, ScriptedEngine
-from tests.test_rollout import SOLVE, TOK, request, toy_solver
+from tests.helpers.actor import actor_argv, actor_process, task_consumer
+from tests.helpers.rollout import SOLVE, TOK, request, toy_solver
+from tests.helpers.wait import until
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,14 +37,6 @@ async def bus(nats_url: str, run_name: str):
     await task_consumer(b, ack_wait=3)
     yield b
     await b.close()
-
-
-async def task_consumer(bus: Bus, ack_wait: float = 10.0) -> None:
-    """Create the task consumer as the learner's feeder does (actors only bind to it)."""
-    from harnessrl.learner.config import FeederConfig
-    from harnessrl.learner.task_queue import TaskQueue
-
-    await TaskQueue(bus, FeederConfig(task_ack_wait_s=ack_wait)).ensure()
 
 
 def actor_config(nats_url: str, run: str, engine: str, root: Path, **kw) -> ActorConfig:
@@ -61,13 +54,12 @@ def actor_config(nats_url: str, run: str, engine: str, root: Path, **kw) -> Acto
 
 async def results(bus: Bus, n: int, timeout: float = 60.0) -> list[RolloutResult]:
     """Wait until ``n`` RolloutResults are stored; return them (failing after ``timeout``)."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    async def stored() -> list[RolloutResult] | None:
         got = await bus.read_subject(bus.subjects.rollouts, RolloutResult)
-        if len(got) >= n or time.monotonic() > deadline:
-            assert len(got) >= n, f"{len(got)} of {n} results after {timeout} s"
-            return got
-        await asyncio.sleep(0.2)
+        return got if len(got) >= n else None
+
+    return await until(stored, timeout, f"{n} results")
 
 
 @contextlib.asynccontextmanager
@@ -84,14 +76,21 @@ async def in_process_actor(cfg: ActorConfig, bus: Bus, name: str = "inproc"):
             await asyncio.wait_for(task, 60)
 
 
+async def tasks_left(bus: Bus, n: int) -> bool:
+    """Whether ``n`` tasks are left in the queue (acked ones are removed)."""
+    return await bus.stream_count("TASKS") == n
+
+
 def sandboxes(root: Path) -> list[str]:
     return [p.name for p in root.iterdir() if not p.name.startswith(".")] if root.exists() else []
 
 
+@pytest.mark.integration
 async def test_service_end_to_end(bus: Bus, nats_url, run_name, sandbox_root: Path):
     """Four tasks, two slots: one result per task, good tasks acked, the unknown task
     published as a failed result and dead-lettered; nothing left in the queue."""
-    acked = metrics.sample_value("hrl_actor_tasks_total", {"outcome": "acked"})
+    acks = lambda: metrics.sample_value("hrl_actor_tasks_total", {"outcome": "acked"})  # noqa: E731
+    acked = acks()
     reqs = [
         request(cmd=SOLVE, group_id="ga", k=0, group_size=2, meta={"tag": "x"}),
         request(cmd="true", group_id="ga", k=1, group_size=2),
@@ -106,8 +105,8 @@ async def test_service_end_to_end(bus: Bus, nats_url, run_name, sandbox_root: Pa
         )
         async with in_process_actor(cfg, bus) as service:
             got = {r.rollout_id: r for r in await results(bus, 4)}
-            await asyncio.sleep(0.3)  # let the last ack land
-        assert service.done == 4
+            await until(lambda: service.done == 4, what="every task done")
+            await until(lambda: acks() - acked == 3, what="the three good tasks acked")
     assert set(got) == {"ga-0-1", "ga-1-1", "gb-0-1", "gc-0-1"}
     assert (got["ga-0-1"].status, got["ga-0-1"].reward, got["ga-0-1"].meta) == (
         "ok",
@@ -121,7 +120,6 @@ async def test_service_end_to_end(bus: Bus, nats_url, run_name, sandbox_root: Pa
     assert await bus.stream_count("TASKS") == 0
     dead = await bus.read_subject(bus.subjects.dead("TASKS"), DeadLetter)
     assert len(dead) == 1 and "no_such_task" in dead[0].reason
-    assert metrics.sample_value("hrl_actor_tasks_total", {"outcome": "acked"}) - acked == 3
     assert sandboxes(sandbox_root) == []
 
 
@@ -129,58 +127,7 @@ async def test_service_end_to_end(bus: Bus, nats_url, run_name, sandbox_root: Pa
 # as a process
 
 
-def actor_argv(nats_url: str, run: str, engine: str, root: Path, *extra: str) -> list[str]:
-    entry = (
-        ["-m", "harnessrl.common.cli", "actor"]
-        if cli.COMMANDS["actor"].module
-        else ["-m", "harnessrl.actors.actor_cmd"]
-    )
-    return [
-        sys.executable,
-        *entry,
-        "--nats",
-        nats_url,
-        "--run",
-        run,
-        "--engine",
-        engine,
-        "--model",
-        "tiny-1m",
-        "--sandbox-root",
-        str(root),
-        "--no-install-harnesses",
-        "--metrics-port",
-        "-1",
-        "--concurrency",
-        "1",
-        *extra,
-    ]
-
-
-@contextlib.asynccontextmanager
-async def actor_process(argv: list[str], log: Path):
-    """The actor as a child process; yields it once it printed ``actor ready``."""
-    with open(log, "wb") as err:
-        proc = await asyncio.create_subprocess_exec(
-            *argv, cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=err
-        )
-    try:
-        line = await asyncio.wait_for(proc.stdout.readline(), 60)
-        assert b"actor ready" in line, log.read_text()[-3000:]
-        yield proc
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-
-
-async def wait_for(predicate, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
-
-
+@pytest.mark.integration
 async def test_killed_actor_task_becomes_attempt_two(
     bus: Bus, nats_url, run_name, sandbox_root: Path, tmp_path: Path
 ):
@@ -190,7 +137,7 @@ async def test_killed_actor_task_becomes_attempt_two(
         argv = actor_argv(nats_url, run_name, eng.url, sandbox_root)
         async with actor_process(argv, tmp_path / "actor.log") as proc:
             await bus.publish(bus.subjects.tasks, request("reference", group_id="gk"))
-            await wait_for(lambda: len(eng.requests) == 1, what="the first model call")
+            await until(lambda: len(eng.requests) == 1, what="the first model call")
             assert len(sandboxes(sandbox_root)) == 1
             proc.kill()
             await proc.wait()
@@ -199,7 +146,7 @@ async def test_killed_actor_task_becomes_attempt_two(
             assert sandboxes(sandbox_root) == []  # swept at start
             assert not list(SOCKET_ROOT.glob(f"{proc.pid}-*"))
             (res,) = await results(bus, 1)
-            await asyncio.sleep(0.3)
+            await until(lambda: tasks_left(bus, 0), what="the task acked")
     assert (res.rollout_id, res.attempt, res.k, res.status, res.reward) == (
         "gk-0-2",
         2,
@@ -211,6 +158,7 @@ async def test_killed_actor_task_becomes_attempt_two(
     assert len(await bus.read_subject(bus.subjects.rollouts, RolloutResult)) == 1
 
 
+@pytest.mark.integration
 async def test_sigterm_shutdown_cleans_up_and_requeues(
     bus: Bus, nats_url, run_name, sandbox_root: Path, tmp_path: Path
 ):
@@ -220,7 +168,7 @@ async def test_sigterm_shutdown_cleans_up_and_requeues(
         argv = actor_argv(nats_url, run_name, eng.url, sandbox_root, "--shutdown-grace-s", "0.5")
         async with actor_process(argv, tmp_path / "actor.log") as proc:
             await bus.publish(bus.subjects.tasks, request("reference", group_id="gt"))
-            await wait_for(lambda: len(eng.requests) == 1, what="the first model call")
+            await until(lambda: len(eng.requests) == 1, what="the first model call")
             proc.send_signal(signal.SIGTERM)
             rc = await asyncio.wait_for(proc.wait(), 30)
         assert rc == 0, (tmp_path / "actor.log").read_text()[-3000:]
@@ -233,6 +181,7 @@ async def test_sigterm_shutdown_cleans_up_and_requeues(
     await d.term()
 
 
+@pytest.mark.integration
 async def test_second_sigterm_cuts_the_grace_period_short(
     bus: Bus, nats_url, run_name, sandbox_root: Path, tmp_path: Path
 ):
@@ -243,9 +192,9 @@ async def test_second_sigterm_cuts_the_grace_period_short(
         argv = actor_argv(nats_url, run_name, eng.url, sandbox_root, "--shutdown-grace-s", "120")
         async with actor_process(argv, tmp_path / "actor.log") as proc:
             await bus.publish(bus.subjects.tasks, request("reference", group_id="gh"))
-            await wait_for(lambda: len(eng.requests) == 1, what="the first model call")
+            await until(lambda: len(eng.requests) == 1, what="the first model call")
             proc.send_signal(signal.SIGTERM)
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0)  # a window for a wrong exit to happen in
             assert proc.returncode is None  # the first signal waits for the rollout
             t0 = time.monotonic()
             proc.send_signal(signal.SIGTERM)
@@ -260,6 +209,7 @@ async def test_second_sigterm_cuts_the_grace_period_short(
     await d.term()
 
 
+@pytest.mark.unit
 def test_config_fields_documented_and_engine_flag():
     """Every actor config field is documented; ``--engine`` repeats into ``engines``."""
     import argparse
@@ -276,6 +226,7 @@ def test_config_fields_documented_and_engine_flag():
         ActorConfig(ack_wait_s=5)
 
 
+@pytest.mark.integration
 async def test_engine_error_is_published_and_acked(bus: Bus, nats_url, run_name, sandbox_root):
     """A rollout the engine failed is published as an engine_error with its reason and acked
     (it is this attempt's outcome, not a bad request): no dead letter, no retry."""
@@ -286,7 +237,7 @@ async def test_engine_error_is_published_and_acked(bus: Bus, nats_url, run_name,
         cfg = actor_config(nats_url, run_name, eng.url, sandbox_root, harness_options=opts)
         async with in_process_actor(cfg, bus):
             (res,) = await results(bus, 1)
-            await asyncio.sleep(0.3)  # let the ack land
+            await until(lambda: tasks_left(bus, 0), what="the task acked")
     assert (res.rollout_id, res.status, res.reason, res.n_calls) == (
         "ge-0-1",
         "engine_error",
@@ -297,6 +248,7 @@ async def test_engine_error_is_published_and_acked(bus: Bus, nats_url, run_name,
     assert await bus.read_subject(bus.subjects.dead("TASKS"), DeadLetter) == []
 
 
+@pytest.mark.integration
 async def test_given_up_task_has_a_reason(bus: Bus, nats_url, run_name, sandbox_root):
     """A task delivered more than max_attempts times ends as a harness_error result with
     reason given_up, and is dead-lettered."""
@@ -308,13 +260,15 @@ async def test_given_up_task_has_a_reason(bus: Bus, nats_url, run_name, sandbox_
     cfg = actor_config(nats_url, run_name, "http://127.0.0.1:9", sandbox_root, max_attempts=1)
     async with in_process_actor(cfg, bus):
         (res,) = await results(bus, 1)
-        await asyncio.sleep(0.3)
+        dead = await until(
+            lambda: bus.read_subject(bus.subjects.dead("TASKS"), DeadLetter), what="a dead letter"
+        )
     assert (res.rollout_id, res.status, res.reason) == ("gg-0-2", "harness_error", "given_up")
-    dead = await bus.read_subject(bus.subjects.dead("TASKS"), DeadLetter)
     assert len(dead) == 1 and "given up" in dead[0].reason
     assert metrics.sample_value("hrl_actor_failures_total", {"reason": "given_up"}) == before + 1
 
 
+@pytest.mark.integration
 async def test_fetches_at_most_fetch_batch_tasks(
     bus: Bus, nats_url, run_name, sandbox_root: Path, monkeypatch
 ):

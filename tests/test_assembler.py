@@ -22,11 +22,8 @@ from harnessrl.common.tree import assemble, expand, join_parts, split_sample
 from harnessrl.learner import assembler as assembler_mod
 from harnessrl.learner.assembler import Assembler
 from harnessrl.learner.config import AssemblerConfig
-
-try:  # `pytest` puts tests/ itself on sys.path (no tests/__init__.py); `python -m pytest` the root
-    from test_tree import Spec, make_calls, result_for
-except ImportError:  # pragma: no cover
-    from tests.test_tree import Spec, make_calls, result_for
+from tests.helpers.trees import Spec, make_calls, result_for
+from tests.helpers.wait import until
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,14 +34,10 @@ CHAIN = [
 ]
 
 
-@pytest.fixture(params=["memory", "nats"])
-async def bus(request, run_name: str):
-    url = (
-        f"memory://{run_name}" if request.param == "memory" else request.getfixturevalue("nats_url")
-    )
-    b = await connect(url, run_name)
-    yield b
-    await b.close()
+@pytest.fixture
+def bus(memory_and_nats_bus: Bus) -> Bus:
+    """Each test runs on the bus in memory (unit) and on nats-server (integration)."""
+    return memory_and_nats_bus
 
 
 REDELIVERED = "hrl_bus_redelivered_total"
@@ -105,6 +98,10 @@ async def drain_samples(bus: Bus, want: int, timeout: float = 15.0) -> list[r.Tr
     return got
 
 
+async def samples_stored(bus: Bus, n: int) -> bool:
+    return await bus.stream_count("SAMPLES") >= n
+
+
 def by_rid(samples: list[r.TreeSample]) -> dict[str, r.TreeSample]:
     out = {s.rollout_id: s for s in samples}
     assert len(out) == len(samples), "a rollout produced more than one sample"
@@ -136,8 +133,10 @@ async def test_straggler_calls_are_waited_for(bus: Bus) -> None:
     """A call published after its result is still included; one that never comes -> tombstone."""
     calls, _ = await publish_rollout(bus, "gs-0-1", hold=1)
     await publish_rollout(bus, "gs-1-1", hold=1)
+    rereads = lambda: metrics.sample_value("hrl_assembler_straggler_waits_total") or 0  # noqa: E731
+    before = rereads()
     async with running(bus, straggler_wait_s=1.5):
-        await asyncio.sleep(0.4)
+        await until(lambda: rereads() > before, 10, "the assembler waiting for missing calls")
         await publish_calls(bus, calls[-1:])
         got = by_rid(await drain_samples(bus, 2))
     assert got["gs-0-1"].counters.n_calls == 3 and not got["gs-0-1"].is_tombstone
@@ -150,7 +149,7 @@ async def test_duplicate_result_yields_one_sample(bus: Bus) -> None:
     await publish_result(bus, res, "rollout:gd-0-1:again")  # stored twice
     async with running(bus):
         got = await drain_samples(bus, 1)
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # a window for a second sample to appear in
         got += await drain_samples(bus, 0, timeout=0.5)
     assert [s.rollout_id for s in got] == ["gd-0-1"]
 
@@ -167,9 +166,7 @@ async def test_restart_mid_stream_exactly_one_outcome_each(bus: Bus, run_name: s
     cfg = dict(ack_wait=1.0, concurrency=3, straggler_wait_s=4.0)
     redelivered = metrics.sample_value(REDELIVERED, ASSEMBLER_LABELS)
     first = asyncio.create_task(Assembler(bus, config(bus, **cfg)).run())
-    deadline = time.monotonic() + 10
-    while await bus.stream_count("SAMPLES") < 2 and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    await until(lambda: samples_stored(bus, 2), 10, "two samples")
     first.cancel()  # mid-stream: odd rollouts are still waiting for their straggler
     with contextlib.suppress(asyncio.CancelledError):
         await first
@@ -209,17 +206,16 @@ async def test_crash_between_publish_and_ack_no_duplicate(bus: Bus) -> None:
     redelivered = metrics.sample_value(REDELIVERED, ASSEMBLER_LABELS)
     dups = metrics.sample_value("hrl_bus_duplicates_total", {"stream": "SAMPLES"})
     first = asyncio.create_task(CrashBeforeAck(bus, cfg).run())
-    deadline = time.monotonic() + 10
-    while await bus.stream_count("SAMPLES") < 1 and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    await until(lambda: samples_stored(bus, 1), 10, "the sample stored")
     first.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await first
     async with running(bus, ack_wait=1.0):
-        deadline = time.monotonic() + 10
-        while metrics.sample_value("hrl_bus_duplicates_total", {"stream": "SAMPLES"}) == dups:
-            assert time.monotonic() < deadline, "the unacked result was never republished"
-            await asyncio.sleep(0.05)
+        await until(
+            lambda: metrics.sample_value("hrl_bus_duplicates_total", {"stream": "SAMPLES"}) > dups,
+            10,
+            "the unacked result republished",
+        )
         assert metrics.sample_value(REDELIVERED, ASSEMBLER_LABELS) > redelivered
         got = await drain_samples(bus, 1)
     assert [s.rollout_id for s in got] == ["gk-0-1"]
@@ -238,11 +234,12 @@ async def test_poison_results_are_dead_lettered(bus: Bus) -> None:
     await publish_rollout(bus, "gp-1-1")
     async with running(bus):
         got = await drain_samples(bus, 1)
-        dead: list[r.DeadLetter] = []
-        deadline = time.monotonic() + 5
-        while len(dead) < 2 and time.monotonic() < deadline:
+
+        async def two_dead() -> list[r.DeadLetter] | None:
             dead = await bus.read_subject(s.dead("ROLLOUTS"), r.DeadLetter)
-            await asyncio.sleep(0.1)
+            return dead if len(dead) >= 2 else None
+
+        dead = await until(two_dead, 5, "two dead letters")
     assert [x.rollout_id for x in got] == ["gp-1-1"]
     reasons = sorted(d.reason for d in dead)
     assert len(reasons) == 2
@@ -269,6 +266,7 @@ async def test_large_sample_is_split_into_parts(bus: Bus) -> None:
         assert all(np.array_equal(a, b) for a, b in zip(w, g, strict=True))
 
 
+@pytest.mark.unit
 async def test_assembly_bug_gives_tombstone_and_dead_letter(monkeypatch) -> None:
     """An exception inside assemble never stalls the group: tombstone + dead letter."""
     b = await connect("memory://bug", "bug")
@@ -285,10 +283,12 @@ async def test_assembly_bug_gives_tombstone_and_dead_letter(monkeypatch) -> None
     assert len(dead) == 1 and "boom" in dead[0].reason
 
 
+@pytest.mark.unit
 def test_config_documented() -> None:
     assert undocumented_fields(AssemblerConfig) == []
 
 
+@pytest.mark.integration
 async def test_command_runs_and_stops_on_sigterm(nats_url: str, run_name: str) -> None:
     """The real entry point as a subprocess: assembles, then exits 0 on SIGTERM."""
     b = await connect(nats_url, run_name)

@@ -203,6 +203,7 @@ def _fixture(name: str) -> tuple[list[CallRecord], dict[str, Any]]:
     return load_calls(name)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", NAMES)
 def test_fixture_assembles_into_expected_shape(name: str) -> None:
     """The recorded calls assemble exactly into the shape recorded beside them."""
@@ -214,6 +215,7 @@ def test_fixture_assembles_into_expected_shape(name: str) -> None:
     check_invariants(records, shape, SCENARIOS[name].needs)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", NAMES)
 def test_fixture_has_zero_false_forks(name: str) -> None:
     """Re-rendered history never opens a branch: each retained call extends the previous one."""
@@ -224,6 +226,7 @@ def test_fixture_has_zero_false_forks(name: str) -> None:
     assert len(full) == len(records)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", NAMES)
 def test_fixture_assembly_ignores_record_order(name: str) -> None:
     """Shuffled and duplicated records give the very same sample."""
@@ -236,6 +239,7 @@ def test_fixture_assembly_ignores_record_order(name: str) -> None:
         assert encode(assemble_detailed(mixed, result_for(records)).sample) == want
 
 
+@pytest.mark.unit
 def test_side_calls_are_their_own_roots_when_exported() -> None:
     """With export_side_calls the sub-agent conversation is one more root with one branch."""
     records, expected = _fixture("claude_code_subagent")
@@ -247,6 +251,7 @@ def test_side_calls_are_their_own_roots_when_exported() -> None:
     check_chain(records, done)
 
 
+@pytest.mark.unit
 def test_retry_keeps_only_the_successful_attempt() -> None:
     """The call answered 502 and its retry share one input; only the retry is trained."""
     records, _ = _fixture("claude_code_retry")
@@ -259,6 +264,7 @@ def test_retry_keeps_only_the_successful_attempt() -> None:
     assert bad.seq not in done.retained and retry.seq in done.retained
 
 
+@pytest.mark.unit
 def test_compaction_restarts_a_segment() -> None:
     """Each Claude Code compaction request forks the history; the next main call starts a new
     root whose prompt quotes (as environment text) the summary the model wrote."""
@@ -275,6 +281,7 @@ def test_compaction_restarts_a_segment() -> None:
 # recording (real harnesses)
 
 
+@pytest.mark.integration
 @pytest.mark.harness
 @pytest.mark.parametrize("name", NAMES)
 async def test_record_fixture(name: str, nats_url: str, run_name: str, tmp_path: Path) -> None:

@@ -12,59 +12,13 @@ import numpy as np
 import pytest
 
 from harnessrl.common.bus import Bus, Delivery, connect
-from harnessrl.common.records import TreeNode, TreeSample, pack_f32, pack_ids, pack_u8
+from harnessrl.common.records import TreeSample, pack_f32, pack_ids, pack_u8
 from harnessrl.common.tree import expand, split_sample
 from harnessrl.learner.batching import Batcher, BatchRules, Ledger
 from harnessrl.learner.losses import grpo_advantages
+from tests.helpers.learner import VOCAB, synthetic_sample
 
-VOCAB = 8192
-
-
-def synthetic_sample(
-    group_id: str,
-    k: int,
-    *,
-    reward: float = 0.0,
-    group_size: int = 4,
-    attempt: int = 1,
-    weight_version: int = 0,
-    tombstone: str = "",
-    seed: int | None = None,
-    tokens: int = 12,
-    is_eval: bool = False,
-) -> TreeSample:
-    """A small random tree over the tiny vocabulary: a prompt, then 1-3 model/env branches."""
-    rng = np.random.default_rng(seed if seed is not None else hash((group_id, k, attempt)) % 2**32)
-    rid = f"{group_id}-{k}-{attempt}"
-    common = {
-        "rollout_id": rid,
-        "group_id": group_id,
-        "k": k,
-        "attempt": attempt,
-        "group_size": group_size,
-        "reward": reward,
-        "task_id": "synthetic",
-        "harness": "reference",
-        "is_eval": is_eval,
-    }
-    if tombstone:
-        return TreeSample(**common, dropped_reason=tombstone)
-    nodes = [TreeNode(parent=-1, token_ids=pack_ids(rng.integers(3, VOCAB, tokens)))]
-    for _ in range(int(rng.integers(1, 4))):
-        parent = int(rng.integers(0, len(nodes)))
-        for is_model in (True, False):
-            m = int(rng.integers(2, 6))
-            nodes.append(
-                TreeNode(
-                    parent=parent,
-                    token_ids=pack_ids(rng.integers(3, VOCAB, m)),
-                    logprobs=pack_f32(rng.uniform(-9.5, -8.5, m) if is_model else np.zeros(m)),
-                    loss_mask=pack_u8(np.full(m, int(is_model))),
-                    weight_version=weight_version if is_model else -1,
-                )
-            )
-            parent = len(nodes) - 1
-    return TreeSample(**common, weight_version=weight_version, nodes=nodes)
+pytestmark = pytest.mark.unit
 
 
 @pytest.fixture

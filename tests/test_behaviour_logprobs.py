@@ -7,11 +7,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
 from harnessrl.common.records import TreeNode, TreeSample, pack_f32, pack_ids, pack_u8
 from harnessrl.common.tree import node_arrays
 from harnessrl.learner.packing import PackConfig, pack
 from harnessrl.proxy.sglang import GenerateResult
+
+pytestmark = pytest.mark.unit
 
 
 def test_the_client_marks_a_missing_engine_logprob_as_nan() -> None:

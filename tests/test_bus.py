@@ -15,15 +15,13 @@ from harnessrl.common import metrics
 from harnessrl.common import records as r
 from harnessrl.common.bus import Bus, connect
 from harnessrl.common.nats_acks import publish_scattered
-from tests.test_records import sample_records
+from tests.helpers.records import sample_records
 
 
-@pytest.fixture(params=["nats", "memory"])
-async def bus(request, nats_url: str, run_name: str):
-    url = nats_url if request.param == "nats" else f"memory://{run_name}"
-    b = await connect(url, run_name)
-    yield b
-    await b.close()
+@pytest.fixture
+def bus(memory_and_nats_bus: Bus) -> Bus:
+    """Each test runs on the bus in memory (unit) and on nats-server (integration)."""
+    return memory_and_nats_bus
 
 
 def subject_for(b: Bus, rec: r.Record) -> str:
@@ -63,6 +61,7 @@ async def test_duplicate_msg_id_stored_once(bus: Bus) -> None:
     assert await bus.stream_count("TASKS") == 1
 
 
+@pytest.mark.integration
 async def test_unacked_message_redelivered_to_another_consumer(
     nats_url: str, run_name: str
 ) -> None:
@@ -156,6 +155,7 @@ async def test_publish_many_pipelined(bus: Bus) -> None:
     assert await bus.stream_count("CALLS", s.calls("p-0-1")) == 50
 
 
+@pytest.mark.integration
 async def test_oversized_record_is_an_error_not_a_drop(nats_url: str, run_name: str) -> None:
     b = await connect(nats_url, run_name)
     big = r.WeightChunk(version=1, index=0, n_chunks=1, data=b"\x01" * (9 * 1024 * 1024))
@@ -164,6 +164,7 @@ async def test_oversized_record_is_an_error_not_a_drop(nats_url: str, run_name: 
     await b.close()
 
 
+@pytest.mark.integration
 async def test_streams_created_idempotently(nats_url: str, run_name: str) -> None:
     b1 = await connect(nats_url, run_name)
     b2 = await connect(nats_url, run_name)  # second creator: no error, same streams
@@ -173,6 +174,7 @@ async def test_streams_created_idempotently(nats_url: str, run_name: str) -> Non
     await b2.close()
 
 
+@pytest.mark.integration
 async def test_server_killed_and_restarted_loses_no_acked_record(nats_server_fn) -> None:
     """SIGKILL nats-server mid-stream, restart it on the same port and store: every record whose
     publish returned is still there, and the publisher carried on through the outage."""
@@ -203,6 +205,7 @@ async def test_server_killed_and_restarted_loses_no_acked_record(nats_server_fn)
     await b.close()
 
 
+@pytest.mark.integration
 async def test_acked_consumption_survives_restart(nats_server_fn) -> None:
     """Acks that returned are durable: after a crash, only unacked messages come back."""
     srv = nats_server_fn
@@ -253,6 +256,7 @@ async def test_stored_reads_a_work_queue_without_consuming_it(bus: Bus) -> None:
     assert len(await bus.stored(s.rollouts, since=since)) == 1
 
 
+@pytest.mark.integration
 async def test_interrupted_bus_never_waits_for_a_dead_server(nats_server_fn) -> None:
     """After ``interrupt`` (a process stopping), a publish to a server that is down fails at
     once with ``BusUnavailable`` (also one already retrying), instead of retrying for
@@ -297,6 +301,7 @@ async def test_read_subject_batches_in_order(bus: Bus) -> None:
     )
 
 
+@pytest.mark.integration
 async def test_publish_many_surfaces_a_refused_ack(nats_url: str, run_name: str) -> None:
     """A record JetStream refuses inside a pipelined batch (here: over the stream's maximum
     message size) raises ``BusError`` instead of being reported done; the rest is stored."""
@@ -313,6 +318,7 @@ async def test_publish_many_surfaces_a_refused_ack(nats_url: str, run_name: str)
     await b.close()
 
 
+@pytest.mark.integration
 async def test_publish_many_through_a_server_restart_loses_nothing(nats_server_fn) -> None:
     """SIGKILL nats-server while a pipelined batch is in flight (its acks are lost) and
     restart it: the batch returns once every record is acked, each stored exactly once."""
@@ -345,6 +351,7 @@ async def test_publish_many_through_a_server_restart_loses_nothing(nats_server_f
     await b.close()
 
 
+@pytest.mark.integration
 async def test_publish_many_bounds_unacked_bytes(nats_url: str, run_name: str) -> None:
     """With ``max_in_flight_bytes`` below one record, every record waits for the previous ack
     before it is sent; all are stored once, in order."""
@@ -358,6 +365,7 @@ async def test_publish_many_bounds_unacked_bytes(nats_url: str, run_name: str) -
     await b.close()
 
 
+@pytest.mark.integration
 async def test_weight_chunks_go_out_unjoined_and_arrive_as_encoded(
     nats_url: str, run_name: str
 ) -> None:
@@ -400,6 +408,7 @@ async def test_weight_chunks_go_out_unjoined_and_arrive_as_encoded(
     await b.close()
 
 
+@pytest.mark.unit
 async def test_scattered_publish_without_the_clients_write_path_sends_joined_bytes() -> None:
     """A client without nats-py's private pending list (another version) gets the joined
     bytes through its public ``publish``."""
@@ -415,6 +424,7 @@ async def test_scattered_publish_without_the_clients_write_path_sends_joined_byt
     assert sent == [("s", r.encode(chunk), "inbox.1", {"Nats-Msg-Id": "x"})]
 
 
+@pytest.mark.integration
 async def test_fetch_never_returns_more_than_its_batch(nats_url: str, run_name: str) -> None:
     """Replies to an earlier pull request that arrive after its fetch gave up (a busy machine)
     wait in the client's queue; nats-py's next fetch drains them all, whatever its batch. The
@@ -448,6 +458,7 @@ async def test_fetch_never_returns_more_than_its_batch(nats_url: str, run_name: 
         await b.close()
 
 
+@pytest.mark.integration
 async def test_late_deliveries_are_kept_alive_while_no_fetch_comes(
     nats_url: str, run_name: str
 ) -> None:
@@ -482,6 +493,7 @@ async def test_late_deliveries_are_kept_alive_while_no_fetch_comes(
         await b.close()
 
 
+@pytest.mark.unit
 async def test_denials_wait_races_acks_against_a_violation_and_an_outage() -> None:
     """``Denials.wait`` (how ``publish_many`` awaits its acks without a task per call): returns
     once every future is done or the timeout passed; a violation on a matching subject raises
@@ -514,6 +526,7 @@ async def test_denials_wait_races_acks_against_a_violation_and_an_outage() -> No
     assert not pending._callbacks  # every wait took its callback off the pending future
 
 
+@pytest.mark.integration
 async def test_small_publish_many_is_encoded_on_the_loop(nats_url: str, run_name: str) -> None:
     """A ``publish_many`` of a few records (a proxy's call record) is encoded on the loop, not
     in a worker thread (the hop cost more CPU than the encoding); a batch of more, and any

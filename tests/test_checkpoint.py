@@ -17,6 +17,8 @@ import pytest
 from harnessrl.learner.batching import Ledger
 from harnessrl.learner.checkpoint import STATE_FILE, Checkpointer, LearnerState
 
+pytestmark = pytest.mark.unit
+
 
 class FakeEngine:
     """Checkpoints like ``LearnerEngine.save_checkpoint``/``load_checkpoint``, no weights."""

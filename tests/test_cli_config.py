@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from harnessrl.common.config import (
     undocumented_fields,
 )
 from harnessrl.common.procs import pid_alive
+from tests.helpers.wait import wait_until
 
 HRL = [sys.executable, "-m", "harnessrl.common.cli"]
 
@@ -33,6 +33,7 @@ def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([*HRL, *args], capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.integration
 def test_help_is_fast_and_imports_no_heavy_library() -> None:
     code = (
         "import sys, time; t=time.perf_counter(); from harnessrl.common import cli\n"
@@ -46,6 +47,7 @@ def test_help_is_fast_and_imports_no_heavy_library() -> None:
     assert float(line.split()[1]) < 1.0, line
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", sorted(cli.COMMANDS))
 def test_every_subcommand_has_help(name: str) -> None:
     res = run_cli(name, "--help")
@@ -70,6 +72,7 @@ def _subparser(name: str):
     return parser, subs.choices[name]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", list(cli.COMMANDS))
 def test_no_parser_takes_abbreviations(name: str) -> None:
     """Every parser refuses abbreviated flags, so a flag added later can never turn an old
@@ -85,6 +88,7 @@ def test_no_parser_takes_abbreviations(name: str) -> None:
             break
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", ["proxy", "actor", "rollout", "run", "demo"])
 def test_engines_take_one_flag_everywhere(name: str) -> None:
     """``--engine URL`` (repeated) and ``--engines URL`` are the same flag in every command
@@ -94,12 +98,14 @@ def test_engines_take_one_flag_everywhere(name: str) -> None:
     assert args.cfg__engines == ["http://a:1", "http://b:2"]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("model", all_config_models(), ids=lambda m: m.__name__)
 def test_every_config_field_is_documented_and_strict(model: type[HrlModel]) -> None:
     assert undocumented_fields(model) == []
     assert model.model_config.get("extra") == "forbid"
 
 
+@pytest.mark.unit
 def test_unknown_and_illtyped_fields_name_the_field(tmp_path: Path) -> None:
     f = tmp_path / "c.toml"
     f.write_text('port = 1\nstore_dirr = "x"\n')
@@ -117,6 +123,7 @@ def test_unknown_and_illtyped_fields_name_the_field(tmp_path: Path) -> None:
         load_config(NatsServerConfig, f)
 
 
+@pytest.mark.unit
 def test_precedence_defaults_toml_flags(tmp_path: Path) -> None:
     f = tmp_path / "c.toml"
     f.write_text('port = 5000\nhost = "0.0.0.0"\n')
@@ -125,6 +132,7 @@ def test_precedence_defaults_toml_flags(tmp_path: Path) -> None:
     assert load_config(NatsServerConfig, None, {}).port == 4222
 
 
+@pytest.mark.integration
 def test_print_config_roundtrips(tmp_path: Path) -> None:
     res = run_cli("nats", "--port", "1234", "--max-payload-mb", "16", "--print-config")
     assert res.returncode == 0, res.stderr
@@ -137,12 +145,14 @@ def test_print_config_roundtrips(tmp_path: Path) -> None:
     assert dump_toml(load_config(NatsServerConfig, f)) == res.stdout
 
 
+@pytest.mark.integration
 def test_cli_rejects_bad_flag_value_naming_it() -> None:
     res = run_cli("nats", "--port", "-5", "--print-config")
     assert res.returncode == 2
     assert "'port'" in res.stderr
 
 
+@pytest.mark.integration
 def test_nats_command_serves_until_sigterm_and_leaves_nothing(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [*HRL, "nats", "--port", "0", "--store-dir", str(tmp_path / "store"), "--insecure"],
@@ -169,13 +179,10 @@ def test_nats_command_serves_until_sigterm_and_leaves_nothing(tmp_path: Path) ->
     asyncio.run(check())
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(20) == 0
-    for _ in range(50):
-        if not pid_alive(server_pid):
-            break
-        time.sleep(0.1)
-    assert not pid_alive(server_pid), "nats-server survived harnessrl nats"
+    wait_until(lambda: not pid_alive(server_pid), 5, "nats-server to exit with harnessrl nats")
 
 
+@pytest.mark.integration
 def test_nats_server_dies_with_a_killed_parent(tmp_path: Path) -> None:
     """Even SIGKILL of `harnessrl nats` leaves no nats-server behind (PDEATHSIG)."""
     proc = subprocess.Popen(
@@ -188,8 +195,4 @@ def test_nats_server_dies_with_a_killed_parent(tmp_path: Path) -> None:
     server_pid = int(line.split("pid ")[1].split(")")[0])
     proc.kill()
     proc.wait()
-    for _ in range(50):
-        if not pid_alive(server_pid):
-            break
-        time.sleep(0.1)
-    assert not pid_alive(server_pid)
+    wait_until(lambda: not pid_alive(server_pid), 5, "nats-server to exit")

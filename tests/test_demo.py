@@ -29,6 +29,7 @@ from harnessrl.common.run.demo import (
 )
 from harnessrl.common.run.plan import resolve
 from harnessrl.common.tasks.toy import FAMILIES
+from tests.helpers.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 HRL = [sys.executable, "-m", "harnessrl.common.cli"]
@@ -40,6 +41,7 @@ def _resolve(tmp_path: Path, name: str, tables: dict) -> tuple:
     return resolve(argparse.Namespace(run_file=str(path), config=None))
 
 
+@pytest.mark.unit
 def test_phase_run_files_are_valid_run_configs(tmp_path: Path) -> None:
     """What the demo writes to ``sft.toml``/``rl.toml`` parses as a run file, with the
     demo's choices carried into the right tables."""
@@ -108,6 +110,7 @@ def test_phase_run_files_are_valid_run_configs(tmp_path: Path) -> None:
     assert run.engines == ["http://gpu-0:30000"] and run.nats == "nats://n:4222"
 
 
+@pytest.mark.unit
 def test_training_suite_is_generated_once_and_holds_out_toy_eval(tmp_path: Path) -> None:
     from harnessrl.common.tasks import list_tasks
 
@@ -135,6 +138,7 @@ def test_training_suite_is_generated_once_and_holds_out_toy_eval(tmp_path: Path)
     assert (Path(path) / "copy_01" / "marker").exists()
 
 
+@pytest.mark.unit
 def test_paired_outcomes_match_task_and_seed() -> None:
     """Before/after rollouts pair by (task, k) within a harness; unmatched ones are left out."""
 
@@ -157,12 +161,14 @@ def test_paired_outcomes_match_task_and_seed() -> None:
     }
 
 
+@pytest.mark.unit
 def test_sft_steps_default_follows_rl_steps() -> None:
     assert sft_steps(DemoConfig(steps=4)) == 60
     assert sft_steps(DemoConfig(steps=100)) == 400
     assert sft_steps(DemoConfig(steps=4, sft_steps=7)) == 7
 
 
+@pytest.mark.unit
 def test_final_weights_falls_back_to_the_last_version(tmp_path: Path) -> None:
     weights = tmp_path / "learner" / "weights"
     with pytest.raises(RuntimeError, match="no weights"):
@@ -174,6 +180,7 @@ def test_final_weights_falls_back_to_the_last_version(tmp_path: Path) -> None:
     assert final_weights(tmp_path, 9).name == "v000000004"  # a time limit ended it early
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
@@ -189,6 +196,7 @@ def test_bad_flags_name_the_field(args: list[str], expected: str) -> None:
     assert expected in res.stderr.replace("-", "_"), res.stderr
 
 
+@pytest.mark.integration
 def test_refuses_a_finished_demo_folder(tmp_path: Path) -> None:
     (tmp_path / "demo.json").write_text("{}")
     res = subprocess.run(
@@ -250,6 +258,7 @@ def test_tiny_demo_runs_every_phase(tmp_path: Path) -> None:
     print(f"tiny demo: {time.monotonic() - t0:.0f}s")
 
 
+@pytest.mark.unit
 def test_example_run_file_is_valid() -> None:
     """``deploy/run-toy.toml`` (README's ``harnessrl run`` example) validates table by table
     against the config of the process that reads it."""
@@ -285,6 +294,13 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -304,13 +320,15 @@ def test_a_signal_to_the_demo_alone_stops_every_phase(tmp_path: Path, sig: int) 
         start_new_session=True,  # its own group: only the signal sent below reaches it
     )
     try:
-        deadline = time.monotonic() + 200
-        while not (out / "rl" / "metrics.jsonl").exists():  # the RL run has started
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
-            time.sleep(0.5)
-        time.sleep(2)
-        tree = _descendants(proc.pid)
-        assert tree
+        started = lambda: (out / "rl" / "metrics.jsonl").exists()  # noqa: E731
+        wait_until(started, 200, "the RL phase to start", interval=0.5, proc=proc)
+
+        def rl_processes() -> list[int] | None:
+            tree = _descendants(proc.pid)
+            names = " ".join(_cmdline(p) for p in tree)
+            return tree if all(n in names for n in ("learner", "actor", "assembler")) else None
+
+        tree = wait_until(rl_processes, 60, "the RL phase's processes", proc=proc)
         proc.send_signal(sig)
         rc = proc.wait(timeout=120)
         text = proc.stdout.read()

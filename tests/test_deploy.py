@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,8 @@ import yaml
 
 from harnessrl.common import natsauth
 from harnessrl.common.files import free_port
+from tests.helpers.dashboards import dashboards_module
+from tests.helpers.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
@@ -56,6 +57,7 @@ def run_chart_tool(*args: str, timeout: float = 120) -> subprocess.CompletedProc
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_chart_streams_command_fails_with_one_line_when_the_cluster_is_unreachable(
     tmp_path: Path,
 ) -> None:
@@ -71,6 +73,7 @@ def test_chart_streams_command_fails_with_one_line_when_the_cluster_is_unreachab
     assert len(res.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.integration
 def test_chart_auth_folder_is_the_one_harnessrl_nats_makes(tmp_path: Path) -> None:
     """``nats_chart.py auth`` makes what the Secrets are made of: one credential per role, the
     route credential, the CA and a certificate for the pods' names (usable by routes: server
@@ -94,6 +97,7 @@ def test_chart_auth_folder_is_the_one_harnessrl_nats_makes(tmp_path: Path) -> No
     assert again == files
 
 
+@pytest.mark.integration
 def test_nats_chart_values_are_generated_from_the_permission_table() -> None:
     """``deploy/k8s/nats-values.yaml`` is exactly what ``nats_chart.py helm-values`` prints for
     its run: 3 nodes, JetStream on file storage, TLS for clients and routes, and every role with
@@ -161,6 +165,7 @@ def harnessrl_config(argv: list[str], capsys: pytest.CaptureFixture) -> dict:
     return tomllib.loads(out)
 
 
+@pytest.mark.integration
 def test_compose_cpu_stack_config(capsys: pytest.CaptureFixture) -> None:
     """The CPU stack: three `harnessrl nats` cluster nodes sharing one auth folder and keeping
     the run's streams at R3, every harnessrl service on the host network with its role's
@@ -234,6 +239,7 @@ def test_compose_cpu_stack_config(capsys: pytest.CaptureFixture) -> None:
     assert any(v.startswith("targets:/etc/prometheus/hrl/targets") for v in prom["volumes"])
 
 
+@pytest.mark.integration
 def test_grafana_provisioning_points_at_the_generated_dashboards() -> None:
     """Grafana (profile ``grafana``) gets deploy/monitoring's generated dashboards at the path
     its file provider reads, and a Prometheus datasource at the stack's Prometheus: every
@@ -246,8 +252,6 @@ def test_grafana_provisioning_points_at_the_generated_dashboards() -> None:
     dash_dir = mounts[provider["options"]["path"]]
     assert dash_dir == DEPLOY / "monitoring" / "dashboards"
     files = sorted(dash_dir.glob("*.json"))
-    from tests.test_monitoring import dashboards_module
-
     assert [f.name for f in files] == sorted(dashboards_module().generate())
     [ds] = yaml.safe_load((prov / "datasources" / "prometheus.yml").read_text())["datasources"]
     assert ds["type"] == "prometheus"
@@ -260,6 +264,7 @@ def test_grafana_provisioning_points_at_the_generated_dashboards() -> None:
         assert [v["query"] for v in ds_vars] == ["prometheus"], f.name
 
 
+@pytest.mark.integration
 def test_compose_gpu_variant_config() -> None:
     """The GPU override: SGLang engine and learner on their own GPUs from the GPU image, the
     GPU run file, weights-sync off (NCCL broadcast), nothing depending on a disabled service."""
@@ -296,6 +301,7 @@ def _run_files() -> dict[str, str]:
     }
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", sorted(_run_files()))
 def test_run_files_are_valid_process_configs(name: str) -> None:
     """Every table of the deploy run files is a valid config of its process (the same check
@@ -343,6 +349,7 @@ def k8s_documents() -> list[tuple[str, dict]]:
     return out
 
 
+@pytest.mark.unit
 def test_kubernetes_manifests_validate_against_the_openapi_schemas() -> None:
     """Every manifest validates strictly (unknown fields are errors) against the Kubernetes
     schemas of ``kubernetes-validate``; custom resources against their CRD's models."""
@@ -380,6 +387,7 @@ def _strip_empty(v):
     return v
 
 
+@pytest.mark.unit
 def test_kubernetes_gpu_requests_hardening_and_scaling() -> None:
     """Engines and the learner request GPUs; the actor pod is hardened (own user namespace,
     non-root, no capabilities, read-only root, no token) and scaled by KEDA on the actors'
@@ -427,6 +435,7 @@ def test_kubernetes_gpu_requests_hardening_and_scaling() -> None:
     assert jobs == {"hrl-engine", "hrl-learner", "hrl-assembler", "hrl-actor"}
 
 
+@pytest.mark.integration
 def test_prometheus_config_passes_promtool(tmp_path: Path) -> None:
     """The compose stack's scrape config (deploy/monitoring/prometheus.yml) passes ``promtool
     check config`` with its rule files."""
@@ -440,6 +449,7 @@ def test_prometheus_config_passes_promtool(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+@pytest.mark.unit
 def test_kubernetes_scrape_config_keeps_the_monitoring_jobs_and_labels() -> None:
     """The Kubernetes scrape config (Debian's promtool has no Kubernetes discovery to check it
     with): pod discovery in the fleet's namespace, relabelling that keeps hrl-* pods and sets
@@ -458,25 +468,6 @@ def test_kubernetes_scrape_config_keeps_the_monitoring_jobs_and_labels() -> None
     assert keep["action"] == "keep" and re.fullmatch(keep["regex"], "hrl-actor")
 
 
-def test_gpu_dockerfile_and_cpu_dockerfile_define_the_documented_images() -> None:
-    """The Dockerfiles define the stages build.py and compose name (actor, cpu, prometheus;
-    gpu), install the project the way the docs say, and copy only files that exist."""
-    stages = {}
-    for name in ("Dockerfile", "Dockerfile.gpu", "Dockerfile.prometheus"):
-        text = (DEPLOY / "images" / name).read_text()
-        for line in text.splitlines():
-            if line.startswith("FROM "):
-                parts = line.split()
-                stages[parts[-1]] = name
-            if line.startswith("COPY ") and "--from" not in line and name == "Dockerfile.gpu":
-                for src in line.split()[1:-1]:
-                    assert (REPO / src).exists(), src
-    assert {"actor", "cpu", "prometheus", "gpu"} <= set(stages)
-    gpu = (DEPLOY / "images" / "Dockerfile.gpu").read_text()
-    assert "[train,sglang]" in gpu and "nvidia/cuda" in gpu
-    assert "sglang" in tomllib_project()["optional-dependencies"]
-
-
 def _load_build_module():
     """``deploy/images/build.py`` as a module (deploy/ is not a package)."""
     spec = importlib.util.spec_from_file_location("hrl_build", DEPLOY / "images" / "build.py")
@@ -485,33 +476,7 @@ def _load_build_module():
     return mod
 
 
-def test_cpu_image_installs_on_the_shared_core_stage_without_copying_a_venv() -> None:
-    """actor and cpu are each one stage on ``core`` (the venv with harnessrl's dependencies):
-    no venv is copied between stages, actor comes before cpu (the legacy builder builds every
-    stage before the target), torch's wheels are copied only into cpu, and harnessrl's own
-    wheel is each image's last install (a code change reinstalls only it)."""
-    text = (DEPLOY / "images" / "Dockerfile").read_text()
-    stages: dict[str, list[str]] = {}
-    parents = {}
-    for line in text.splitlines():
-        if line.startswith("FROM "):
-            parts = line.split()
-            name = parts[-1]
-            parents[name], stages[name] = parts[1], []
-        elif stages and line and not line.startswith("#"):
-            stages[list(stages)[-1]].append(line)
-    assert list(stages) == ["core", "actor", "cpu"]
-    assert parents["actor"] == parents["cpu"] == "core"
-    assert "--from" not in text
-    copies = {
-        n: [ln.split()[1] for ln in body if ln.startswith("COPY ")] for n, body in stages.items()
-    }
-    assert "wheels/train/" in copies["cpu"]
-    assert not any("train" in c for c in copies["core"] + copies["actor"])
-    for name in ("actor", "cpu"):
-        assert copies[name][-1] == "wheels/hrl/", (name, copies[name])
-
-
+@pytest.mark.unit
 def test_each_image_is_sent_only_its_part_of_the_build_context(tmp_path: Path) -> None:
     """The actor's context has no torch (``wheels/train``), cpu's has everything the legacy
     builder needs for the actor stage it passes through, Prometheus' only its binary."""
@@ -535,12 +500,6 @@ def test_each_image_is_sent_only_its_part_of_the_build_context(tmp_path: Path) -
     assert sent["actor"] == set(files) - {"prometheus", "wheels/train/torch-1-py3-none-any.whl"}
 
 
-def tomllib_project() -> dict:
-    import tomllib
-
-    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-
-
 # ---------------------------------------------------------------------------------------------
 # hrl-entrypoint
 # ---------------------------------------------------------------------------------------------
@@ -548,6 +507,7 @@ def tomllib_project() -> dict:
 ENTRYPOINT = DEPLOY / "images" / "entrypoint.sh"
 
 
+@pytest.mark.integration
 def test_entrypoint_lists_the_process_while_it_runs_and_passes_its_status(tmp_path: Path) -> None:
     """With a scrape dir, hrl-entrypoint gives the command a free --metrics-port and --name,
     lists it as a file_sd target while it runs, removes the target when it ends and exits
@@ -561,9 +521,8 @@ def test_entrypoint_lists_the_process_while_it_runs_and_passes_its_status(tmp_pa
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
     proc = subprocess.Popen(["sh", str(ENTRYPOINT), "hrl-actor", str(script), "--x"], env=env)
     try:
-        deadline = time.monotonic() + 60
-        while not (out.exists() and list(scrape.glob("*.json"))) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        listed = lambda: out.exists() and list(scrape.glob("*.json"))  # noqa: E731
+        wait_until(listed, 60, "the command started and listed", proc=proc)
         [target] = scrape.glob("hrl-actor-actor-*.json")
         [group] = json.loads(target.read_text())
         args = out.read_text().split()
@@ -579,6 +538,7 @@ def test_entrypoint_lists_the_process_while_it_runs_and_passes_its_status(tmp_pa
             proc.kill()
 
 
+@pytest.mark.integration
 def test_entrypoint_without_a_job_just_runs_the_command(tmp_path: Path) -> None:
     """No job (nats-server, one-shot tools): the command runs as it is, its status passed."""
     env = {**os.environ, "HRL_SCRAPE_DIR": str(tmp_path / "t")}

@@ -35,7 +35,7 @@ STEPS_BEFORE = 3
 STEPS_DURING = 2
 """...and the further steps it must take with that node down."""
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.stack, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
@@ -145,9 +145,45 @@ class Stack:
         return out
 
 
+def docker(env: dict, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    res = subprocess.run(["docker", *args], env=env, capture_output=True, text=True, timeout=300)
+    if check:
+        assert res.returncode == 0, (args, res.stderr[-3000:])
+    return res
+
+
+def check_images(env: dict, tags: dict[str, str]) -> None:
+    """What the built images hold: harnessrl as one import package in both; torch, DeepSpeed
+    and the learner only in cpu (the actor image has no torch); the two share the dependency
+    layers of their common stage (no venv copied between them)."""
+
+    def python(image: str, code: str) -> subprocess.CompletedProcess:
+        argv = ["run", "--rm", "--network", "none", "--entrypoint", "python3", tags[image]]
+        return docker(env, *argv, "-c", code, check=False)
+
+    for image in ("actor", "cpu"):
+        res = python(image, "import harnessrl.actors, harnessrl.proxy, harnessrl.common")
+        assert res.returncode == 0, (image, res.stderr[-2000:])
+        res = python(image, "import common")
+        assert "ModuleNotFoundError" in res.stderr, (image, res)
+    res = python("cpu", "import torch, deepspeed, harnessrl.learner")
+    assert res.returncode == 0, res.stderr[-2000:]
+    res = python("actor", "import torch")
+    assert "ModuleNotFoundError" in res.stderr, res
+
+    def layers(tag: str) -> list[str]:
+        out = docker(env, "image", "inspect", "--format", "{{json .RootFS.Layers}}", tag).stdout
+        return json.loads(out)
+
+    actor, cpu = layers(tags["actor"]), layers(tags["cpu"])
+    shared = len(os.path.commonprefix([actor, cpu]))
+    base = os.path.commonprefix([actor, cpu, layers(tags["prometheus"])])
+    assert len(base) < shared < min(len(actor), len(cpu)), (len(base), shared, actor, cpu)
+
+
 @pytest.mark.timeout(900)  # CI's budget for it; 312 s cold here (images 239 s)
 def test_compose_cpu_stack_trains_through_a_nats_node_stop(docker_url: str, tmp_path: Path):
-    """Build, up with 3 actors, ≥3 steps, a NATS node stopped and training goes on, 3 actor
+    """Build (the images hold what each needs), up with 3 actors, ≥3 steps, a NATS node stopped and training goes on, 3 actor
     targets up in Prometheus, down with nothing left behind."""
     if shutil.which("docker-compose") is None:
         pytest.fail("docker-compose is not installed (apt-get install docker-compose)")
@@ -155,8 +191,13 @@ def test_compose_cpu_stack_trains_through_a_nats_node_stop(docker_url: str, tmp_
     t0 = time.monotonic()
     report = build_images(stack.env)
     built = time.monotonic()
-    images = {r["image"].split(":")[0] for r in report if "image" in r}
-    assert {"harnessrl-actor", "harnessrl-cpu", "harnessrl-prometheus"} <= images, report
+    tags = {
+        r["image"].split(":")[0].removeprefix("harnessrl-"): r["image"]
+        for r in report
+        if "image" in r
+    }
+    assert {"actor", "cpu", "prometheus"} <= set(tags), report
+    check_images(stack.env, tags)
     try:
         stack.compose("up", "-d", "--scale", "actor=3")
         stack.wait(f"{STEPS_BEFORE} steps", lambda: stack.version() >= STEPS_BEFORE, 1500)

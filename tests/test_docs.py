@@ -43,12 +43,14 @@ def tracked_files() -> list[Path]:
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_configuration_reference_is_current() -> None:
     """docs/configuration.md is what the config models give (else: regenerate it)."""
     diff = config_doc.stale(REPO / "docs" / "configuration.md")
     assert not diff, f"docs/configuration.md is stale: run `{config_doc.COMMAND}`\n{diff}"
 
 
+@pytest.mark.unit
 def test_configuration_reference_names_every_field_and_command() -> None:
     """Each command with a config model has a section, and each of its fields a row."""
     text = (REPO / "docs" / "configuration.md").read_text()
@@ -62,6 +64,7 @@ def test_configuration_reference_names_every_field_and_command() -> None:
             assert f"| `{dotted}` |" in section, f"harnessrl {name}: {dotted}"
 
 
+@pytest.mark.unit
 def test_stale_configuration_reference_is_caught(tmp_path: Path) -> None:
     """A reference that lacks a field, or holds one the models do not, is reported."""
     current = config_doc.render()
@@ -76,6 +79,7 @@ def test_stale_configuration_reference_is_caught(tmp_path: Path) -> None:
         assert config_doc.main(["--out", str(doc), "--check"]) == 1
 
 
+@pytest.mark.unit
 def test_result_tables_are_current() -> None:
     """README.md's and docs/results.md's generated tables are what the committed JSON gives."""
     for path in report.FILES:
@@ -83,6 +87,7 @@ def test_result_tables_are_current() -> None:
         assert not changed, f"{path.name}: {changed} stale: run `{report.COMMAND}`"
 
 
+@pytest.mark.unit
 def test_stale_result_table_is_caught() -> None:
     """A hand-edited number inside a generated block is reported, and regenerating restores it;
     an unknown block name is an error, not an unfilled block."""
@@ -96,6 +101,7 @@ def test_stale_result_table_is_caught() -> None:
         report.regenerate(bad)
 
 
+@pytest.mark.unit
 def test_readme_table_shows_the_current_demo_defaults() -> None:
     """The runs the README's table calls the default were trained with the demo's default
     shape for their algorithm (groups, group size, optimiser steps per batch, KL)."""
@@ -124,6 +130,7 @@ bash deploy/setup.sh && .venv/bin/python -m pytest -q
 """
 
 
+@pytest.mark.unit
 def test_readme_is_short_and_opens_with_the_two_setup_commands() -> None:
     """At most 250 lines; its first command block is the two set-up commands, and the second
     is the test command CI runs."""
@@ -187,6 +194,7 @@ def unknown_flags(argv: list[str]) -> list[str]:
     return [f for f in flags if f not in known]
 
 
+@pytest.mark.unit
 def test_every_harnessrl_flag_in_the_docs_exists() -> None:
     """Each ``harnessrl CMD --flag`` in a command block of the README, docs/ and examples/
     names a command and flags that ``harnessrl CMD --help`` lists."""
@@ -206,6 +214,7 @@ def test_every_harnessrl_flag_in_the_docs_exists() -> None:
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.unit
 def test_flag_check_catches_a_wrong_flag() -> None:
     """The check above fails on a flag the command lacks and passes its real flags."""
     assert unknown_flags(["demo", "--steps", "2", "--no-dashboard"]) == []
@@ -227,6 +236,7 @@ def anchors(page: Path) -> set[str]:
     return out
 
 
+@pytest.mark.unit
 def test_relative_links_resolve() -> None:
     """Every relative link of the pages names a file or folder of the repository, and a
     ``#anchor`` into a Markdown page names one of its headings."""
@@ -251,6 +261,7 @@ NOT_REPO_PATHS = {
 }
 
 
+@pytest.mark.unit
 def test_repository_paths_named_in_the_docs_exist() -> None:
     """Every repository path the pages name in backticks (``common/bus.py``,
     ``deploy/k8s/``...) exists; placeholders (``NAME``, ``<run>``, ``*``) are not paths."""
@@ -267,6 +278,7 @@ def test_repository_paths_named_in_the_docs_exist() -> None:
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.unit
 def test_every_harness_adapter_is_documented() -> None:
     """docs/harnesses.md has a row for each built-in adapter."""
     from harnessrl.actors.harnesses import ADAPTERS
@@ -276,6 +288,7 @@ def test_every_harness_adapter_is_documented() -> None:
     assert not missing
 
 
+@pytest.mark.unit
 def test_demo_help_says_what_the_default_does() -> None:
     """``harnessrl --help`` describes the demo's default: RL from its default model, with SFT
     first only under ``--from-scratch``."""
@@ -305,6 +318,7 @@ def outside_references(text: str) -> list[str]:
     return [m.group(0) for rx in OUTSIDE for m in rx.finditer(text)]
 
 
+@pytest.mark.integration
 def test_nothing_points_outside_the_repository() -> None:
     """No tracked file (code, tests, docs, CI, deploy) cites notes or issue numbers that only
     exist outside the repository; point into docs/ instead."""
@@ -319,6 +333,7 @@ def test_nothing_points_outside_the_repository() -> None:
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("text", "hits"),
     [
@@ -336,6 +351,7 @@ def test_outside_reference_patterns(text: str, hits: int) -> None:
     assert len(outside_references(text)) == hits
 
 
+@pytest.mark.unit
 def test_changelog_has_versioned_entries() -> None:
     """CHANGELOG.md has an entry for the version pyproject.toml declares."""
     import tomllib
@@ -345,6 +361,7 @@ def test_changelog_has_versioned_entries() -> None:
     assert re.search(rf"^## \[?{re.escape(version)}\]?", text, re.MULTILINE), version
 
 
+@pytest.mark.unit
 def test_license_matches_pyproject() -> None:
     """LICENSE holds the license pyproject.toml declares."""
     import tomllib

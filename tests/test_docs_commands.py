@@ -194,6 +194,7 @@ BLOCKS: dict[str, Block] = {
 HARNESS_BLOCKS = {"command-harness", "mini-swe-agent"}
 
 
+@pytest.mark.unit
 def test_every_marked_block_is_run() -> None:
     """The marked blocks of the docs and the blocks this module runs are the same set."""
     assert set(marked_blocks()) == set(BLOCKS)

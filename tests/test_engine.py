@@ -151,6 +151,7 @@ async def wait_generated(srv: EngineServer, n: int, timeout: float = 60.0) -> No
 # ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_config_fields_documented() -> None:
     assert undocumented_fields(EngineConfig) == []
     with pytest.raises(ValueError):
@@ -159,6 +160,7 @@ def test_config_fields_documented() -> None:
         EngineConfig(bogus=1)
 
 
+@pytest.mark.unit
 def test_sampler_truncation() -> None:
     """top_k=1 and a tiny top_p pick the argmax with log-prob 0; T=0 reports T=1 log-probs."""
     logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
@@ -178,6 +180,7 @@ def test_sampler_truncation() -> None:
     assert params[0].truncated and not params[2].truncated
 
 
+@pytest.mark.unit
 def test_prefix_cache_lru_and_cover() -> None:
     """Entries that a longer one extends are dropped; the byte bound evicts least recently used."""
     kv = lambda n: lambda: torch.zeros(1, 2, 1, n, 4)  # noqa: E731 - 32 bytes per token
@@ -203,6 +206,7 @@ def test_prefix_cache_lru_and_cover() -> None:
 # ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 async def test_reply_shape(model_dir: Path, ref) -> None:
     """The reply has SGLang's shape, field by field, and greedy log-probs match a forward."""
     prompt = rand_ids(12, 1)
@@ -226,6 +230,7 @@ async def test_reply_shape(model_dir: Path, ref) -> None:
     assert_matches(ref, prompt, reply, sp)
 
 
+@pytest.mark.integration
 async def test_finish_reasons_and_stop_trim(model_dir: Path, ref, tmp_path: Path) -> None:
     """stop_token_ids and eos end with type stop + matched; no_stop_trim keeps the token."""
     prompt = rand_ids(9, 2)
@@ -285,6 +290,7 @@ def _eos_model(model_dir: Path, ref, prompt: list[int], tmp_path: Path) -> Path:
     return folder
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -329,6 +335,7 @@ async def test_concurrent_logprobs_match_forward(model_dir: Path, ref, overrides
         assert_matches(ref, prompt, reply, sp)
 
 
+@pytest.mark.integration
 async def test_prefix_cache_hit_gives_same_logprobs(model_dir: Path, ref) -> None:
     """A request extending an earlier input+output reuses its KV (cached_tokens) and gets the
     same tokens and log-probs as without the cache."""
@@ -347,6 +354,7 @@ async def test_prefix_cache_hit_gives_same_logprobs(model_dir: Path, ref) -> Non
     assert_matches(ref, turn2, hit, {"temperature": 0})
 
 
+@pytest.mark.integration
 async def test_same_prompt_group_shares_one_prefill(model_dir: Path, ref) -> None:
     """n copies of one long prompt sent at once: one prefill, the others reuse it."""
     prompt = rand_ids(400, 6)
@@ -359,6 +367,7 @@ async def test_same_prompt_group_shares_one_prefill(model_dir: Path, ref) -> Non
         assert_matches(ref, prompt, reply, sp)
 
 
+@pytest.mark.integration
 async def test_batch_input_and_text(model_dir: Path) -> None:
     """A list of prompts is a batch (list reply); ``text`` input is tokenized."""
     async with engine(model_dir) as (_, http):
@@ -380,6 +389,7 @@ async def test_batch_input_and_text(model_dir: Path) -> None:
 # ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 async def test_abort_running_and_queued(model_dir: Path) -> None:
     """/abort_request ends a running request (tokens so far) and a queued one (no tokens)."""
     async with engine(model_dir) as (srv, http):
@@ -409,6 +419,7 @@ async def test_abort_running_and_queued(model_dir: Path) -> None:
         assert ok["meta_info"]["completion_tokens"] == 2
 
 
+@pytest.mark.integration
 async def test_pause_modes(model_dir: Path, ref) -> None:
     """in_place freezes and resumes; retract recomputes and stays exact; abort ends requests."""
     prompt = rand_ids(40, 12)
@@ -436,6 +447,7 @@ async def test_pause_modes(model_dir: Path, ref) -> None:
         assert status == 400
 
 
+@pytest.mark.integration
 async def test_client_disconnect_aborts(model_dir: Path) -> None:
     """A client that goes away frees its slot: the engine aborts the request."""
     async with engine(model_dir) as (srv, http):
@@ -449,6 +461,7 @@ async def test_client_disconnect_aborts(model_dir: Path) -> None:
         assert not srv.engine.active and not srv.engine.waiting
 
 
+@pytest.mark.integration
 async def test_failed_step_aborts_running_and_engine_survives(model_dir: Path, ref) -> None:
     """An exception inside a forward aborts the requests of that step, not the engine."""
     async with engine(model_dir) as (srv, http):
@@ -484,6 +497,7 @@ async def _check_new_weights(http, ref, ref_new, version: str) -> None:
         assert (await r.json()) == {"weight_version": version}
 
 
+@pytest.mark.integration
 async def test_update_from_disk_during_generation(
     model_dir: Path, new_dir: Path, ref, ref_new
 ) -> None:
@@ -526,6 +540,7 @@ async def test_update_from_disk_during_generation(
             assert (await r.json())["weight_version"] == "2"
 
 
+@pytest.mark.integration
 async def test_update_from_disk_bad_path_keeps_old_weights(
     model_dir: Path, ref, tmp_path: Path
 ) -> None:
@@ -550,6 +565,7 @@ async def test_update_from_disk_bad_path_keeps_old_weights(
         assert_matches(ref, prompt, reply, sp)
 
 
+@pytest.mark.integration
 async def test_update_from_distributed_gloo(model_dir: Path, new_dir: Path, ref, ref_new) -> None:
     """SGLang's distributed update over gloo (trainer = this process, rank 0), in two buckets,
     with a request in flight."""
@@ -618,6 +634,7 @@ BAD_BODIES = [
 ]
 
 
+@pytest.mark.integration
 async def test_bad_inputs_are_400_and_server_keeps_serving(model_dir: Path) -> None:
     async with engine(model_dir, max_context=64) as (_, http):
         for body in BAD_BODIES:
@@ -658,6 +675,7 @@ HOSTILE_BODIES = [
 ]
 
 
+@pytest.mark.integration
 async def test_hostile_bodies_are_400_naming_the_problem(model_dir: Path) -> None:
     """Ids beyond any integer type, text that is not Unicode, JSON nested 100,000 deep and a
     batch larger than the whole queue: 400s that say what is wrong (never a 500, nor a 503 a
@@ -673,6 +691,7 @@ async def test_hostile_bodies_are_400_naming_the_problem(model_dir: Path) -> Non
         assert status == 200 and len(replies) == 8
 
 
+@pytest.mark.integration
 async def test_info_endpoints_and_metrics(model_dir: Path) -> None:
     async with engine(model_dir, weight_version="3") as (srv, http):
         async with http.get("/health") as r:
@@ -706,6 +725,7 @@ async def test_info_endpoints_and_metrics(model_dir: Path) -> None:
         srv.ready = True
 
 
+@pytest.mark.integration
 def test_cli_ready_line_and_sigterm(model_dir: Path) -> None:
     """``python -m harnessrl.proxy.engine_cmd`` prints the ready line with a free port, stops on SIGTERM."""
     import urllib.request

@@ -20,6 +20,8 @@ from harnessrl.proxy.engine import EngineServer
 from harnessrl.proxy.scripted import ScriptedEngine
 from harnessrl.proxy.sglang import EngineClient, EngineError
 
+pytestmark = pytest.mark.integration
+
 KEY = "k3y-for-tests"
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -24,6 +24,8 @@ from harnessrl.proxy.engine.requests import parse_generate
 from harnessrl.proxy.engine.scheduler import Engine
 from harnessrl.proxy.engine.weights import load_state_dict
 
+pytestmark = pytest.mark.unit
+
 ENGINE_DIR = Path(__file__).resolve().parents[1] / "proxy" / "engine"
 ON_CPU_BY_DESIGN = {"sampling.py"}
 FACTORIES = {

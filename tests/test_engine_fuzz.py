@@ -102,6 +102,7 @@ FUZZ = settings(
 )
 
 
+@pytest.mark.integration
 def test_fuzzed_generate_never_gets_a_5xx(served: Served) -> None:
     """Broken ``/generate`` bodies: a 200 or a 400 in SGLang's error shape, never a 5xx."""
 
@@ -117,6 +118,7 @@ def test_fuzzed_generate_never_gets_a_5xx(served: Served) -> None:
     fuzz()
 
 
+@pytest.mark.integration
 def test_abort_request_fuzz_never_gets_a_5xx(served: Served) -> None:
     """``/abort_request`` with any body: a 200 or a 400, never a 5xx."""
 
@@ -129,6 +131,7 @@ def test_abort_request_fuzz_never_gets_a_5xx(served: Served) -> None:
     fuzz()
 
 
+@pytest.mark.integration
 def test_still_serving_after_the_fuzz(served: Served) -> None:
     """After all that, the scheduler is alive and a valid request of each kind is answered."""
     assert served.srv.engine.alive

@@ -21,6 +21,8 @@ from harnessrl.proxy.engine.attention import _Segment
 from harnessrl.proxy.engine.lean import LeanForward
 from harnessrl.proxy.engine.scheduler import Engine
 
+pytestmark = pytest.mark.unit
+
 TOL = 5e-5  # fp32 logits (of magnitude ~5: the HF forward itself moves by ~5e-6 between layouts)
 VOCAB = 96
 SHAPE = dict(

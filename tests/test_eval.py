@@ -16,10 +16,12 @@ from harnessrl.common.config import undocumented_fields
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.unit
 def test_config_is_documented() -> None:
     assert undocumented_fields(EvalConfig) == []
 
 
+@pytest.mark.unit
 def test_limit_spreads_over_the_pool() -> None:
     """--limit picks tasks across families, not the first few of one."""
     full = task_pool(["toy-eval"])
@@ -28,6 +30,7 @@ def test_limit_spreads_over_the_pool() -> None:
     assert all(t in full for t in some)
 
 
+@pytest.mark.unit
 def test_summary_and_transfer_matrix() -> None:
     """Means per policy x harness; infrastructure errors are counted apart, timeouts score 0."""
     rows = [

@@ -52,6 +52,7 @@ def _score(task, workspace: Path) -> dict[str, float]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("task_id", ["customer_totals", "release_notes"])
 def test_suite_checker_scores_the_solution_1_and_the_untouched_workspace_0(
     tmp_path: Path, task_id: str
@@ -86,6 +87,7 @@ def _toml_blocks(text: str) -> list[dict]:
     return [tomllib.loads(b) for b in re.findall(r"```toml\n(.*?)```", text, re.DOTALL)]
 
 
+@pytest.mark.unit
 def test_command_harness_run_snippet_binds_what_install_makes() -> None:
     """The README's run-file snippet validates as actor and feeder config, binds the folder the
     README installs into, and its harness command runs the wrapper inside that bind; the
@@ -109,6 +111,7 @@ def test_command_harness_run_snippet_binds_what_install_makes() -> None:
     assert 'cp "$HERE/agent.sh" "$HERE/tools.py" "$DIR/"' in installer
 
 
+@pytest.mark.unit
 def test_command_harness_tools_are_the_reference_agent_tool_names() -> None:
     """The agent's tools have the names and parameters of the reference harness's (what the
     scripted teacher engine calls), each with a docstring llm gives the model."""
@@ -133,6 +136,7 @@ def test_command_harness_tools_are_the_reference_agent_tool_names() -> None:
 ENGINE = EXAMPLES / "external-engine"
 
 
+@pytest.mark.integration
 def test_external_engine_run_file_points_where_it_says(tmp_path: Path) -> None:
     """``run.toml`` validates table by table; the actors and the learner use the model folder
     the README's SGLang command serves; the broadcast goes to the engines [run] lists, with the

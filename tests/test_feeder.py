@@ -38,6 +38,7 @@ async def tasks(bus: Bus) -> list[TaskRequest]:
     return await bus.read_subject(bus.subjects.tasks, TaskRequest)
 
 
+@pytest.mark.unit
 async def test_admission_control_caps_rollouts_in_flight(bus: Bus) -> None:
     """In flight <= (max_staleness + 1) * batch; only an ended member frees capacity."""
     f = feeder(bus)
@@ -59,6 +60,7 @@ async def test_admission_control_caps_rollouts_in_flight(bus: Bus) -> None:
     assert all(r.group_size == 4 and r.task_hash for r in new)
 
 
+@pytest.mark.unit
 async def test_group_ids_stable_across_restart(bus: Bus) -> None:
     """A feeder restored from a checkpoint re-issues later groups with the same ids and
     contents (their members, still stored, are not published again), and continues the
@@ -87,6 +89,7 @@ async def test_group_ids_stable_across_restart(bus: Bus) -> None:
     assert g.state()["next_group"] == 8
 
 
+@pytest.mark.integration
 async def test_resume_after_a_server_restart_runs_no_member_twice(tmp_path: Path) -> None:
     """The nats-server restarts with the learner (``harnessrl run --resume``), losing its msg-id
     de-duplication window: the resumed feeder re-issues a group issued after its checkpoint
@@ -136,6 +139,7 @@ async def test_resume_after_a_server_restart_runs_no_member_twice(tmp_path: Path
         server.stop()
 
 
+@pytest.mark.unit
 async def test_fresh_lineage_gets_fresh_ids(bus: Bus) -> None:
     a, b = feeder(bus), feeder(bus)
     await a.top_up(0)
@@ -143,6 +147,7 @@ async def test_fresh_lineage_gets_fresh_ids(bus: Bus) -> None:
     assert a.epoch != b.epoch and len(await tasks(bus)) == 32
 
 
+@pytest.mark.unit
 async def test_mix_harness_issues_one_group_per_harness(bus: Bus) -> None:
     f = feeder(bus, harnesses=["reference", "command"], harness_cmd="echo hi", shuffle=False)
     await f.top_up(0)
@@ -155,6 +160,7 @@ async def test_mix_harness_issues_one_group_per_harness(bus: Bus) -> None:
     assert len(groups) == 4
 
 
+@pytest.mark.unit
 async def test_eval_rounds_every_k_versions_outside_admission(bus: Bus) -> None:
     f = feeder(bus, eval_suite="toy-eval", eval_every=2)
     await f.top_up(0)
@@ -168,17 +174,20 @@ async def test_eval_rounds_every_k_versions_outside_admission(bus: Bus) -> None:
     assert len([r for r in await tasks(bus) if r.is_eval]) == 2 * len(evals)
 
 
+@pytest.mark.unit
 async def test_unknown_suite_is_an_error(bus: Bus) -> None:
     with pytest.raises(Exception, match="unknown suite"):
         feeder(bus, suites=["no-such-suite"])
 
 
+@pytest.mark.unit
 async def test_disabled_feeder_issues_nothing(bus: Bus) -> None:
     f = feeder(bus, enabled=False)
     assert await f.top_up(0) == 0 and await tasks(bus) == []
     f.on_ended("someone_else_1", 0)  # samples of groups it never issued are fine
 
 
+@pytest.mark.unit
 async def test_suite_given_as_a_folder_is_sent_as_its_path(bus: Bus, tmp_path) -> None:
     """Tasks of a suite folder carry only the folder's base name; actors are told the path,
     and resolve every issued task with it (a name alone was 'task not found' for all)."""

@@ -17,6 +17,8 @@ from harnessrl.actors.sandbox import SandboxSpec
 from harnessrl.actors.verifier import verify
 from harnessrl.common.tasks import load_task
 
+pytestmark = pytest.mark.integration
+
 TASK = load_task("toy", "copy_01")
 
 

@@ -49,6 +49,7 @@ def _run(code: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.integration
 def test_only_missing_wheels_are_installed_and_imported(tmp_path: Path) -> None:
     """A module the interpreter lacks is installed from the folder (pip --no-index --target)
     and importable at once; one it has (json) is left alone."""
@@ -71,6 +72,7 @@ def test_only_missing_wheels_are_installed_and_imported(tmp_path: Path) -> None:
     assert "[] none 1.2" in again.stdout, again.stderr
 
 
+@pytest.mark.unit
 def test_without_pip_the_matching_wheel_is_unpacked(tmp_path: Path) -> None:
     folder = _folder(tmp_path, {}, {"hrl-fake": "2.0"})
     _wheel(folder / "wheels", "hrl_fake_mod", "hrl-fake", "2.0")
@@ -82,6 +84,7 @@ def test_without_pip_the_matching_wheel_is_unpacked(tmp_path: Path) -> None:
         _gpu_env._unpack(folder / "wheels", ["nope"], {"nope": "1"}, site)
 
 
+@pytest.mark.integration
 def test_a_wheel_that_is_not_carried_is_a_clear_error(tmp_path: Path) -> None:
     folder = _folder(tmp_path, {"hrl_absent_mod": "hrl-absent"}, {"hrl-absent": "1.0"})
     res = _run(
@@ -92,6 +95,7 @@ def test_a_wheel_that_is_not_carried_is_a_clear_error(tmp_path: Path) -> None:
     assert res.returncode != 0 and "no wheel of hrl-absent==1.0" in res.stderr
 
 
+@pytest.mark.integration
 def test_harnessrl_from_the_checkout_without_installing_it(tmp_path: Path) -> None:
     """Without site-packages (``-S``: no installed harnessrl), harnessrl.* comes from the
     checkout's folders through a folder of symlinks, removed at exit."""

@@ -104,6 +104,7 @@ def shape(records: list[CallRecord]) -> list[tuple[str, int]]:
     return [(r.label, r.input_len) for r in records]
 
 
+@pytest.mark.integration
 async def test_claude_code_compacts_only_past_half_the_window(
     nats_url: str, run_name: str, tmp_path: Path
 ) -> None:
@@ -123,6 +124,7 @@ async def test_claude_code_compacts_only_past_half_the_window(
     assert max(r.input_len for r in records) < WINDOW - OUT, shape(records)
 
 
+@pytest.mark.integration
 async def test_codex_compacts_near_its_limit(nats_url: str, run_name: str, tmp_path: Path) -> None:
     """Codex compacts only once its context nears ``W - max(O, W/4)``, never under half."""
     run, records, posts = await grow("codex", nats_url, run_name, tmp_path, steps=6)
@@ -148,13 +150,14 @@ OUTPUT_FIELD = {
 }
 
 
+INTEGRATION = ("claude-code", "opencode", "mini-swe-agent", "reference")
+"""Harnesses that start within a few seconds."""
+
+
 @pytest.mark.parametrize(
     "name",
     [
-        "claude-code",
-        "opencode",
-        "mini-swe-agent",
-        "reference",
+        *(pytest.param(h, marks=pytest.mark.integration) for h in INTEGRATION),
         pytest.param("openclaw", marks=pytest.mark.slow),  # ~30 s start
     ],
 )

@@ -279,10 +279,12 @@ def _fixture(name: str) -> tuple[list[CallRecord], dict[str, Any]]:
     return load_calls(name)
 
 
+@pytest.mark.unit
 def test_every_workspace_fixture_has_a_scenario() -> None:
     assert sorted(p.stem for p in FIXTURES.glob("*_workspace.msgpack")) == NAMES
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", NAMES)
 def test_workspace_fixture_assembles_into_expected_shape(name: str) -> None:
     """The recorded calls assemble exactly into the shape recorded beside them, which meets the
@@ -300,6 +302,7 @@ def test_workspace_fixture_assembles_into_expected_shape(name: str) -> None:
     check_invariants(records, shape, sc)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", NAMES)
 def test_workspace_tito_misses(name: str) -> None:
     """``tito_misses`` is 0 on an unchanged history (and one per call after the first where
@@ -310,6 +313,7 @@ def test_workspace_tito_misses(name: str) -> None:
     assert counters.tito_misses == expected_misses(records, SCENARIOS[name])
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", NAMES)
 def test_workspace_fixture_is_one_chain(name: str) -> None:
     """Every delta rebuilds to its hash; each retained call of a segment extends the previous."""
@@ -318,6 +322,7 @@ def test_workspace_fixture_is_one_chain(name: str) -> None:
     check_chain(records, assemble_detailed(records, result_for(records)))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", NAMES)
 def test_workspace_fixture_keeps_endoftext(name: str) -> None:
     """A turn that stopped on ``<|endoftext|>`` keeps it; the next prompt goes on with the
@@ -338,12 +343,14 @@ def test_workspace_fixture_keeps_endoftext(name: str) -> None:
         assert tail == "<|im_end|>\n", tail
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", NAMES)
 def test_workspace_fixture_assembly_ignores_record_order(name: str) -> None:
     """Shuffled and duplicated records give the very same sample."""
     check_record_order(_fixture(name)[0])
 
 
+@pytest.mark.unit
 def test_opencode_title_call_is_aux_and_out_of_order() -> None:
     """opencode's background title request is an ``aux`` call, made first and answered last:
     the main calls that began while it was in flight name no unfinished call as delta parent,
@@ -364,6 +371,7 @@ def test_opencode_title_call_is_aux_and_out_of_order() -> None:
 # recording (real harnesses)
 
 
+@pytest.mark.slow
 @pytest.mark.harness
 @pytest.mark.parametrize("name", NAMES)
 async def test_record_workspace(name: str, nats_url: str, run_name: str, tmp_path: Path) -> None:

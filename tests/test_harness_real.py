@@ -68,6 +68,7 @@ def host_path(name: str, cache: Path, inside: str) -> str:
     return inside.replace(adapter.mount_dir(), str(adapter.install_dir(cache)), 1)
 
 
+@pytest.mark.integration
 async def test_claude_code_installs_and_reports_version(harness_cache: Path):
     """``npm i @anthropic-ai/claude-code`` into the cache; the native binary answers --version."""
     await installed("claude-code", harness_cache)
@@ -77,6 +78,7 @@ async def test_claude_code_installs_and_reports_version(harness_cache: Path):
     assert out.returncode == 0 and "Claude Code" in out.stdout, out
 
 
+@pytest.mark.integration
 async def test_codex_installs_and_reports_version(harness_cache: Path):
     """``npm i @openai/codex`` into the cache; the vendored binary answers --version."""
     await installed("codex", harness_cache)
@@ -279,7 +281,7 @@ async def serve_unix(app: web.Application, sock: Path) -> web.AppRunner:
 async def run_in_sandbox(name: str, cache: Path, fake: Recorder, tmp_path: Path):
     """prepare → bwrap sandbox bound to the fake's socket → launch; returns (ExecResult, ws)."""
     from harnessrl.actors.sandbox.base import SandboxSpec
-    from tests.conftest import bwrap_or_skip
+    from tests.helpers.sandboxes import bwrap_or_skip
 
     backend = await bwrap_or_skip(tmp_path / "sandboxes")
     ctx = HarnessContext(
@@ -333,6 +335,7 @@ def canonical(obj):
     return obj
 
 
+@pytest.mark.integration
 async def test_claude_code_headless_in_sandbox(harness_cache: Path, tmp_path: Path):
     """Claude Code -p in bwrap: streams from the fake, runs Bash, writes the file, exits 0."""
     await installed("claude-code", harness_cache)
@@ -359,6 +362,7 @@ async def test_claude_code_headless_in_sandbox(harness_cache: Path, tmp_path: Pa
     assert m2[-1]["content"][0]["type"] == "tool_result"
 
 
+@pytest.mark.integration
 async def test_codex_exec_in_sandbox(harness_cache: Path, tmp_path: Path):
     """codex exec in bwrap: Responses stream from the fake, exec_command, writes the file."""
     await installed("codex", harness_cache)
@@ -465,7 +469,11 @@ class FakeChatCompletions(Recorder):
 
 @pytest.mark.parametrize(
     "name",
-    ["opencode", "mini-swe-agent", pytest.param("openclaw", marks=pytest.mark.slow)],  # ~30 s start
+    [
+        pytest.param("opencode", marks=pytest.mark.slow),  # ~60 s on a loaded machine
+        pytest.param("mini-swe-agent", marks=pytest.mark.integration),
+        pytest.param("openclaw", marks=pytest.mark.slow),  # ~30 s start
+    ],
 )
 async def test_chat_harness_in_sandbox(name: str, tmp_path: Path):
     """opencode / mini-swe-agent / openclaw in bwrap against a chat-completions fake."""

@@ -133,6 +133,7 @@ def is_prefix(shorter: list, longer: list) -> bool:
     return longer[: len(shorter)] == shorter
 
 
+@pytest.mark.integration
 async def test_writes_file_then_finishes(fake, tmp_path: Path):
     """A write_file call lands in the workspace; finish ends the run with exit 0."""
     chat, url = fake
@@ -159,6 +160,7 @@ async def test_writes_file_then_finishes(fake, tmp_path: Path):
     assert LABEL_HEADER not in chat.headers[0]
 
 
+@pytest.mark.integration
 async def test_history_is_prefix_extending_and_echoes_tool_calls(fake, tmp_path: Path):
     """Every request extends the previous one; assistant tool calls come back unchanged."""
     chat, url = fake
@@ -187,6 +189,7 @@ async def test_history_is_prefix_extending_and_echoes_tool_calls(fake, tmp_path:
     assert tools[2]["content"].startswith("exit code: 3\nhi")
 
 
+@pytest.mark.integration
 async def test_retries_5xx_then_succeeds(fake, tmp_path: Path):
     """500 and 503 are retried with the same body; the run then finishes normally."""
     chat, url = fake
@@ -199,6 +202,7 @@ async def test_retries_5xx_then_succeeds(fake, tmp_path: Path):
     assert "HTTP 500" in run.stderr and "HTTP 503" in run.stderr
 
 
+@pytest.mark.integration
 async def test_4xx_is_fatal(fake, tmp_path: Path):
     """A 400 is not retried: exit status 1 with the error in the JSON summary."""
     chat, url = fake
@@ -210,6 +214,7 @@ async def test_4xx_is_fatal(fake, tmp_path: Path):
     assert "HTTP 400" in run.result["error"]
 
 
+@pytest.mark.integration
 async def test_connection_refused_exhausts_retries(tmp_path: Path):
     """No server at all: retried, then exit status 1 (not a traceback)."""
     run = await run_agent("http://127.0.0.1:9/v1", tmp_path, "Anything", "--retries", "2")
@@ -218,6 +223,7 @@ async def test_connection_refused_exhausts_retries(tmp_path: Path):
     assert "giving up after 3 attempts" in run.result["error"]
 
 
+@pytest.mark.integration
 async def test_malformed_tool_calls_get_error_messages(fake, tmp_path: Path):
     """Bad JSON, an unknown tool and missing arguments are answered, never a crash."""
     chat, url = fake
@@ -244,6 +250,7 @@ async def test_malformed_tool_calls_get_error_messages(fake, tmp_path: Path):
     assert not (tmp_path / "x.txt").exists()
 
 
+@pytest.mark.integration
 async def test_compacts_through_the_model_when_over_budget(fake, tmp_path: Path):
     """Over budget: a labelled no-tools compaction call, then the history restarts from it."""
     chat, url = fake
@@ -267,6 +274,7 @@ async def test_compacts_through_the_model_when_over_budget(fake, tmp_path: Path)
     assert "SUMMARY: listed the dir, it was empty." in user["content"]
 
 
+@pytest.mark.integration
 async def test_subagent_runs_a_labelled_nested_loop(fake, tmp_path: Path):
     """delegate() starts a fresh history labelled subagent; its summary returns to the parent."""
     chat, url = fake
@@ -295,6 +303,7 @@ async def test_subagent_runs_a_labelled_nested_loop(fake, tmp_path: Path):
     }
 
 
+@pytest.mark.integration
 async def test_max_turns_exit_code_and_nudge(fake, tmp_path: Path):
     """Replies without tool calls get a nudge; running out of turns exits 2."""
     chat, url = fake
@@ -306,6 +315,7 @@ async def test_max_turns_exit_code_and_nudge(fake, tmp_path: Path):
     assert last[-1]["role"] == "user" and "finish" in last[-1]["content"]
 
 
+@pytest.mark.integration
 async def test_run_tool_timeout_kills_the_command(fake, tmp_path: Path):
     """A command past --cmd-timeout is killed (with its children) and reported."""
     chat, url = fake
@@ -320,6 +330,7 @@ async def test_run_tool_timeout_kills_the_command(fake, tmp_path: Path):
     assert "never" not in out
 
 
+@pytest.mark.integration
 def test_runs_as_module_help():
     """``python -m harnessrl.actors.harnesses.reference_agent --help`` works (the package entry)."""
     import subprocess
@@ -335,6 +346,7 @@ def test_runs_as_module_help():
     assert "--compact-tokens" in res.stdout
 
 
+@pytest.mark.unit
 def test_is_stdlib_only():
     """The script imports nothing outside the standard library (it runs without a venv)."""
     import ast
@@ -366,10 +378,11 @@ async def fake_unix(tmp_path: Path):
     await runner.cleanup()
 
 
+@pytest.mark.integration
 async def test_reference_adapter_in_bwrap_sandbox(fake_unix, tmp_path: Path):
     """The reference LaunchSpec runs in a real sandbox and talks to the proxy's socket."""
     from harnessrl.actors.sandbox.base import SandboxSpec
-    from tests.conftest import bwrap_or_skip
+    from tests.helpers.sandboxes import bwrap_or_skip
 
     chat, sock = fake_unix
     backend = await bwrap_or_skip(tmp_path / "sandboxes")

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("common", "proxy", "actors", "learner")
 ALLOWED: dict[str, set[str]] = {

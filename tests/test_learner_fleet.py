@@ -27,10 +27,12 @@ import torch
 from benchmarks._learner_fleet import finish, launch
 from harnessrl.common.run.config import RunConfig
 from harnessrl.learner.fleet import shard_rows
+from tests.helpers.wait import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.unit
 def test_shard_rows_gives_each_row_to_exactly_one_rank() -> None:
     """Contiguous shards cover every row once, for any row and rank count."""
     for n in range(0, 12):
@@ -98,14 +100,6 @@ def test_two_ranks_step_equals_one_rank(tmp_path: Path, stage: int, loss: dict) 
     assert two["restored"] == {"version": 1} and two["round_trip"]
 
 
-def wait_for(pred, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("killed", [1, 0], ids=["follower-killed", "rank0-killed"])
@@ -119,7 +113,7 @@ def test_killing_a_rank_stops_the_other_without_a_half_commit(tmp_path: Path, ki
     survivor = procs[1 - killed]
     try:
         step = Path(f"{out}.step")
-        wait_for(lambda: step.exists() and int(step.read_text() or 0) >= 2, 600, "2 commits")
+        wait_until(lambda: step.exists() and int(step.read_text() or 0) >= 2, 600, "2 commits")
         procs[killed].send_signal(signal.SIGKILL)
         t0 = time.monotonic()
         code = survivor.wait(100)
@@ -142,6 +136,7 @@ def test_killing_a_rank_stops_the_other_without_a_half_commit(tmp_path: Path, ki
     assert not any(p.name.startswith("step-") and p.name > tag for p in ckpt.iterdir())
 
 
+@pytest.mark.integration
 def test_run_starts_the_learner_ranks_with_torchrun(tmp_path: Path) -> None:
     """``[run] learner_ranks = 2``: the learner child is ``torchrun --nproc-per-node 2 -m
     harnessrl.common.cli learner ...`` with its usual flags, given time to commit when stopped."""
@@ -171,7 +166,7 @@ async def test_learner_under_torchrun_trains_commits_and_stops(
     from harnessrl.common.bus import connect
     from harnessrl.common.layout import StepLine, read_metrics
     from harnessrl.learner.checkpoint import Checkpointer
-    from tests.test_learner_service import grpo_group, publish, start_learner, wait_for
+    from tests.helpers.learner import grpo_group, publish, start_learner
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -182,7 +177,7 @@ async def test_learner_under_torchrun_trains_commits_and_stops(
     proc = start_learner(nats_url, run_name, run_dir, ranks=2)
     try:
         version = lambda: ckpt.read().version if ckpt.exists() else 0  # noqa: E731
-        wait_for(lambda: version() >= 2, 600, proc, "version 2")
+        wait_until(lambda: version() >= 2, 600, "version 2", proc=proc)
         proc.send_signal(signal.SIGTERM)
         proc.wait(120)  # torchrun itself exits 1 after a signal, however its ranks ended
     finally:

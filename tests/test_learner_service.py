@@ -12,10 +12,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -25,13 +22,13 @@ import pytest
 
 from harnessrl.common.bus import Bus, connect
 from harnessrl.common.layout import StartLine, StepLine, effective_steps, read_metrics
-from harnessrl.common.procs import popen_child
 from harnessrl.common.records import TaskRequest, WeightsReady
 from harnessrl.learner.checkpoint import Checkpointer
 from harnessrl.learner.config import LearnerConfig
 from harnessrl.learner.service import Learner
 from harnessrl.proxy.weights_sync import WeightUpdater
-from tests.test_batching import synthetic_sample
+from tests.helpers.learner import grpo_group, publish, start_learner, synthetic_sample
+from tests.helpers.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -249,49 +246,6 @@ async def test_incomplete_split_sample_is_dead_lettered_not_held(tmp_path: Path)
 # ------------------------------------------------------------------------------------------
 
 
-def start_learner(
-    nats_url: str, run: str, run_dir: Path, *extra: str, ranks: int = 1
-) -> subprocess.Popen:
-    """``harnessrl learner`` on the test's samples; with ``ranks`` > 1 under torchrun."""
-    argv = [
-        sys.executable, "-m", "harnessrl.learner.learner_cmd",
-        "--nats", nats_url, "--run", run, "--model", "tiny-1m", "--algo", "grpo",
-        "--no-feeder.enabled", "--group-size", "4", "--min-group-size", "2",
-        "--batch-groups", "1", "--max-staleness", "2", "--run-dir", str(run_dir),
-        "--checkpoint-every", "1", "--ack-wait", "4", "--metrics-port", "-1",
-        "--pack.max-tokens", "256", "--ds.lr", "1e-4", "--log-level", "warning", "--threads", "1",
-        *extra,
-    ]  # fmt: skip
-    if ranks > 1:
-        argv[1:2] = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                     str(ranks), "--max-restarts", "0", "-m", "--"]  # fmt: skip
-    log = open(run_dir.parent / f"learner-{time.time():.0f}.log", "a")  # noqa: SIM115
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return popen_child(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
-
-
-def wait_for(pred, timeout: float, proc: subprocess.Popen | None = None, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"learner exited with {proc.returncode} while waiting for {what}")
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def grpo_group(gid: str, rewards: list[float], version: int, **kw) -> list:
-    return [
-        synthetic_sample(gid, k, reward=r, group_size=len(rewards), weight_version=version, **kw)
-        for k, r in enumerate(rewards)
-    ]
-
-
-async def publish(bus: Bus, samples: list) -> None:
-    await bus.publish_many([(bus.subjects.samples, s, s.msg_id()) for s in samples])
-
-
 async def test_sigkill_and_resume_trains_every_sample_once(
     nats_url: str, run_name: str, tmp_path: Path
 ) -> None:
@@ -329,7 +283,7 @@ async def test_sigkill_and_resume_trains_every_sample_once(
     try:
         proc = start_learner(nats_url, run_name, run_dir)
         version_at = lambda: ckpt.read().version if ckpt.exists() else 0  # noqa: E731
-        wait_for(lambda: version_at() >= 3, 150, proc, "version 3")
+        wait_until(lambda: version_at() >= 3, 150, "version 3", proc=proc)
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
         killed_at = version_at()
@@ -351,7 +305,7 @@ async def test_sigkill_and_resume_trains_every_sample_once(
             done = set(st.ledger["trained"]) | set(st.ledger["dropped"])
             return done >= set(ledger)
 
-        wait_for(all_decided, 150, proc, "every ledger sample decided")
+        wait_until(all_decided, 150, "every ledger sample decided", proc=proc)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
     finally:

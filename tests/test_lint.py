@@ -186,6 +186,7 @@ def corpus(tmp_path: Path) -> dict[str, Task]:
     return tasks
 
 
+@pytest.mark.integration
 async def test_lint_flags_every_flaw_class(backend: BwrapBackend, corpus: dict[str, Task]):
     """Each flawed checker of the corpus is flagged by the rule of its class, naming the metric
     and the probe that show it; the correct checker is clean."""
@@ -209,6 +210,7 @@ async def test_lint_flags_every_flaw_class(backend: BwrapBackend, corpus: dict[s
     )
 
 
+@pytest.mark.integration
 async def test_correct_checker_scores_a_correct_answer(backend: BwrapBackend, tmp_path: Path):
     """The corpus's correct checker is not clean by scoring everything 0: a right answer is 1."""
     task = clawgym(tmp_path / "correct", CORRECT[0], CORRECT[1], **CORRECT[2])
@@ -219,6 +221,7 @@ async def test_correct_checker_scores_a_correct_answer(backend: BwrapBackend, tm
     assert res.status == "ok" and res.reward == 1.0, res
 
 
+@pytest.mark.integration
 async def test_reads_verifier_files(backend: BwrapBackend, tmp_path: Path):
     """A checker whose verdict depends on finding its own files in the workspace is flagged by
     the decoy probe (native task: its files are staged outside the workspace)."""
@@ -231,6 +234,7 @@ async def test_reads_verifier_files(backend: BwrapBackend, tmp_path: Path):
     assert rep.score("untouched") == 0.0 and rep.score("decoy") == 0.5
 
 
+@pytest.mark.integration
 async def test_threshold_is_configurable(backend: BwrapBackend, tmp_path: Path):
     """A probe scoring 0.5 fails at the default threshold and passes at 0.6."""
     q, c, i, _ = CORPUS["exists_empty"]
@@ -241,6 +245,7 @@ async def test_threshold_is_configurable(backend: BwrapBackend, tmp_path: Path):
     assert rep.ok, [str(p) for p in rep.problems]
 
 
+@pytest.mark.integration
 async def test_shaping_metrics_only_warn(backend: BwrapBackend, tmp_path: Path):
     """A metric the task declares as reward shaping is left out of the threshold rule."""
     checker = """\
@@ -262,6 +267,7 @@ async def test_shaping_metrics_only_warn(backend: BwrapBackend, tmp_path: Path):
 # ------------------------------------------------------------------------- output names
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("prompt", "check", "want"),
     [
@@ -310,6 +316,7 @@ FIXED = textwrap.dedent(
 SOLVE = "echo 'Launch party on June 14 in the main hall.' > announcement.txt\n"
 
 
+@pytest.mark.integration
 async def test_solution_mutations(backend: BwrapBackend, tmp_path: Path):
     """With a reference solution: a metric that stays 1 under every mutation of its outputs is
     named (besides the untouched probe it passes); the fixed checker is clean and flips."""
@@ -329,6 +336,7 @@ async def test_solution_mutations(backend: BwrapBackend, tmp_path: Path):
     }
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("checker", "solve", "rule", "needle"),
     [
@@ -369,6 +377,7 @@ async def test_lint_problems(backend: BwrapBackend, tmp_path: Path, checker, sol
 # ------------------------------------------------------------------------- CLI
 
 
+@pytest.mark.integration
 def test_cli_lint(tmp_path: Path, monkeypatch, capsys):
     """``tasks lint`` exits 1 on a flawed task and 0 on a clean one; ``--json`` gives task, ok,
     problems (rule, metric, probe, detail) and the probe scores; ``--threshold`` applies."""
@@ -394,6 +403,7 @@ def test_cli_lint(tmp_path: Path, monkeypatch, capsys):
     assert cli.main(["tasks", "lint", "--threshold", "0.6", str(tmp_path / "flawed")]) == 0
 
 
+@pytest.mark.unit
 def test_cli_lint_help(capsys):
     """``tasks lint --help`` documents every flag, with LintConfig's defaults."""
     with pytest.raises(SystemExit):
@@ -415,6 +425,7 @@ print(json.dumps({"a": float(text("a.txt") == "A\\n"), "b": float(text("b.txt") 
 """
 
 
+@pytest.mark.integration
 def test_cli_lint_mutations_and_max_outputs(tmp_path: Path, monkeypatch, capsys):
     """``--no-mutations`` skips the reference solution and its mutations; ``--max-outputs``
     caps the probed outputs; out-of-range values exit 2 naming the flag."""
@@ -444,6 +455,7 @@ def test_cli_lint_mutations_and_max_outputs(tmp_path: Path, monkeypatch, capsys)
         assert f"harnessrl tasks lint: {flag}:" in capsys.readouterr().err
 
 
+@pytest.mark.unit
 def test_lint_config_is_documented():
     from harnessrl.common.config import undocumented_fields
 
@@ -459,6 +471,7 @@ FAST_CHECK = """\
     """
 
 
+@pytest.mark.integration
 async def test_lint_many_clawgym_tasks_share_jobs(backend: BwrapBackend, tmp_path: Path):
     """Many correct ClawGym-format tasks linted together under one ``jobs`` limit: all clean.
     (Timing: 200 such tasks took 58-78 s with ``--jobs 2`` on 2 busy cores; not asserted.)"""

@@ -10,6 +10,8 @@ import torch
 from harnessrl.common.models.head import lm_logits
 from harnessrl.learner.policy import load_policy
 
+pytestmark = pytest.mark.unit
+
 
 def test_lm_logits_is_the_fp32_product_of_bf16_operands() -> None:
     g = torch.Generator().manual_seed(0)

@@ -27,6 +27,8 @@ from harnessrl.learner.losses import (
 from harnessrl.learner.packing import PackConfig, collate, pack
 from harnessrl.learner.policy import load_policy
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():

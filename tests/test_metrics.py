@@ -12,6 +12,7 @@ from harnessrl.common import records as r
 from harnessrl.common.bus import connect
 
 
+@pytest.mark.integration
 async def test_metrics_endpoint_exports_bus_counters(nats_url: str, run_name: str) -> None:
     started = await metrics.start_metrics_server(0, host="127.0.0.1")
     assert started is not None
@@ -41,10 +42,12 @@ async def test_metrics_endpoint_exports_bus_counters(nats_url: str, run_name: st
     await runner.cleanup()
 
 
+@pytest.mark.unit
 async def test_metrics_disabled_with_minus_one() -> None:
     assert await metrics.start_metrics_server(-1) is None
 
 
+@pytest.mark.unit
 def test_every_metric_is_in_one_namespace() -> None:
     """A metric outside ``hrl_*`` is refused when created; the engine's (once
     ``harnessrl_engine_*``) are inside it like every other process's."""

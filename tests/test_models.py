@@ -122,6 +122,7 @@ def tok(tiny_dir: Path):
 # ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_import_does_not_import_torch() -> None:
     code = (
         "import sys, harnessrl.common.models; "
@@ -137,6 +138,7 @@ def test_import_does_not_import_torch() -> None:
 # ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_tiny_folder_layout(tiny_dir: Path, cache: Path) -> None:
     assert tiny_dir.parent == cache / "models"
     assert tiny_dir.name.startswith("tiny-8m-s0-")
@@ -159,6 +161,7 @@ def test_tiny_folder_layout(tiny_dir: Path, cache: Path) -> None:
     assert not list((cache / "models").glob(".tmp-*"))
 
 
+@pytest.mark.unit
 def test_deterministic_build(tiny_dir: Path, tmp_path: Path) -> None:
     other = m.resolve_model("tiny", cache_dir=tmp_path)
     assert other.name == tiny_dir.name
@@ -166,6 +169,7 @@ def test_deterministic_build(tiny_dir: Path, tmp_path: Path) -> None:
         assert (other / name).read_bytes() == (tiny_dir / name).read_bytes(), name
 
 
+@pytest.mark.unit
 def test_seed_changes_weights_not_tokenizer(tiny_dir: Path, cache: Path) -> None:
     a = m.resolve_model("tiny-1m", cache_dir=cache)
     b = m.resolve_model("tiny-1m@seed1", cache_dir=cache)
@@ -174,6 +178,7 @@ def test_seed_changes_weights_not_tokenizer(tiny_dir: Path, cache: Path) -> None
     assert (a / "tokenizer.json").read_bytes() == (tiny_dir / "tokenizer.json").read_bytes()
 
 
+@pytest.mark.unit
 def test_param_counts() -> None:
     import torch
     from transformers import Qwen3ForCausalLM
@@ -186,6 +191,7 @@ def test_param_counts() -> None:
         assert 0.6 * target <= n <= 1.4 * target, (size, n)
 
 
+@pytest.mark.unit
 def test_model_info(tiny_dir: Path) -> None:
     info = m.model_info(tiny_dir)
     assert info["vocab_size"] == 8192
@@ -197,6 +203,7 @@ def test_model_info(tiny_dir: Path) -> None:
     assert info["n_params"] == model.num_parameters()
 
 
+@pytest.mark.unit
 def test_build_race_keeps_winner(tmp_path: Path) -> None:
     final = tmp_path / "models" / "thing"
 
@@ -214,6 +221,7 @@ def test_build_race_keeps_winner(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.unit
 def test_default_cache_env(monkeypatch: pytest.MonkeyPatch, tiny_dir: Path, cache: Path) -> None:
     monkeypatch.setenv("HARNESSRL_CACHE", str(cache))
     assert m.default_cache_dir() == cache
@@ -225,6 +233,7 @@ def test_default_cache_env(monkeypatch: pytest.MonkeyPatch, tiny_dir: Path, cach
 # ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_parse_tiny_spec() -> None:
     assert m.parse_tiny_spec("tiny") == ("tiny-8m", 0)
     assert m.parse_tiny_spec("tiny-30m@seed3") == ("tiny-30m", 3)
@@ -232,6 +241,7 @@ def test_parse_tiny_spec() -> None:
     assert m.parse_tiny_spec("/models/qwen") is None
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("spec", ["tiny-2m", "tiny@seed", "tiny-8m@3", "", "/no/such/model/dir"])
 def test_resolve_model_rejects_bad_specs(spec: str, tmp_path: Path) -> None:
     with pytest.raises(ValueError):
@@ -239,6 +249,7 @@ def test_resolve_model_rejects_bad_specs(spec: str, tmp_path: Path) -> None:
     assert not (tmp_path / "models").exists()
 
 
+@pytest.mark.unit
 def test_resolve_model_local_paths(tmp_path: Path, tiny_dir: Path) -> None:
     assert m.resolve_model(str(tiny_dir)) == tiny_dir
     f = tmp_path / "file.txt"
@@ -254,6 +265,7 @@ def test_resolve_model_local_paths(tmp_path: Path, tiny_dir: Path) -> None:
 # ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_tokenizer_basics(tok) -> None:
     from transformers import PreTrainedTokenizerFast
 
@@ -278,6 +290,7 @@ def test_tokenizer_basics(tok) -> None:
     assert tok.decode(enc + [ids["<|im_end|>"]], skip_special_tokens=True) == text
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "text",
     [
@@ -293,6 +306,7 @@ def test_tokenizer_round_trip(tok, text: str) -> None:
     assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
 
 
+@pytest.mark.unit
 def test_raw_tokenizers_library_matches(tok, tiny_dir: Path) -> None:
     from tokenizers import Tokenizer
 
@@ -305,6 +319,7 @@ def test_raw_tokenizers_library_matches(tok, tiny_dir: Path) -> None:
     assert m.special_token_ids(raw) == m.special_token_ids(tok)
 
 
+@pytest.mark.unit
 def test_compression(tok) -> None:
     english = (
         "When the server returns an error, the client should retry the request after a short "
@@ -332,6 +347,7 @@ def test_compression(tok) -> None:
 # ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_template_exact(tok) -> None:
     assert m.render_chat(CONVERSATION, tools=TOOLS) == EXPECTED
     assert tok.apply_chat_template(CONVERSATION, tools=TOOLS, tokenize=False) == EXPECTED
@@ -345,6 +361,7 @@ def test_template_exact(tok) -> None:
     assert no_think == gen + "<think>\n\n</think>\n\n"
 
 
+@pytest.mark.unit
 def test_template_small_cases() -> None:
     assert m.render_chat([{"role": "user", "content": "hi"}]) == "<|im_start|>user\nhi<|im_end|>\n"
     assert m.render_chat([{"role": "user", "content": "hi"}], tools=TOOLS).startswith(
@@ -368,6 +385,7 @@ def test_template_small_cases() -> None:
     )
 
 
+@pytest.mark.unit
 def test_template_keeps_earlier_reasoning(tok) -> None:
     text = tok.apply_chat_template(LONG, tokenize=False)
     assert "<think>\nFirst read the file.\n</think>\n\nLet me look." in text
@@ -376,6 +394,7 @@ def test_template_keeps_earlier_reasoning(tok) -> None:
     assert text.count("<|im_start|>user\n<tool_response>") == 2  # tool results grouped
 
 
+@pytest.mark.unit
 def test_template_prefix_property(tok) -> None:
     for convo, tools in ((LONG, TOOLS), (LONG, None), (CONVERSATION, TOOLS)):
         for n in range(1, len(convo)):
@@ -394,6 +413,7 @@ def test_template_prefix_property(tok) -> None:
             )
 
 
+@pytest.mark.unit
 def test_generation_round_trip() -> None:
     """What the model generates after the generation prompt, plus <|im_end|> and the template's
     newline, equals the render of the parsed assistant message."""
@@ -421,6 +441,7 @@ def test_generation_round_trip() -> None:
 # ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_model_forward_2k(tiny_dir: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM

@@ -5,12 +5,9 @@ nothing else (``harnessrl.common.natsauth``'s table)."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
-import signal
 import stat
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,45 +17,14 @@ import pytest
 from harnessrl.common import bus as busmod
 from harnessrl.common import natsauth
 from harnessrl.common import records as r
-from harnessrl.common.bus import STREAMS, Bus, BusConnectError, PermissionDenied
+from harnessrl.common.bus import STREAMS, BusConnectError, PermissionDenied
 from harnessrl.common.natsd import NatsServer
-from tests.test_records import sample_records
+from tests.helpers.nats_cli import start_nats_cli, stop_nats_cli
+from tests.helpers.records import sample_records
+from tests.helpers.secure_nats import HRL, RUNS, actor_creds, as_role
+from tests.helpers.wait import until
 
-RUNS = [f"sec{i}" for i in range(12)]
-HRL = [sys.executable, "-m", "harnessrl.common.cli"]
-_next_run = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def secure_server(tmp_path_factory: pytest.TempPathFactory):
-    """One nats-server requiring role credentials and TLS (a generated CA) for runs ``RUNS``."""
-    store = tmp_path_factory.mktemp("nats-secure")
-    auth = natsauth.prepare_server_auth(store / "auth", RUNS, tls=True)
-    srv = NatsServer(store, auth=auth).start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture
-async def run(secure_server: NatsServer) -> str:
-    """A run of the secure server whose streams the admin created (fresh per test)."""
-    name = RUNS[next(_next_run) % len(RUNS)]
-    admin = await as_role(secure_server, "admin", name)
-    for kind in STREAMS:
-        await admin.purge(kind)
-    await admin.close()
-    return name
-
-
-def actor_creds(i: int = 0) -> str:
-    """The user of actor ``i``'s own credential (``<auth>/actors/actor-<i>.cred``)."""
-    return f"actor-{i}"
-
-
-async def as_role(srv: NatsServer, role: str, run: str, **kw) -> Bus:
-    return await busmod.connect(
-        srv.url, run, name=f"test {role}", creds=srv.creds(role), ca=srv.ca, **kw
-    )
+pytestmark = pytest.mark.integration
 
 
 def test_credential_files_are_private_and_the_table_matches_the_code(
@@ -196,10 +162,7 @@ async def test_a_role_cannot_snoop_another_roles_inbox(secure_server: NatsServer
         await nc.subscribe("_INBOX.learner.>")
         await nc.subscribe(f"hrl.{run}.samples")
         await nc.flush()
-        for _ in range(50):
-            if len(denied) >= 2:
-                break
-            await asyncio.sleep(0.05)
+        await until(lambda: len(denied) >= 2, 5, "two permission errors")
     finally:
         await nc.close()
     text = " ".join(denied).lower()
@@ -329,42 +292,12 @@ async def admin_delete(srv: NatsServer, run: str, kind: str) -> None:
     await admin.close()
 
 
-def spawn_nats_cli(tmp_path: Path, *flags: str) -> subprocess.Popen:
-    """``harnessrl nats`` on a free client port with its store in ``tmp_path/store``."""
-    return subprocess.Popen(
-        [*HRL, "nats", "--port", "0", "--store-dir", str(tmp_path / "store"), *flags],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def ready_line(proc: subprocess.Popen) -> str:
-    """Its ``nats-server ready: URL …`` line (an AssertionError with its stderr otherwise)."""
-    line = proc.stdout.readline()  # type: ignore[union-attr]
-    if "nats-server ready: " not in line:
-        proc.kill()
-        raise AssertionError(line + proc.communicate()[1])
-    return line
-
-
-def _start_nats_cli(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen, str]:
-    proc = spawn_nats_cli(tmp_path, *flags)
-    return proc, ready_line(proc)
-
-
-def stop_nats_cli(proc: subprocess.Popen) -> None:
-    """SIGTERM; it must stop its server and exit 0."""
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(30) == 0
-
-
 async def test_nats_command_is_secure_by_default_and_creates_the_runs_streams(
     tmp_path: Path,
 ) -> None:
     """``harnessrl nats`` makes credentials and a CA, refuses anonymous clients and creates
     the streams of ``--runs``; a restart keeps the credentials valid."""
-    proc, line = _start_nats_cli(tmp_path, "--runs", "exp1")
+    proc, line = start_nats_cli(tmp_path, "--runs", "exp1")
     try:
         url = line.split("ready: ")[1].split()[0]
         assert url.startswith("tls://")
@@ -379,7 +312,7 @@ async def test_nats_command_is_secure_by_default_and_creates_the_runs_streams(
         password = (auth / "learner.cred").read_text()
     finally:
         stop_nats_cli(proc)
-    proc, line = _start_nats_cli(tmp_path, "--runs", "exp1")
+    proc, line = start_nats_cli(tmp_path, "--runs", "exp1")
     try:
         assert (auth / "learner.cred").read_text() == password
         url = line.split("ready: ")[1].split()[0]
@@ -391,7 +324,7 @@ async def test_nats_command_is_secure_by_default_and_creates_the_runs_streams(
 
 async def test_nats_command_insecure_accepts_anyone(tmp_path: Path) -> None:
     """Only an explicit ``--insecure`` serves anonymous clients (plain TCP)."""
-    proc, line = _start_nats_cli(tmp_path, "--insecure")
+    proc, line = start_nats_cli(tmp_path, "--insecure")
     try:
         assert "INSECURE" in line
         url = line.split("ready: ")[1].split()[0]

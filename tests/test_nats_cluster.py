@@ -28,7 +28,7 @@ from harnessrl.common.config import ConfigError, NatsServerConfig, load_config
 from harnessrl.common.files import free_port
 from harnessrl.common.natsd import Cluster, NatsServer, cluster_urls, start_cluster
 from harnessrl.common.run.config import RunConfig
-from tests.test_nats_auth import ready_line, spawn_nats_cli, stop_nats_cli
+from tests.helpers.nats_cli import ready_line, spawn_nats_cli, stop_nats_cli
 
 RUN = "clu"
 LEADS = [("TASKS", ""), ("TASKS", "actors"), ("ROLLOUTS", ""), ("ROLLOUTS", "assembler")]
@@ -96,6 +96,7 @@ async def until(cond, tasks: list[asyncio.Task], timeout: float = 120.0) -> None
         await asyncio.sleep(0.05)
 
 
+@pytest.mark.integration
 async def test_r3_streams_lose_nothing_when_a_node_is_killed_and_restarted(
     cluster: list[NatsServer],
 ) -> None:
@@ -217,6 +218,7 @@ async def test_r3_streams_lose_nothing_when_a_node_is_killed_and_restarted(
         await b.close()
 
 
+@pytest.mark.integration
 def test_routes_refuse_a_node_without_the_route_credential_or_tls(
     cluster: list[NatsServer], tmp_path: Path
 ) -> None:
@@ -247,6 +249,7 @@ def test_routes_refuse_a_node_without_the_route_credential_or_tls(
             rogue.stop()
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 def test_a_certificate_made_before_clusters_is_remade_for_routes(tmp_path: Path) -> None:
     """Routes verify both ends, so the server certificate must allow client authentication;
@@ -267,6 +270,7 @@ def test_a_certificate_made_before_clusters_is_remade_for_routes(tmp_path: Path)
     assert "TLS Web Server Authentication" in usage and "TLS Web Client Authentication" in usage
 
 
+@pytest.mark.integration
 async def test_replicas_are_raised_never_lowered_and_impossible_counts_are_clear(
     cluster: list[NatsServer], nats_url: str
 ) -> None:
@@ -287,6 +291,7 @@ async def test_replicas_are_raised_never_lowered_and_impossible_counts_are_clear
         await busmod.connect(nats_url, "solo", replicas=3)
 
 
+@pytest.mark.unit
 def test_replica_and_cluster_settings_are_validated() -> None:
     """Config errors name the field and say what would work."""
     bad = {
@@ -334,6 +339,7 @@ def cluster_flags(tmp_path: Path, ports: list[int]) -> list[str]:
     return flags
 
 
+@pytest.mark.integration
 def test_nats_command_starts_the_nodes_of_a_cluster(tmp_path: Path) -> None:
     """Three ``harnessrl nats`` sharing one auth folder form a cluster over authenticated TLS
     routes and create the run's streams with 3 replicas; each prints its ready line once the
@@ -365,6 +371,7 @@ def test_nats_command_starts_the_nodes_of_a_cluster(tmp_path: Path) -> None:
             stop_nats_cli(p)
 
 
+@pytest.mark.integration
 def test_a_node_waiting_for_its_cluster_stops_on_sigterm(tmp_path: Path) -> None:
     """A node whose peers never come waits for them (``--cluster-wait-s``), but SIGTERM ends
     the wait: it stops its server and exits 0 without a ready line."""

@@ -12,6 +12,8 @@ import torch
 from benchmarks.offpolicy_ablation import Run, train
 from harnessrl.learner.ds_engine import DeepSpeedConfig, LearnerEngine
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def learner_and_ckpt():

@@ -52,6 +52,7 @@ def requirement_closure(root: str, extras: tuple[str, ...]) -> dict[str, str]:
     return seen
 
 
+@pytest.mark.unit
 def test_the_lock_pins_every_dependency_at_its_installed_version():
     """deploy/constraints.txt pins each distribution harnessrl[train,test] needs, at the version
     this environment runs: a dependency added to pyproject.toml without ``deploy/lock.py`` (or
@@ -63,6 +64,7 @@ def test_the_lock_pins_every_dependency_at_its_installed_version():
     assert wrong == {}, "run `.venv/bin/python deploy/lock.py` (installed, pinned)"
 
 
+@pytest.mark.unit
 def test_lock_rendering_round_trips_and_leaves_torch_to_torch_spec():
     pins = {"numpy": "2.1.0", "msgspec": "0.19.0"}
     assert lock.parse(lock.render(pins)) == pins

@@ -24,6 +24,8 @@ from harnessrl.learner.losses import LossConfig, norm_weights, policy_loss
 from harnessrl.learner.packing import PackConfig, collate, dense_tree_mask, pack
 from harnessrl.learner.policy import Policy, load_policy
 
+pytestmark = pytest.mark.unit
+
 VOCAB = 8192
 
 

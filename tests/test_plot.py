@@ -12,6 +12,8 @@ import pytest
 from harnessrl.common.layout import read_metrics
 from harnessrl.common.run.plot import HeldOut, draw, interval95, plot_run, series, smooth, window
 
+pytestmark = pytest.mark.unit
+
 
 def test_smooth_weights_every_rollout_once() -> None:
     """A version with 30 rollouts counts 30 times as much as one with 1; a constant curve stays

@@ -26,6 +26,7 @@ from harnessrl.learner.pretrain import encode_conversation, read_conversations
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.unit
 def test_lr_schedule_warms_up_then_decays_to_the_floor():
     cfg = DeepSpeedConfig(lr=1.0, lr_warmup_versions=4, lr_decay_versions=15, lr_min_ratio=0.1)
     lrs = [lr_at(cfg, s) for s in range(20)]
@@ -37,6 +38,7 @@ def test_lr_schedule_warms_up_then_decays_to_the_floor():
     assert lr_at(DeepSpeedConfig(lr=0.3), 1000) == 0.3  # no schedule: constant
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("family", ["write_word", "copy", "json_collect"])
 def test_teacher_trajectory_is_the_reference_agents_conversation(family: str):
     """The harness's own system prompt (workspace at the sandbox mount), tool schema and
@@ -58,6 +60,7 @@ def test_teacher_trajectory_is_the_reference_agents_conversation(family: str):
         assert calls[0] in ("read_file", "list_dir")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("family", sorted(FAMILY))
 def test_shell_teacher_solves_every_family_through_the_agents_run_tool(family: str):
     """The ``shell`` style: one ``run`` of the family's one-liner (``sh -c`` in the workspace,
@@ -74,6 +77,7 @@ def test_shell_teacher_solves_every_family_through_the_agents_run_tool(family: s
         assert result.startswith("exit code: 0")
 
 
+@pytest.mark.integration
 def test_shell_teacher_command_fails_on_a_wrong_workspace(tmp_path: Path):
     """The check in ``trajectory`` is real: a one-liner that does not produce the expected
     output (here: the input file is missing) is refused, not written as training data."""
@@ -83,6 +87,7 @@ def test_shell_teacher_command_fails_on_a_wrong_workspace(tmp_path: Path):
         teacher_data.trajectory(task, style="shell")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("family", sorted(FAMILY))
 def test_near_miss_teacher_is_wrong_the_same_way_on_every_task(family: str):
     """The ``near_miss`` style runs the family's plausible wrong one-liner through the agent's
@@ -100,6 +105,7 @@ def test_near_miss_teacher_is_wrong_the_same_way_on_every_task(family: str):
         assert rec["style"] == "near_miss" and rec["solved"] is False, task.id
 
 
+@pytest.mark.integration
 def test_teacher_data_near_miss_share(tmp_path: Path):
     """``near_miss`` sets the share of training trajectories that demonstrate the mistake; the
     held-out split never gets any."""
@@ -117,6 +123,7 @@ def test_teacher_data_near_miss_share(tmp_path: Path):
     assert {r["style"] for r in read_conversations(out)} == {"shell"}
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("family", sorted(FAMILY))
 def test_vary_names_renames_only_the_names(family: str):
     """A renamed task is the same task under other names: its instruction and files use the new
@@ -135,6 +142,7 @@ def test_vary_names_renames_only_the_names(family: str):
         teacher_data.trajectory(r, style="shell")  # raises unless solved
 
 
+@pytest.mark.integration
 def test_teacher_data_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     out = tmp_path / "t.jsonl"
     cfg = teacher_data.TeacherDataConfig(out=out, per_family=8, families=["copy", "count_lines"])
@@ -157,6 +165,7 @@ def test_teacher_data_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
         assert why in capsys.readouterr().err
 
 
+@pytest.mark.unit
 def test_bad_conversation_file_names_the_line(tmp_path: Path):
     f = tmp_path / "bad.jsonl"
     f.write_text('{"messages": []}\n{"nope": 1}\n')
@@ -164,6 +173,7 @@ def test_bad_conversation_file_names_the_line(tmp_path: Path):
         read_conversations(f)
 
 
+@pytest.mark.integration  # the teacher runs its shell commands
 def test_recorded_token_trees_are_read_as_they_are(tmp_path: Path):
     """A live record's token tree (``nodes``) becomes the SFT sample node for node, with its
     loss mask; a tree made by another tokenizer, or malformed, is refused, naming the record."""
@@ -202,6 +212,7 @@ def test_recorded_token_trees_are_read_as_they_are(tmp_path: Path):
             encode_file(tok, f)
 
 
+@pytest.mark.unit
 def test_sft_sample_layout_is_the_proxys():
     """Prompt deltas masked out, each reply's tokens (through <|im_end|>) in; the ids decode to
     the rendered conversation; the masked-in text is exactly the assistant turns."""
@@ -286,6 +297,7 @@ def test_quick_recipe_cli(tmp_path: Path):
     assert (tmp_path / "teacher.jsonl").exists() and (tmp_path / "checkpoints" / "latest").exists()
 
 
+@pytest.mark.unit
 def test_shipped_model_checksums_are_checked(tmp_path: Path, monkeypatch):
     from harnessrl.common.models import resolve, resolve_model
 

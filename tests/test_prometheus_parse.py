@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from harnessrl.common.run import dashboard
 from harnessrl.common.run.dashboard import _parse_prometheus_slow, parse_prometheus
+
+pytestmark = pytest.mark.unit
 
 
 def same(a: dict, b: dict) -> bool:

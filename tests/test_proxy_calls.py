@@ -26,6 +26,9 @@ from harnessrl.proxy.recorder import Recorder
 from harnessrl.proxy.scripted import Reply, ScriptedEngine
 from harnessrl.proxy.sglang import EngineClient, EngineRouter
 from harnessrl.proxy.tito import ChatRenderer
+from tests.helpers.wait import until
+
+pytestmark = pytest.mark.integration
 
 TOK = load_tokenizer("tiny-1m")
 R = ChatRenderer(TOK)
@@ -236,7 +239,7 @@ async def test_cancelled_call_is_recorded_as_aborted(bus) -> None:
     """The harness went away mid-generation: the record says aborted, the engine got an abort."""
     async with stack(bus, [Reply(text="slow", delay=5)]) as (eng, caller, rec):
         task = asyncio.create_task(caller.call(CallRequest("g-7-1", START, TOOLS)))
-        await asyncio.sleep(0.2)
+        await until(lambda: eng.requests, 10, "the call at the engine")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

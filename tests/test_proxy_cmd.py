@@ -21,6 +21,7 @@ from harnessrl.proxy.scripted import ScriptedEngine
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.unit
 def test_config_is_documented_and_checked() -> None:
     """Every field documented; a token needs its rollout id, which must be a subject token."""
     assert undocumented_fields(ProxyConfig) == []
@@ -31,6 +32,7 @@ def test_config_is_documented_and_checked() -> None:
         ProxyConfig(tokens={"t": "bad id"})
 
 
+@pytest.mark.integration
 async def test_proxy_process_serves_records_and_flushes(nats_url: str, run_name: str) -> None:
     """Start the proxy, make a call with the OpenAI SDK, SIGTERM it: exit 0, record stored,
     carrying the harness identity the proxy was started with."""

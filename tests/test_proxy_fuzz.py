@@ -35,6 +35,8 @@ from harnessrl.proxy.sglang import EngineClient
 from harnessrl.proxy.tito import ChatRenderer
 from tests import fuzzing
 
+pytestmark = pytest.mark.integration
+
 TOKEN, ROLLOUT = "sk-fuzz", "fuzz-0-1"
 TOK = load_tokenizer("tiny-1m")
 PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages?beta=true"}

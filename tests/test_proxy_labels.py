@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from harnessrl.proxy.labels import LabelRules, kept_headers, label_call
+
+pytestmark = pytest.mark.unit
 
 TOOLS = [{"type": "function", "function": {"name": "bash"}}]
 TASK = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Fix it."}]

@@ -22,7 +22,7 @@ from harnessrl.common.records import CallRecord
 from harnessrl.proxy.proxy_config import ProxySettings, request_bytes_limit
 from harnessrl.proxy.scripted import Reply
 from harnessrl.proxy.server import LINGER_S, OFFLOAD_BYTES
-from tests.test_proxy_server import MSGS, ROLLOUT, TOKEN, R, proxy
+from tests.helpers.proxy import MSGS, ROLLOUT, TOKEN, R, proxy
 
 MB = 1 << 20
 PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages"}
@@ -46,6 +46,7 @@ async def _response(reader: asyncio.StreamReader) -> tuple[int, dict]:
     return status, json.loads(await reader.readexactly(length))
 
 
+@pytest.mark.unit
 def test_request_limit_is_sized_from_the_context() -> None:
     """32 bytes per token of context + 4 MiB; configured, the configured value; no context
     known, 64 MiB."""
@@ -56,6 +57,7 @@ def test_request_limit_is_sized_from_the_context() -> None:
     assert ProxySettings().request_limit(4096) == request_bytes_limit(4096)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("api", ["chat", "messages"])
 async def test_announced_body_over_the_limit_is_413_before_it_is_read(
     run_name: str, api: str, caplog
@@ -79,6 +81,7 @@ async def test_announced_body_over_the_limit_is_413_before_it_is_read(
     assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.WARNING]
 
 
+@pytest.mark.integration
 async def test_chunked_body_is_refused_once_it_passes_the_limit(run_name: str, caplog) -> None:
     """A chunked body (no Content-Length) is read only until it passes the limit, then 413:
     the client is told long before it has sent its 50 MB; what it still sends is discarded
@@ -108,6 +111,7 @@ async def test_chunked_body_is_refused_once_it_passes_the_limit(run_name: str, c
     assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.WARNING]
 
 
+@pytest.mark.integration
 async def test_hangups_are_one_info_line_each(run_name: str, caplog) -> None:
     """200 clients hanging up mid-body, and clients hanging up while the engine works (streaming
     or not): one info line each and ``hrl_proxy_client_hangups_total``, no traceback, nothing
@@ -151,6 +155,7 @@ async def test_hangups_are_one_info_line_each(run_name: str, caplog) -> None:
     assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.WARNING]
 
 
+@pytest.mark.integration
 async def test_a_large_prompt_is_tokenised_off_the_event_loop(run_name: str) -> None:
     """A request over ``OFFLOAD_BYTES`` builds its prompt in a worker thread: while ~1 MB of
     text is tokenised (seconds here), the proxy's event loop keeps answering (another client's

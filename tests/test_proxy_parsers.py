@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from harnessrl.common.models import render_chat
 from harnessrl.proxy.parsers import HermesParser, ToolCall, get_parser
 
+pytestmark = pytest.mark.unit
+
 P = HermesParser()
 USER = [{"role": "user", "content": "go"}]
 

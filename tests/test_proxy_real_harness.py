@@ -98,6 +98,7 @@ def check_extension(records: list[CallRecord], first: CallRecord, second: CallRe
     assert int(branch.loss_mask.sum()) == n_out == sample.counters.model_tokens
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", ["claude-code", "codex", "opencode", "mini-swe-agent"])
 async def test_two_step_task_through_the_proxy(
     name: str, nats_url: str, run_name: str, tmp_path: Path

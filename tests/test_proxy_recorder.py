@@ -21,6 +21,7 @@ from harnessrl.common.records import (
 from harnessrl.common.tree import assemble_detailed
 from harnessrl.proxy.recorder import Recorder, RecorderFull, RecordLost, longest_prefix
 from harnessrl.proxy.sglang import GenerateResult
+from tests.helpers.wait import until
 
 
 def result(out: list[int], version: int = 3) -> GenerateResult:
@@ -56,6 +57,7 @@ async def bus(run_name: str):
     await b.close()
 
 
+@pytest.mark.unit
 def test_longest_prefix_prefers_longest_then_earliest() -> None:
     """The parent is the earlier input+output sharing the most tokens; ties go to the earliest."""
     earlier = {0: np.array([1, 2, 3]), 1: np.array([1, 2, 3, 4, 5]), 2: np.array([1, 2, 3, 4, 9])}
@@ -70,6 +72,7 @@ def test_longest_prefix_prefers_longest_then_earliest() -> None:
     assert longest_prefix(np.array([1, 2]), earlier, below=0) == (-1, 0)
 
 
+@pytest.mark.unit
 async def test_records_are_deltas_that_rebuild_exactly(bus: Bus) -> None:
     """Each input is stored as a delta against the best earlier call and rebuilds bit-exactly."""
     rid = "g-0-1"
@@ -97,6 +100,7 @@ async def test_records_are_deltas_that_rebuild_exactly(bus: Bus) -> None:
     assert stored[2].requested == {"temperature": 0} and stored[1].tito_hit
 
 
+@pytest.mark.unit
 async def test_msg_id_deduplicates(bus: Bus) -> None:
     """Records carry ``call:<rollout>:<seq>:<salt>`` (the salt random per recorder: no other
     publisher can take the id first): a republish (retry) is stored once."""
@@ -110,6 +114,7 @@ async def test_msg_id_deduplicates(bus: Bus) -> None:
     assert await bus.stream_count("CALLS", bus.subjects.calls("g-1-1")) == 2
 
 
+@pytest.mark.unit
 async def test_seq_is_arrival_order_and_errors_are_recorded(bus: Bus) -> None:
     """Seqs follow arrival, not completion; a failed call still gets its record (dense seqs)."""
     async with Recorder(bus) as rec:
@@ -132,6 +137,7 @@ def rollout_result(rid: str, n_calls: int) -> RolloutResult:
     )  # fmt: skip
 
 
+@pytest.mark.unit
 async def test_overlapping_calls_assemble_into_a_sample(bus: Bus) -> None:
     """opencode: its background title request (seq 0) finishes after the main call (seq 1)
     that shares its system prompt. The title's delta parent is never the later call, so the
@@ -176,6 +182,7 @@ def overlapping_calls(draw) -> tuple[list[list[int]], list[int], list[int]]:
     return inputs, outputs, list(order)
 
 
+@pytest.mark.unit
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(overlapping_calls())
 def test_any_completion_order_assembles_exactly(calls) -> None:
@@ -197,6 +204,7 @@ def test_any_completion_order_assembles_exactly(calls) -> None:
     assert done.sample.counters.n_calls == len(inputs)
 
 
+@pytest.mark.unit
 async def test_registered_harness_is_on_every_record(bus: Bus) -> None:
     """``register`` sets the harness identity of a rollout's records until ``forget``."""
     async with Recorder(bus) as rec:
@@ -216,13 +224,14 @@ async def test_registered_harness_is_on_every_record(bus: Bus) -> None:
     ]
 
 
+@pytest.mark.unit
 async def test_flush_waits_for_calls_in_flight(bus: Bus) -> None:
     """flush returns only after the rollout's open calls are recorded and acknowledged."""
     async with Recorder(bus) as rec:
         t = rec.begin("g-3-1")
 
         async def finish_later() -> None:
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2)  # the call ends after flush has started waiting
             rec.record(t, [1], result([2]))
 
         task = asyncio.create_task(finish_later())
@@ -251,6 +260,7 @@ class _FlakyBus(MemoryBus):
         return await super().publish_bytes(subject, data, msg_id)
 
 
+@pytest.mark.unit
 async def test_bus_down_fills_buffer_then_refuses(run_name: str) -> None:
     """With the bus down, calls are admitted until ``capacity`` records wait; then begin()
     raises RecorderFull (-> 503). When the bus is back everything is stored exactly once."""
@@ -261,8 +271,8 @@ async def test_bus_down_fills_buffer_then_refuses(run_name: str) -> None:
         for _ in range(3):
             assert rec.can_accept()
             rec.record(rec.begin("g-5-1"), [1], result([2]))
-        await asyncio.sleep(0.05)
-        assert not rec.can_accept() and not rec.bus_ok
+        await until(lambda: not rec.bus_ok, 5, "the recorder to find the bus down")
+        assert not rec.can_accept()
         with pytest.raises(RecorderFull, match="bus unreachable"):
             rec.begin("g-5-1")
         bus.down = False
@@ -271,6 +281,7 @@ async def test_bus_down_fills_buffer_then_refuses(run_name: str) -> None:
     assert await bus.stream_count("CALLS") == 3
 
 
+@pytest.mark.unit
 async def test_admitted_call_is_recorded_even_if_buffer_filled(run_name: str) -> None:
     """A call admitted before the buffer filled is recorded anyway (never served unrecorded)."""
     bus = _FlakyBus(run_name)
@@ -284,6 +295,7 @@ async def test_admitted_call_is_recorded_even_if_buffer_filled(run_name: str) ->
         assert await rec.flush("g-6-1", timeout=5) == 2
 
 
+@pytest.mark.unit
 async def test_oversized_record_is_lost_and_flush_says_so(run_name: str) -> None:
     """A record the server can never accept does not block the others; flush raises RecordLost."""
     bus = _FlakyBus(run_name)
@@ -298,6 +310,7 @@ async def test_oversized_record_is_lost_and_flush_says_so(run_name: str) -> None
     assert [r.seq for r in stored] == [1]
 
 
+@pytest.mark.integration
 async def test_real_nats_server_outage(nats_server_fn) -> None:
     """Against a real nats-server that is killed and restarted: the buffer fills and refuses,
     then every admitted record is stored once, in order, and flush returns."""
@@ -311,8 +324,8 @@ async def test_real_nats_server_outage(nats_server_fn) -> None:
             srv.kill()
             for i in range(3):
                 rec.record(rec.begin(rid), [1, 2, 3, 2, 4 + i], result([5]))
-            await asyncio.sleep(1.5)
-            assert rec._unacked == 3 and not rec.bus_ok
+            await until(lambda: not rec.bus_ok, 10, "the recorder to find the bus down")
+            assert rec._unacked == 3
             rec.record(rec.begin(rid), [1], result([5]))
             with pytest.raises(RecorderFull):
                 rec.begin(rid)

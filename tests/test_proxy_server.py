@@ -11,53 +11,14 @@ import anthropic
 import openai
 import pytest
 
-from harnessrl.common.bus import connect
-from harnessrl.common.models import load_tokenizer
 from harnessrl.common.records import CallRecord
-from harnessrl.proxy.calls import ModelCaller
 from harnessrl.proxy.messages_api import messages_request
-from harnessrl.proxy.parsers import HermesParser
-from harnessrl.proxy.recorder import Recorder
-from harnessrl.proxy.scripted import Reply, ScriptedEngine
+from harnessrl.proxy.scripted import Reply
 from harnessrl.proxy.server import ProxyServer
-from harnessrl.proxy.sglang import EngineClient
-from harnessrl.proxy.tito import ChatRenderer
-
-TOK = load_tokenizer("tiny-1m")
-R = ChatRenderer(TOK)
-TOKEN, ROLLOUT = "sk-rollout-token", "g-0-1"
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "bash",
-            "description": "Run a command",
-            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
-        },
-    }
-]
-MSGS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "List files."}]
-TOOL_REPLY = (
-    "<think>\nuse ls\n</think>\n\nChecking.\n<tool_call>\n"
-    '{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
-)
+from tests.helpers.proxy import MSGS, ROLLOUT, TOK, TOKEN, TOOL_REPLY, TOOLS, proxy
 
 
-@contextlib.asynccontextmanager
-async def proxy(run_name: str, script, grace: float = 0.1, **kw):
-    bus = await connect(f"memory://{run_name}", run_name)
-    async with (
-        ScriptedEngine(TOK, script) as eng,
-        EngineClient(eng.url) as client,
-        Recorder(bus) as rec,
-    ):
-        caller = ModelCaller(client, R, HermesParser(), rec, **kw)
-        async with ProxyServer(caller, {TOKEN: ROLLOUT}, ping_s=0.05, stream_grace_s=grace) as srv:
-            sdk = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key=TOKEN, max_retries=0)
-            yield sdk, srv, eng, rec, bus
-            await sdk.close()
-
-
+@pytest.mark.integration
 async def test_chat_tool_call_then_answer(run_name: str) -> None:
     """A tool call comes back as OpenAI tool_calls; the echoed history is a TITO hit."""
     async with proxy(run_name, [TOOL_REPLY, "Two files."]) as (sdk, _, eng, rec, bus):
@@ -83,6 +44,7 @@ async def test_chat_tool_call_then_answer(run_name: str) -> None:
     ]
 
 
+@pytest.mark.integration
 async def test_chat_stream_assembles_to_the_same_reply(run_name: str) -> None:
     """Pseudo-streaming: pings while generating, then well-formed chunks and a usage chunk."""
     script = [Reply(text=TOOL_REPLY, delay=0.3)]
@@ -113,6 +75,7 @@ async def test_chat_stream_assembles_to_the_same_reply(run_name: str) -> None:
     assert usage.completion_tokens > 0
 
 
+@pytest.mark.integration
 async def test_raw_stream_has_pings(run_name: str) -> None:
     """The SSE body carries keep-alive comments before the events and ends with [DONE]."""
     body = {"model": "m", "messages": MSGS, "stream": True}
@@ -127,6 +90,7 @@ async def test_raw_stream_has_pings(run_name: str) -> None:
     assert text.startswith(": ping\n\n") and text.endswith("data: [DONE]\n\n")
 
 
+@pytest.mark.integration
 async def test_wrong_token_is_401_and_unrecorded(run_name: str) -> None:
     """A bad key is refused and nothing reaches the engine or the bus."""
     async with proxy(run_name, ["x"]) as (sdk, srv, eng, rec, bus):
@@ -138,6 +102,7 @@ async def test_wrong_token_is_401_and_unrecorded(run_name: str) -> None:
         assert [m.id for m in (await sdk.models.list()).data] == ["harnessrl"]
 
 
+@pytest.mark.integration
 async def test_context_too_long_is_400_with_code(run_name: str) -> None:
     """Like OpenAI: 400 with code context_length_exceeded (harnesses compact on it)."""
     async with proxy(run_name, ["x"], max_context=16) as (sdk, *_):
@@ -146,6 +111,7 @@ async def test_context_too_long_is_400_with_code(run_name: str) -> None:
     assert e.value.code == "context_length_exceeded"
 
 
+@pytest.mark.integration
 async def test_engine_down_is_503_with_retry_after(run_name: str) -> None:
     """An engine refusal within the stream grace period is a real 503 + Retry-After."""
     script = [Reply(status=503, error="paused"), Reply(status=503, error="paused")]
@@ -157,6 +123,7 @@ async def test_engine_down_is_503_with_retry_after(run_name: str) -> None:
             assert int(e.value.response.headers["Retry-After"]) >= 1
 
 
+@pytest.mark.integration
 async def test_health_and_unix_socket(run_name: str, tmp_path) -> None:
     """HEAD/GET / answer 200 without a token; the server can listen on a unix socket."""
     async with proxy(run_name, ["x"]) as (_, srv, *_), aiohttp.ClientSession() as s:
@@ -169,6 +136,7 @@ async def test_health_and_unix_socket(run_name: str, tmp_path) -> None:
                 assert await r.text() == "ok"
 
 
+@pytest.mark.integration
 async def test_malformed_request_is_400(run_name: str) -> None:
     """Missing messages or n>1: 400 in OpenAI's shape, never 5xx."""
     async with proxy(run_name, ["x"]) as (sdk, *_):
@@ -178,6 +146,7 @@ async def test_malformed_request_is_400(run_name: str) -> None:
             await sdk.chat.completions.create(model="m", messages=MSGS, n=2)
 
 
+@pytest.mark.integration
 async def test_json_only_the_standard_library_reads_is_still_served(run_name: str) -> None:
     """Bodies are read by msgspec; what it refuses but ``json`` reads (NaN, a number beyond
     float range, a non-UTF-8 charset) is read the standard library's way and served; what
@@ -228,6 +197,7 @@ async def anthropic_sdk(srv: ProxyServer):
     await client.close()
 
 
+@pytest.mark.integration
 async def test_messages_tool_use_then_answer(run_name: str) -> None:
     """thinking + text + tool_use blocks; Claude Code's echo (blocks verbatim) is a TITO hit."""
     async with proxy(run_name, [TOOL_REPLY, "Two files."]) as (_, srv, eng, rec, bus):
@@ -269,6 +239,7 @@ async def test_messages_tool_use_then_answer(run_name: str) -> None:
     assert records[0].sampling.max_new_tokens == 300
 
 
+@pytest.mark.integration
 async def test_messages_stream_matches_non_stream(run_name: str) -> None:
     """The SDK's stream accumulator rebuilds the same message from the pseudo-stream."""
     script = [Reply(text=TOOL_REPLY, delay=0.2), TOOL_REPLY]
@@ -287,6 +258,7 @@ async def test_messages_stream_matches_non_stream(run_name: str) -> None:
     assert streamed.content[0].thinking == "use ls" and streamed.stop_reason == "tool_use"
 
 
+@pytest.mark.integration
 async def test_messages_errors(run_name: str) -> None:
     """Too long -> 400 invalid_request_error 'prompt is too long'; engine down -> 529."""
     script = [Reply(status=503, error="paused")]
@@ -302,6 +274,7 @@ async def test_messages_errors(run_name: str) -> None:
             await bad.messages.create(model="m", max_tokens=10, messages=A_MSGS)
 
 
+@pytest.mark.unit
 def test_messages_conversion() -> None:
     """System blocks, system-role messages, tool results then text, deferred/server tools."""
     body = {
@@ -366,6 +339,7 @@ R_CALL = (
 )
 
 
+@pytest.mark.integration
 async def test_responses_function_call_then_answer(run_name: str) -> None:
     """Codex-style loop: reasoning + function_call out; the echoed items (reasoning with our
     encrypted_content, function_call, function_call_output) are a TITO hit."""
@@ -395,6 +369,7 @@ async def test_responses_function_call_then_answer(run_name: str) -> None:
     ]
 
 
+@pytest.mark.integration
 async def test_responses_stream_events(run_name: str) -> None:
     """Stream: response.created, output_item.added/done per item, response.completed."""
     async with proxy(run_name, [Reply(text=R_CALL, delay=0.2)]) as (sdk, *_):
@@ -410,6 +385,7 @@ async def test_responses_stream_events(run_name: str) -> None:
     assert final.usage.output_tokens > 0
 
 
+@pytest.mark.integration
 async def test_responses_namespace_tools_and_errors(run_name: str) -> None:
     """Namespace tools are flattened and calls to them carry their namespace; unsupported
     previous_response_id is a 400."""
@@ -425,6 +401,7 @@ async def test_responses_namespace_tools_and_errors(run_name: str) -> None:
             await sdk.responses.create(model="m", input="x", previous_response_id="resp_1")
 
 
+@pytest.mark.unit
 def test_responses_conversion_groups_assistant_items() -> None:
     """reasoning + message + function_calls form one assistant turn; outputs become tools."""
     from harnessrl.proxy.responses_api import encode_reasoning, responses_request
@@ -471,6 +448,7 @@ STREAMED = {
 """Path -> (request body, how the stream's last event ends)."""
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("slow", [False, True])
 @pytest.mark.parametrize("path", list(STREAMED))
 async def test_stream_is_sent_in_one_piece_per_stage(run_name: str, path: str, slow: bool):

@@ -17,7 +17,7 @@ from harnessrl.proxy.proxy_config import ProxySettings
 from harnessrl.proxy.scripted import Reply, ScriptedEngine
 from harnessrl.proxy.sglang import EngineBadRequest, EngineError, EngineUnavailable
 from harnessrl.proxy.stack import LABEL_RULES, TrackingRouter, failure_reason, open_proxy_stack
-from tests.test_rollout import TOK
+from tests.helpers.rollout import TOK
 
 SAMPLING = {"max_new_tokens": 8}
 
@@ -29,6 +29,7 @@ def closed_port_url() -> str:
         return f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
+@pytest.mark.unit
 def test_failure_reasons():
     """Unreachable, 5xx-unavailable and other engine failures are infrastructure; a 400 and a
     cancelled call (the harness went away) are not."""
@@ -39,6 +40,7 @@ def test_failure_reasons():
     assert failure_reason(asyncio.CancelledError()) == ""
 
 
+@pytest.mark.unit
 def test_label_rules_know_the_reference_agent():
     """Every proxy labels the reference agent's calls by its own header."""
     assert LABEL_HEADER in LABEL_RULES.subagent_headers
@@ -46,6 +48,7 @@ def test_label_rules_know_the_reference_agent():
     assert label_call([], None, {LABEL_HEADER: "subagent"}, LABEL_RULES)[0] == "subagent"
 
 
+@pytest.mark.integration
 async def test_router_outcomes_per_rollout():
     """Failures count until a call of the same rollout generates; other rollouts are apart;
     a 400 is neither; forget drops the entry."""
@@ -73,6 +76,7 @@ async def test_router_outcomes_per_rollout():
             await router.close()
 
 
+@pytest.mark.integration
 async def test_unreachable_engine_outcome():
     """A port nobody listens on: the call fails as engine_unreachable."""
     router = TrackingRouter(closed_port_url(), health_interval=0, wait_healthy_s=0.2)
@@ -85,6 +89,7 @@ async def test_unreachable_engine_outcome():
     assert (o.failures, o.failed, o.reason) == (1, True, "engine_unreachable")
 
 
+@pytest.mark.integration
 async def test_stack_serves_records_and_tracks(run_name: str):
     """The stack as both proxies use it: an engine that will not say its context length does
     not stop it (context unchecked); a call is recorded on the bus with the harness identity

@@ -16,6 +16,8 @@ from harnessrl.proxy import tito
 from harnessrl.proxy.parsers import HermesParser
 from harnessrl.proxy.tito import ChatRenderer, Tito, TitoSession, canonical_json, normalize_messages
 
+pytestmark = pytest.mark.unit
+
 TOK = load_tokenizer("tiny-1m")
 R = ChatRenderer(TOK)
 P = HermesParser()

@@ -20,7 +20,7 @@ import pytest
 
 from harnessrl.common import metrics
 from harnessrl.proxy.schema import SchemaError, check
-from tests.test_proxy_server import TOKEN, proxy
+from tests.helpers.proxy import TOKEN, proxy
 
 FIXTURES = Path(__file__).parent / "fixtures" / "harness_requests"
 CAPTURED = sorted(FIXTURES.glob("*.json"))
@@ -57,6 +57,7 @@ def _error(api: str, status: int, body: Any) -> tuple[str, str | None]:
     return err["message"], err["param"]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("fixture", CAPTURED, ids=[p.stem for p in CAPTURED])
 async def test_every_captured_harness_request_passes(run_name: str, fixture: Path) -> None:
     """A request a pinned real harness sent is valid and served, byte for byte as sent; only
@@ -108,6 +109,7 @@ BAD = [
 ]  # fmt: skip
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("api", "body", "field", "words"), BAD)
 async def test_schema_violations_are_400_naming_the_field(
     run_name: str, api: str, body: dict[str, Any], field: str, words: list[str]
@@ -128,6 +130,7 @@ async def test_schema_violations_are_400_naming_the_field(
         assert eng.requests == []
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("api", ["chat", "messages", "responses"])
 async def test_unknown_top_level_fields_are_ignored_and_counted(run_name: str, api: str) -> None:
     """A field outside the schema is served as if absent, and counted per API."""
@@ -143,6 +146,7 @@ async def test_unknown_top_level_fields_are_ignored_and_counted(run_name: str, a
     assert metrics.sample_value(*counted) == before + 2
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("api", ["chat", "messages", "responses"])
 async def test_lone_surrogate_is_400_naming_the_field(run_name: str, api: str) -> None:
     """Text with an unpaired UTF-16 surrogate (``"\\udcff"``) is not Unicode text and can never
@@ -163,6 +167,7 @@ NESTED_TOOLS = {
 }
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("api", ["chat", "messages", "responses"])
 @pytest.mark.parametrize("depth", [100_000, 950])
 async def test_deeply_nested_json_is_400(run_name: str, api: str, depth: int) -> None:
@@ -179,6 +184,7 @@ async def test_deeply_nested_json_is_400(run_name: str, api: str, depth: int) ->
         assert status == 200
 
 
+@pytest.mark.unit
 def test_schema_error_lists_supported_values() -> None:
     """The error of a closed set carries the set (from the schema itself)."""
     with pytest.raises(SchemaError) as e:

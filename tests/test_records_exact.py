@@ -28,6 +28,8 @@ from harnessrl.proxy.server import ProxyServer
 from harnessrl.proxy.sglang import EngineClient
 from harnessrl.proxy.tito import ChatRenderer
 
+pytestmark = pytest.mark.integration
+
 TOK = load_tokenizer("tiny-1m")
 R = ChatRenderer(TOK)
 IM_END, EOT = 2, 0

@@ -18,8 +18,9 @@ from harnessrl.common.records import TaskRequest
 from harnessrl.learner.config import AssemblerConfig, FeederConfig, LearnerConfig
 from harnessrl.proxy.config import WeightSyncConfig
 from harnessrl.proxy.scripted import ScriptedEngine
-from tests.test_actor_service import actor_argv, actor_process, task_consumer, wait_for
-from tests.test_rollout import TOK, request, toy_solver
+from tests.helpers.actor import actor_argv, actor_process, task_consumer
+from tests.helpers.rollout import TOK, request, toy_solver
+from tests.helpers.wait import until
 
 REDELIVERY_S = 15.0
 """The most a consumer's work may wait for redelivery after its process died."""
@@ -34,6 +35,7 @@ async def bus(nats_url: str, run_name: str):
     await b.close()
 
 
+@pytest.mark.unit
 def test_every_consumer_is_redelivered_within_seconds() -> None:
     """Actors (TASKS: the consumer the learner's feeder makes), the assembler (ROLLOUTS), the
     learner (SAMPLES) and weight updaters (WEIGHTS) all default to an ``ack_wait`` of seconds,
@@ -49,6 +51,7 @@ def test_every_consumer_is_redelivered_within_seconds() -> None:
     assert ActorConfig().heartbeat_s == 0  # 0: a third of the consumer's ack_wait
 
 
+@pytest.mark.integration
 async def test_running_task_is_kept_and_a_killed_actors_task_comes_back(
     bus: Bus, nats_url, run_name, sandbox_root, tmp_path
 ) -> None:
@@ -59,7 +62,7 @@ async def test_running_task_is_kept_and_a_killed_actors_task_comes_back(
         argv[argv.index("ENGINE")] = eng.url
         async with actor_process(argv, tmp_path / "actor.log") as proc:
             await bus.publish(bus.subjects.tasks, request("reference", group_id="gr"))
-            await wait_for(lambda: len(eng.requests) == 1, what="the first model call")
+            await until(lambda: len(eng.requests) == 1, what="the first model call")
             info = await bus.js.consumer_info(bus.subjects.stream("TASKS"), DURABLE)
             ack_wait = info.config.ack_wait
             assert ack_wait == FeederConfig().task_ack_wait_s

@@ -5,7 +5,6 @@ nats-server, the real proxy on a unix socket, real harness processes; only the e
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from pathlib import Path
 
@@ -16,60 +15,11 @@ from harnessrl.actors.rollout import RolloutDeps, RolloutReport, run_rollout
 from harnessrl.actors.sandbox import SandboxError
 from harnessrl.actors.sandbox.bwrap import BwrapBackend
 from harnessrl.common.bus import connect
-from harnessrl.common.models import load_tokenizer
-from harnessrl.common.records import CallRecord, TaskRequest, parse_rollout_id, unpack_ids
-from harnessrl.common.tasks import load_task
+from harnessrl.common.records import CallRecord, unpack_ids
 from harnessrl.common.tree import assemble
 from harnessrl.proxy.calls import call_seed
-from harnessrl.proxy.scripted import Reply, ScriptedEngine
-
-TOK = load_tokenizer("tiny-1m")
-TASK = load_task("toy", "copy_01")
-SOLVE = 'python3 "$HRL_SOLUTION"'
-
-
-def tool_call(name: str, **arguments: str) -> str:
-    """Model text of one Hermes tool call (what the tiny model would have to generate)."""
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
-
-
-def toy_solver(task=TASK, hang_attempt: int | None = None):
-    """A scripted engine function solving a copy task through the reference harness: first
-    write the answer, then (once a tool result is in the prompt) finish. Calls of attempt
-    ``hang_attempt`` hang instead (until the engine is stopped)."""
-    src = (task.workspace_dir / task.metadata["toy"]["input"]).read_text()
-    out = task.metadata["toy"]["output"]
-
-    def reply(input_ids: list[int], body: dict) -> Reply:
-        rid = str(body.get("rid", "")).rsplit("-", 2)[0]  # "<rollout id>-<seq>-<random>"
-        if hang_attempt is not None and parse_rollout_id(rid)[2] == hang_attempt:
-            return Reply(text="never", delay=120)
-        if "<tool_response>" not in TOK.decode(input_ids):
-            return Reply(text=tool_call("write_file", path=out, content=src))
-        return Reply(text=tool_call("finish", summary="copied"))
-
-    return reply
-
-
-def request(harness: str = "command", cmd: str = "", **kw) -> TaskRequest:
-    fields = dict(group_id="g1", k=0, group_size=1, issued_version=0, task_id="copy_01")
-    fields |= {"suite": "toy", "harness": harness, "harness_cmd": cmd} | kw
-    return TaskRequest(**fields)
-
-
-@contextlib.asynccontextmanager
-async def rollout_env(nats_url: str, run: str, backend, script=(), **settings):
-    """(deps, engine, bus) for rollouts against a scripted engine."""
-    async with ScriptedEngine(TOK, script) as eng:
-        bus = await connect(nats_url, run)
-        cfg = RolloutSettings(
-            engines=[eng.url], model="tiny-1m", install_harnesses=False, **settings
-        )
-        try:
-            async with RolloutDeps.open(cfg, bus, actor="test", backend=backend) as deps:
-                yield deps, eng, bus
-        finally:
-            await bus.close()
+from harnessrl.proxy.scripted import Reply
+from tests.helpers.rollout import SOLVE, request, rollout_env, toy_solver
 
 
 def sandbox_dirs(backend: BwrapBackend) -> list[str]:
@@ -87,6 +37,7 @@ def processes_with(needle: str) -> list[int]:
     return found
 
 
+@pytest.mark.integration
 async def test_command_reference_solution_scores_one(nats_url, run_name, bwrap, tmp_path):
     """The task's reference solution through the command harness scores 1.0; the kept
     workspace is the harness's final one, without reward files."""
@@ -105,6 +56,7 @@ async def test_command_reference_solution_scores_one(nats_url, run_name, bwrap, 
     assert sandbox_dirs(bwrap) == []
 
 
+@pytest.mark.integration
 async def test_a_harness_over_its_disk_quota_is_scored_as_a_failure(nats_url, run_name, bwrap):
     """A harness that solves the task and then fills its sandbox past ``sandbox_disk_mb`` (40
     MB in the workspace, 40 in /tmp: 80 over a 64 MiB quota) is stopped within seconds, not at
@@ -128,6 +80,7 @@ async def test_a_harness_over_its_disk_quota_is_scored_as_a_failure(nats_url, ru
     assert sandbox_dirs(bwrap) == []
 
 
+@pytest.mark.integration
 async def test_doing_nothing_scores_below_one(nats_url, run_name, bwrap):
     """A harness that does nothing is scored, and scores below 1."""
     async with rollout_env(nats_url, run_name, bwrap) as (deps, _, _):
@@ -135,6 +88,7 @@ async def test_doing_nothing_scores_below_one(nats_url, run_name, bwrap):
     assert res.status == "ok" and res.reward < 1.0
 
 
+@pytest.mark.integration
 async def test_reward_weights_override_the_tasks(nats_url, run_name, bwrap):
     """A wrong but written output earns the toy suite's partial credit (``written``) unless the
     run's ``reward_weights`` weigh that metric 0; the metrics themselves are unchanged."""
@@ -152,11 +106,13 @@ async def test_reward_weights_override_the_tasks(nats_url, run_name, bwrap):
     assert (shaped.reward, exact.reward, right.reward) == (0.5, 0.0, 1.0)
 
 
+@pytest.mark.unit
 def test_reward_weights_must_not_be_negative():
     with pytest.raises(ValueError, match="'written' is negative"):
         RolloutSettings(reward_weights={"written": -1})
 
 
+@pytest.mark.integration
 async def test_reference_harness_with_scripted_engine(nats_url, run_name, bwrap):
     """The reference agent writes the answer through the proxy; both calls are on the bus and
     the second call's input extends the first call's input + output exactly (TITO)."""
@@ -181,6 +137,7 @@ async def test_reference_harness_with_scripted_engine(nats_url, run_name, bwrap)
     assert 0.01 < res.durations["harness_cpu"] < res.durations["harness"] * 2 + 1
 
 
+@pytest.mark.integration
 async def test_timeout_kills_and_cleans_up(nats_url, run_name, bwrap):
     """Past its timeout the harness is killed: status timeout, no process or sandbox left."""
     async with rollout_env(nats_url, run_name, bwrap) as (deps, _, _):
@@ -191,6 +148,7 @@ async def test_timeout_kills_and_cleans_up(nats_url, run_name, bwrap):
     assert processes_with("sleep\x004242") == []
 
 
+@pytest.mark.integration
 async def test_timeout_scored_when_configured(nats_url, run_name, bwrap):
     """With timeout_scoring=score the killed harness's workspace is verified anyway."""
     cmd = "cp notes.txt output.txt; sleep 4243"
@@ -218,6 +176,7 @@ class FailingBackend:
         pass
 
 
+@pytest.mark.integration
 async def test_sandbox_failure_is_sandbox_error(nats_url, run_name):
     """A sandbox that cannot be made ends the rollout as sandbox_error (and nothing leaks)."""
     async with rollout_env(nats_url, run_name, FailingBackend()) as (deps, _, _):
@@ -226,6 +185,7 @@ async def test_sandbox_failure_is_sandbox_error(nats_url, run_name):
     assert res.status == "sandbox_error" and "no sandbox for you" in res.error
 
 
+@pytest.mark.integration
 async def test_harness_that_cannot_start_is_harness_error(nats_url, run_name, bwrap):
     """Exit 127 (command not found) is a harness_error with the harness's stderr."""
     async with rollout_env(nats_url, run_name, bwrap) as (deps, _, _):
@@ -235,6 +195,7 @@ async def test_harness_that_cannot_start_is_harness_error(nats_url, run_name, bw
     assert "no-such-harness-xyz" in res.error and not report.bad_request
 
 
+@pytest.mark.integration
 async def test_harness_failing_with_its_reason_on_stdout_keeps_it(nats_url, run_name, bwrap):
     """A harness that says why it failed on stdout (as Codex does for a fatal error) and exits
     1 before any model call: the reason is in the result's error and the report keeps the tail
@@ -249,6 +210,7 @@ async def test_harness_failing_with_its_reason_on_stdout_keeps_it(nats_url, run_
     assert report.harness_stderr == "warm-up"
 
 
+@pytest.mark.integration
 async def test_unknown_task_is_a_bad_request(nats_url, run_name, bwrap):
     """A task the actor cannot load is a failed result and flagged as a bad request."""
     async with rollout_env(nats_url, run_name, bwrap) as (deps, _, _):
@@ -265,6 +227,7 @@ QUICK_RETRIES = {"reference": {"retries": 1, "retry_base": 0.05}}
 """The reference agent retries a failed call once, at once (its default waits ~30 s)."""
 
 
+@pytest.mark.integration
 async def test_engine_failing_every_call_is_engine_error(nats_url, run_name, bwrap):
     """An engine that fails every call (HTTP 500): the harness gives up after calling the model,
     which is no model failure but an engine_error with its reason and cause, never verified,
@@ -292,6 +255,7 @@ async def test_engine_failing_every_call_is_engine_error(nats_url, run_name, bwr
     assert sandbox_dirs(bwrap) == []
 
 
+@pytest.mark.integration
 async def test_transient_engine_failure_is_scored(nats_url, run_name, bwrap):
     """A failed call followed by calls that generate is scored as usual."""
     solver, first = toy_solver(), []
@@ -308,6 +272,7 @@ async def test_transient_engine_failure_is_scored(nats_url, run_name, bwrap):
     assert (res.status, res.reason, res.reward, res.n_calls) == ("ok", "", 1.0, 3)
 
 
+@pytest.mark.integration
 async def test_engine_refusing_the_request_is_the_models_failure(nats_url, run_name, bwrap):
     """A 400 (the request can never succeed) is no infrastructure failure: the harness that
     stops on it is scored."""
@@ -317,6 +282,7 @@ async def test_engine_refusing_the_request_is_the_models_failure(nats_url, run_n
     assert (res.status, res.reason, res.n_calls) == ("ok", "", 1) and res.reward < 1.0
 
 
+@pytest.mark.integration
 async def test_failed_statuses_carry_their_reason(nats_url, run_name, bwrap):
     """Every failure names its reason: the metric's label, in the result."""
     async with rollout_env(nats_url, run_name, bwrap) as (deps, _, _):
@@ -336,6 +302,7 @@ async def test_failed_statuses_carry_their_reason(nats_url, run_name, bwrap):
     assert (exit127.harness_version, slow.harness_version) == ("", "")
 
 
+@pytest.mark.integration
 async def test_checker_crash_is_scored_zero_and_missing_module_tombstoned(
     nats_url, run_name, bwrap, tmp_path
 ):
@@ -406,6 +373,7 @@ async def killed_mid_run(deps, group_id: str, then: str, victim: str):
     return await asyncio.wait_for(task, 60)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("victim", ["sleep", "bwrap", "init"])
 async def test_sandbox_killed_from_outside_is_tombstoned(nats_url, run_name, bwrap, victim):
     """A sandbox killed from outside mid-run (the harness SIGKILLed as by the OOM killer, or
@@ -424,6 +392,7 @@ async def test_sandbox_killed_from_outside_is_tombstoned(nats_url, run_name, bwr
     assert processes_with("sleep\x004245") == []
 
 
+@pytest.mark.integration
 async def test_harness_exiting_137_by_itself_is_scored(nats_url, run_name, bwrap):
     """The control: a harness that calls the model and then exits 137 on its own (or dies of
     a signal other than SIGKILL, a crash) is the model's outcome, scored as usual."""
@@ -451,6 +420,7 @@ while True:  # a harness that retries for ever, as real ones do on a 5xx
 '"""
 
 
+@pytest.mark.integration
 async def test_dead_engine_stops_the_harness_within_the_grace(nats_url, run_name, bwrap):
     """A real engine process SIGKILLed mid-rollout while the harness keeps calling and
     retrying: once no engine has been in rotation for ``engine_grace_s`` the harness is stopped

@@ -17,7 +17,8 @@ from harnessrl.actors.config import RolloutConfig
 from harnessrl.common import cli
 from harnessrl.common.config import add_config_args, config_from_args, undocumented_fields
 from harnessrl.proxy.scripted import ScriptedEngine
-from tests.test_rollout import TASK, TOK, toy_solver
+from tests.helpers.rollout import TASK, TOK, toy_solver
+from tests.helpers.wait import until
 
 REPO = Path(__file__).resolve().parents[1]
 ENTRY = (
@@ -44,6 +45,7 @@ def parse(argv: list[str]) -> tuple[RolloutConfig, argparse.Namespace]:
     return config_from_args(RolloutConfig, args), args
 
 
+@pytest.mark.integration
 async def test_json_output_of_a_reference_rollout(sandbox_root: Path, tmp_path: Path):
     """As a process with an embedded nats-server: one JSON object with the score, the calls
     and the assembled tree's counters; the kept workspace holds the answer."""
@@ -89,6 +91,7 @@ async def test_json_output_of_a_reference_rollout(sandbox_root: Path, tmp_path: 
     assert not any(sandbox_root.iterdir())
 
 
+@pytest.mark.integration
 async def test_task_folder_and_text_report(nats_url: str, sandbox_root: Path):
     """A task given as a folder path, run by --harness-cmd on an existing nats-server: scored
     below 1 when it does nothing, and the text report says there is no sample (no calls)."""
@@ -119,6 +122,7 @@ async def test_task_folder_and_text_report(nats_url: str, sandbox_root: Path):
     assert "status   ok" in text and "no sample: no_calls" in text and "written" in text
 
 
+@pytest.mark.unit
 def test_config_documented_and_bad_arguments():
     """Every field is documented; contradicting flags are refused with exit 2."""
     assert undocumented_fields(RolloutConfig) == []
@@ -143,6 +147,7 @@ async def run_cli(*argv: str, timeout: float = 120) -> tuple[int, str, str, floa
     return proc.returncode, out.decode(), err.decode(), time.monotonic() - t0
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
@@ -165,6 +170,7 @@ async def test_bad_arguments_exit_2_at_once(argv: list[str], says: list[str], tm
     assert not (tmp_path / "sb").exists()
 
 
+@pytest.mark.integration
 async def test_dead_engine_is_refused_at_once(tmp_path: Path, sandbox_root: Path):
     """An engine nobody listens on: refused before any sandbox starts, as an engine_error
     (reason engine_unreachable) naming the URL, exit 1, in seconds rather than after the
@@ -184,6 +190,7 @@ async def test_dead_engine_is_refused_at_once(tmp_path: Path, sandbox_root: Path
     assert not sandbox_root.exists() or not any(sandbox_root.iterdir())
 
 
+@pytest.mark.unit
 def test_help_quotes_the_shipped_models_own_output_limit(capsys):
     """``--max-new-tokens``'s help gives ``tiny-agent``'s limit as its files declare it."""
     from harnessrl.common.models import model_max_new_tokens
@@ -194,6 +201,7 @@ def test_help_quotes_the_shipped_models_own_output_limit(capsys):
     assert f"``tiny-agent`` declares {model_max_new_tokens('tiny-agent')})" in text
 
 
+@pytest.mark.unit
 def test_help_documents_exit_status(capsys):
     """``--help`` says what each exit status means, as the module docstring does."""
     with pytest.raises(SystemExit):
@@ -204,6 +212,7 @@ def test_help_documents_exit_status(capsys):
     assert "Exit status" in rollout_cmd.__doc__ and "2 bad arguments" in rollout_cmd.__doc__
 
 
+@pytest.mark.unit
 async def test_progress_lines_count_calls_and_tokens(run_name: str):
     """While a rollout runs, stderr gets lines with its calls and tokens so far, read back
     from the bus as the proxy records them."""
@@ -217,9 +226,9 @@ async def test_progress_lines_count_calls_and_tokens(run_name: str):
     rid = "manual1-0-1"
     buf = io.StringIO()
     watch = asyncio.create_task(rollout_cmd.progress(bus, rid, every=0.05, out=buf))
+    last_line = lambda: (buf.getvalue().splitlines() or [""])[-1]  # noqa: E731
     try:
-        await asyncio.sleep(0.12)
-        assert "0 calls, 0 tokens generated" in buf.getvalue().splitlines()[-1]
+        await until(lambda: "0 calls, 0 tokens generated" in last_line(), 10, "a first line")
         for seq, n_out in enumerate((3, 5)):
             rec = CallRecord(
                 rollout_id=rid,
@@ -230,7 +239,7 @@ async def test_progress_lines_count_calls_and_tokens(run_name: str):
                 finish_reason="length" if seq else "stop",
             )
             await bus.publish(bus.subjects.calls(rid), rec)
-        await asyncio.sleep(0.15)
+        await until(lambda: "2 calls" in last_line(), 10, "a line counting both calls")
     finally:
         watch.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -272,6 +281,7 @@ FAILURES = {
 }
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("json_out", [True, False], ids=["json", "text"])
 @pytest.mark.parametrize("case", list(FAILURES))
 async def test_every_failure_is_one_line_and_a_json_object(
@@ -290,7 +300,8 @@ async def test_every_failure_is_one_line_and_a_json_object(
         nats = ["--nats", secure_nats.url, "--nats-creds", str(tmp_path / "no-such.cred")]
     elif case.endswith("_credential"):
         role = case.split("_")[0]
-        nats = ["--nats", secure_nats.url, "--nats-creds", str(secure_nats.creds(role))]
+        user = "actor-0" if role == "actor" else role  # an actor's own credential
+        nats = ["--nats", secure_nats.url, "--nats-creds", str(secure_nats.creds(user))]
         nats += ["--nats-ca", str(secure_nats.ca), "--run", "hand"]
     async with ScriptedEngine(TOK, toy_solver()) as eng:
         argv = ["--suite", "toy", "--task", "copy_01", "--harness", "reference", *extra]

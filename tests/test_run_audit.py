@@ -13,6 +13,8 @@ import json
 import time
 from types import SimpleNamespace
 
+import pytest
+
 from harnessrl.common.bus import Bus, connect
 from harnessrl.common.layout import CLIENT_STATE, LATEST, LearnerState
 from harnessrl.common.records import RolloutResult, TaskRequest, TreeSample, member_claim
@@ -79,6 +81,7 @@ async def summarise(nats_url: str, run: str, run_dir) -> object:
     return sup.summary(None, 1.0, [])
 
 
+@pytest.mark.integration
 async def test_unaccounted_is_exact_across_restarts(nats_url: str, run_name: str, tmp_path):
     bus = await connect(nats_url, run_name)
     key = await bus.claim_key(create=True)  # as the learner makes it
@@ -132,6 +135,7 @@ async def test_unaccounted_is_exact_across_restarts(nats_url: str, run_name: str
         await bus.close()
 
 
+@pytest.mark.unit
 def test_summary_reports_the_committed_version_and_trained_rollouts(tmp_path) -> None:
     """A learner SIGKILLed after logging a step but before committing it: the summary's
     version and trained rollouts are the committed ones (what a restart resumes from and what
@@ -163,6 +167,7 @@ def test_summary_reports_the_committed_version_and_trained_rollouts(tmp_path) ->
     assert (s.version, s.samples_trained) == (2, 4)
 
 
+@pytest.mark.integration
 async def test_summary_counts_what_was_assembled_from_the_ledger_and_stream(
     nats_url: str, run_name: str, tmp_path
 ) -> None:
@@ -190,6 +195,7 @@ async def test_summary_counts_what_was_assembled_from_the_ledger_and_stream(
     assert s.samples == 5 and s.tombstones == {"timeout": 1, "sandbox_error": 1}, s
 
 
+@pytest.mark.integration
 async def test_audit_reads_the_results_its_follower_missed(nats_url: str, run_name: str):
     """The monitor's follower can lag the stream (a loaded machine, a restarted server): the
     audit then reads the results it has not seen itself, so the count stays exact instead of

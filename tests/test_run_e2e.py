@@ -21,57 +21,13 @@ from harnessrl.common.config import undocumented_fields
 from harnessrl.common.natsauth import ROLES
 from harnessrl.common.procs import pid_alive
 from harnessrl.common.run.config import RunConfig
+from tests.helpers.runs import RUN_FILE
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 2
 
-RUN_FILE = """
-[run]
-name = "e2e"
-steps = {steps}
-actors = 2
-dashboard = false
-status_interval_s = 5
-scrape_interval_s = 1
-rollup_interval_s = 5
-plot_interval_s = 20
-drain_timeout_s = 90
-stop_timeout_s = 30
 
-[engine]
-model = "tiny"
-max_batch_size = 8
-
-[actor]
-model = "tiny"
-concurrency = 2
-max_turns = 2
-max_new_tokens = 32
-harness_timeout_s = 120
-install_harnesses = false
-shutdown_grace_s = 5
-sandbox_root = "{sandboxes}"
-
-[assembler]
-
-[learner]
-model = "tiny"
-algo = "ppo"
-group_size = 2
-batch_groups = 1
-max_staleness = 1
-
-[learner.ds]
-lr = 1e-4
-
-[learner.feeder]
-suites = ["toy"]
-harnesses = ["reference"]
-
-[weights_sync]
-"""
-
-
+@pytest.mark.unit
 def test_run_config_is_documented() -> None:
     """Every RunConfig field has a docstring (it is the [run] table users edit)."""
     assert undocumented_fields(RunConfig) == []
@@ -220,6 +176,7 @@ def test_run_with_credentials_tls_and_engine_key(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_counters_survive_a_restart() -> None:
     """A counter that goes down means the process restarted: its old total is carried."""
     from harnessrl.common.run.dashboard import Scraped, total
@@ -234,6 +191,7 @@ def test_counters_survive_a_restart() -> None:
     assert total([s], "hrl_actor_rollouts_inflight") == 0.0
 
 
+@pytest.mark.unit
 def test_monitor_copies_learner_lines_once(tmp_path: Path) -> None:
     """Learner lines are copied verbatim and only once, also by a resumed supervisor."""
     from harnessrl.common.layout import RollupLine
@@ -260,6 +218,7 @@ def test_monitor_copies_learner_lines_once(tmp_path: Path) -> None:
     assert m2.status().samples_trained == 8 and m2.reward_train[1] == 0.5
 
 
+@pytest.mark.unit
 def test_plot_from_metrics(tmp_path: Path) -> None:
     """The plot is drawn from metrics.jsonl alone (rollup reward deltas summed per version)."""
     pytest.importorskip("matplotlib")
@@ -279,6 +238,7 @@ def test_plot_from_metrics(tmp_path: Path) -> None:
     assert path is not None and path.stat().st_size > 1000
 
 
+@pytest.mark.unit
 def test_run_file_round_trip(tmp_path: Path) -> None:
     """The resolved run file parses back to the same tables; [run] is complete and typed."""
     import tomllib
@@ -297,6 +257,7 @@ def test_run_file_round_trip(tmp_path: Path) -> None:
     assert back["run"]["steps"] == 5 and back["run"]["on_exit"]["learner"] == "stop"
 
 
+@pytest.mark.unit
 def test_run_file_errors_name_the_problem(tmp_path: Path) -> None:
     from harnessrl.common.config import ConfigError
     from harnessrl.common.run.plan import resolve
@@ -316,6 +277,7 @@ def _argv_pairs(argv: list[str]) -> dict[str, str]:
     return {a: b for a, b in zip(argv, argv[1:], strict=False) if a.startswith("--")}
 
 
+@pytest.mark.integration
 def test_plan_gives_each_role_its_own_credential_and_no_secret(tmp_path: Path) -> None:
     """Embedded defaults: TLS URL, the server made for this run, each child its own role's
     credential file, the CA and the engine key file; ``nats_insecure`` drops them all; an

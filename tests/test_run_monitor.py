@@ -57,6 +57,7 @@ def drain_only(m: Monitor, tmp_path: Path, timeout_s: float) -> Run:
     return run
 
 
+@pytest.mark.unit
 async def test_a_failed_queue_read_shows_unknown_not_empty(tmp_path: Path) -> None:
     """After a good read, failing stream/consumer queries make every queue unknown (``?`` in
     the status line and the panel, left out of the rollup line), not 0 nor the stale value."""
@@ -77,6 +78,7 @@ async def test_a_failed_queue_read_shows_unknown_not_empty(tmp_path: Path) -> No
     render(st)  # the rich panel draws unknown queues too
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("failing", ["assembler queue", "actor metrics"])
 async def test_drain_never_ends_on_a_read_that_failed(tmp_path: Path, failing: str) -> None:
     """Work may be left, but the assembler's consumer query fails (its results queue is
@@ -99,6 +101,7 @@ async def test_drain_never_ends_on_a_read_that_failed(tmp_path: Path, failing: s
     assert "drain timed out" in run.events[-1], run.events
 
 
+@pytest.mark.unit
 async def test_drain_ends_when_every_read_says_empty(tmp_path: Path) -> None:
     """The control: every queue read and empty, every actor read with nothing in flight."""
     m = monitor(tmp_path, FlakyJetStream(pending=0))

@@ -20,6 +20,8 @@ from harnessrl.learner.batching import Batcher, BatchRules, Ledger
 from harnessrl.learner.packing import PackConfig, collate, pack
 from harnessrl.learner.policy import load_policy
 
+pytestmark = pytest.mark.unit
+
 RID = "g-0-1"
 
 

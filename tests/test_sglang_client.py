@@ -28,6 +28,7 @@ from harnessrl.proxy.sglang import (
     GenerateResult,
     IdsJson,
 )
+from tests.helpers.wait import until
 
 REPO = Path(__file__).resolve().parents[1]
 TOK = load_tokenizer("tiny-1m")
@@ -39,6 +40,7 @@ SAMPLING = {"max_new_tokens": 64, "temperature": 1.0, "stop_token_ids": [2]}
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 async def test_generate_forces_logprobs_and_raw_text() -> None:
     """Every /generate asks for log-probs, special tokens and untrimmed stops; the reply is
     normalised (ids incl. the stop token, float32 log-probs, versions as ints)."""
@@ -60,6 +62,7 @@ async def test_generate_forces_logprobs_and_raw_text() -> None:
     )
 
 
+@pytest.mark.integration
 async def test_length_finish_and_cached_tokens() -> None:
     """max_new_tokens cuts the reply (finish length); the second call reports a prefix-cache hit."""
     async with ScriptedEngine(TOK, [[5, 6, 7, 8], [9]]) as eng, EngineClient(eng.url) as c:
@@ -69,6 +72,7 @@ async def test_length_finish_and_cached_tokens() -> None:
     assert b.cached_tokens == 5
 
 
+@pytest.mark.integration
 async def test_keyed_calls_send_the_ids_they_are_given() -> None:
     """A rollout's calls (``key``) reuse the text of the ids the last call sent where the new
     ids extend them; the engine receives exactly each call's ids all the same, forks included,
@@ -85,6 +89,7 @@ async def test_keyed_calls_send_the_ids_they_are_given() -> None:
     assert c.ids_json.reused == 3
 
 
+@pytest.mark.unit
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(
@@ -110,6 +115,7 @@ def test_ids_json_is_the_json_of_the_ids(steps: list[tuple[int, list[int]]]) -> 
     assert cache._bytes <= 200 or len(cache._last) == 1  # the newest key is always kept
 
 
+@pytest.mark.integration
 async def test_weight_version_start_reported_when_it_changed() -> None:
     """A swap during generation: start and end versions differ."""
     async with (
@@ -120,6 +126,7 @@ async def test_weight_version_start_reported_when_it_changed() -> None:
     assert (res.weight_version_start, res.weight_version_end) == (3, 4)
 
 
+@pytest.mark.unit
 def test_start_version_is_the_first_weight_version_span() -> None:
     """SGLang reports the versions over output-token ranges (``weight_versions``): the call
     started under the first span's, ended under ``weight_version``."""
@@ -139,6 +146,7 @@ def test_start_version_is_the_first_weight_version_span() -> None:
     assert (res.weight_version_start, res.weight_version_end) == (9, 9)
 
 
+@pytest.mark.integration
 async def test_info_falls_back_to_the_old_paths() -> None:
     """An SGLang release before ``/model_info`` and ``/server_info`` answers only the
     ``/get_*`` names: the client falls back to them once and remembers."""
@@ -155,6 +163,7 @@ async def test_info_falls_back_to_the_old_paths() -> None:
             assert c._old_info is False
 
 
+@pytest.mark.unit
 def test_result_without_output_ids_uses_logprob_tokens() -> None:
     """Engines that omit output_ids: ids come from output_token_logprobs; misalignment fails."""
     body = {
@@ -172,6 +181,7 @@ def test_result_without_output_ids_uses_logprob_tokens() -> None:
         GenerateResult.from_json({**body, "output_ids": [10, 11, 12]})
 
 
+@pytest.mark.integration
 async def test_errors_are_classified() -> None:
     """400 -> EngineBadRequest with the engine's message; 503 -> EngineUnavailable; 500 ->
     EngineError (not retryable); an abort with status_code 400 inside a 200 -> EngineBadRequest."""
@@ -205,6 +215,7 @@ async def test_errors_are_classified() -> None:
             await c.generate([1], SAMPLING)
 
 
+@pytest.mark.integration
 async def test_connection_refused_is_unavailable() -> None:
     """Nothing listening: EngineUnavailable, quickly; health() says False without raising."""
     c = EngineClient(f"http://127.0.0.1:{free_port()}", retries=1, retry_backoff=0.01)
@@ -218,6 +229,7 @@ async def test_connection_refused_is_unavailable() -> None:
         await c.close()
 
 
+@pytest.mark.integration
 async def test_idempotent_reads_are_retried() -> None:
     """Health, model info and version survive transient 503s; generate is not retried."""
     async with (
@@ -236,6 +248,7 @@ async def test_idempotent_reads_are_retried() -> None:
         assert (await c.generate([1], SAMPLING)).output_ids  # the script was not consumed
 
 
+@pytest.mark.integration
 async def test_timeout_is_unavailable_and_aborts_the_request() -> None:
     """A generate that outlives its timeout fails as unavailable and is aborted on the engine."""
     async with ScriptedEngine(TOK, [Reply(text="slow", delay=5)]) as eng:
@@ -247,18 +260,20 @@ async def test_timeout_is_unavailable_and_aborts_the_request() -> None:
         assert ("/abort_request", {"rid": "slow-1"}) in eng.control
 
 
+@pytest.mark.integration
 async def test_cancelled_generate_aborts_on_engine() -> None:
     """The harness went away (task cancelled): the engine gets /abort_request for the rid."""
     async with ScriptedEngine(TOK, [Reply(text="slow", delay=5)]) as eng:
         async with EngineClient(eng.url) as c:
             task = asyncio.create_task(c.generate([1], SAMPLING, rid="gone-1"))
-            await asyncio.sleep(0.2)
+            await until(lambda: eng.requests, 10, "the call at the engine")
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
         assert ("/abort_request", {"rid": "gone-1"}) in eng.control
 
 
+@pytest.mark.integration
 async def test_control_calls() -> None:
     """Weight update (version passed as a string inside it), pause/resume, abort."""
     async with ScriptedEngine(TOK, []) as eng, EngineClient(eng.url) as c:
@@ -305,6 +320,7 @@ async def _stop(engines: list[ScriptedEngine]) -> None:
         await e.stop()
 
 
+@pytest.mark.integration
 async def test_router_is_sticky_per_key() -> None:
     """Calls of one rollout stay on one engine (its prefix cache); rollouts spread out."""
     engines = _engines(2)
@@ -327,6 +343,7 @@ async def test_router_is_sticky_per_key() -> None:
         await _stop(engines)
 
 
+@pytest.mark.integration
 async def test_router_least_outstanding() -> None:
     """Concurrent unkeyed calls go to the engine with the fewest in flight."""
     engines = _engines(2, delay=0.3)
@@ -339,8 +356,10 @@ async def test_router_least_outstanding() -> None:
         # a busy sticky engine gives its key away once it is max_imbalance ahead
         async with EngineRouter([e.url for e in engines], health_interval=0, max_imbalance=1) as r2:
             first = await r2.generate([1], SAMPLING, key="k")
+            sent = sum(len(e.requests) for e in engines)
             busy = [asyncio.create_task(r2.generate([1], SAMPLING, key="k")) for _ in range(2)]
-            await asyncio.sleep(0.05)
+            at_engines = lambda: sum(len(e.requests) for e in engines) == sent + 2  # noqa: E731
+            await until(at_engines, 10, "both busy calls at the engine")
             moved = await r2.generate([1], SAMPLING, key="k")
             await asyncio.gather(*busy)
         assert moved.engine != first.engine
@@ -348,6 +367,7 @@ async def test_router_least_outstanding() -> None:
         await _stop(engines)
 
 
+@pytest.mark.integration
 async def test_router_ejects_unhealthy_and_readmits() -> None:
     """An engine failing health checks leaves rotation, and comes back when healthy."""
     engines = _engines(2)
@@ -357,20 +377,20 @@ async def test_router_ejects_unhealthy_and_readmits() -> None:
         async with EngineRouter(
             [e.url for e in engines], health_interval=0.05, eject_after=2
         ) as router:
+            healthy = lambda: [s["healthy"] for s in router.status()]  # noqa: E731
             bad.healthy = False
-            await asyncio.sleep(0.3)
-            assert [s["healthy"] for s in router.status()] == [False, True]
+            await until(lambda: healthy() == [False, True], 10, "the bad engine ejected")
             for key in "abcd":
                 assert (await router.generate([1], SAMPLING, key=key)).engine == engines[1].url
             bad.healthy = True
-            await asyncio.sleep(0.3)
-            assert [s["healthy"] for s in router.status()] == [True, True]
+            await until(lambda: healthy() == [True, True], 10, "the engine readmitted")
             got = {(await router.generate([1], SAMPLING, key=k)).engine for k in "efgh"}
             assert bad.url in got
     finally:
         await _stop(engines)
 
 
+@pytest.mark.integration
 async def test_router_moves_call_off_a_dead_engine() -> None:
     """A refused generate ejects the engine at once and the call is served elsewhere."""
     engines = _engines(2)
@@ -390,6 +410,7 @@ async def test_router_moves_call_off_a_dead_engine() -> None:
         await _stop(engines)
 
 
+@pytest.mark.integration
 async def test_router_no_engine_is_unavailable() -> None:
     """With every engine down, a call waits wait_healthy_s and then fails as unavailable."""
     router = EngineRouter(
@@ -408,6 +429,7 @@ async def test_router_no_engine_is_unavailable() -> None:
         await router.close()
 
 
+@pytest.mark.integration
 async def test_router_retries_abort_caused_by_weight_swap() -> None:
     """A weight update aborts the call before any token: the router retries it on the new
     weights; the harness never sees the abort."""
@@ -416,7 +438,7 @@ async def test_router_retries_abort_caused_by_weight_swap() -> None:
         EngineRouter([eng.url], health_interval=0) as router,
     ):
         call = asyncio.create_task(router.generate([1], SAMPLING, rid="w1"))
-        await asyncio.sleep(0.2)
+        await until(lambda: eng.requests, 10, "the call at the engine")
         async with EngineClient(eng.url) as c:
             await c.update_weights_from_disk("/ckpt/2", 2, abort_all_requests=True)
         res = await call
@@ -425,6 +447,7 @@ async def test_router_retries_abort_caused_by_weight_swap() -> None:
     assert [r["rid"] for r in eng.requests] == ["w1", "w1-1"]
 
 
+@pytest.mark.integration
 async def test_router_does_not_retry_its_own_abort() -> None:
     """An abort the proxy asked for (harness gone) is final."""
     async with (
@@ -432,13 +455,14 @@ async def test_router_does_not_retry_its_own_abort() -> None:
         EngineRouter([eng.url], health_interval=0, swap_wait_s=0.2) as router,
     ):
         call = asyncio.create_task(router.generate([1], SAMPLING, rid="mine"))
-        await asyncio.sleep(0.2)
+        await until(lambda: eng.requests, 10, "the call at the engine")
         await router.abort("mine")
         res = await call
     assert (res.finish_reason, res.output_ids) == ("abort", [])
     assert len(eng.requests) == 1
 
 
+@pytest.mark.integration
 async def test_router_pause_abort_then_swap_is_retried() -> None:
     """SGLang-style update: pause(abort) first, new version a little later, then continue."""
     async with (
@@ -446,10 +470,10 @@ async def test_router_pause_abort_then_swap_is_retried() -> None:
         EngineRouter([eng.url], health_interval=0) as router,
     ):
         call = asyncio.create_task(router.generate([1], SAMPLING))
-        await asyncio.sleep(0.2)
+        await until(lambda: eng.requests, 10, "the call at the engine")
         async with EngineClient(eng.url) as c:
             await c.pause("abort")
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2)  # the new version comes a little after the pause
             await c.update_weights_from_disk("/ckpt/2", 2)
             await c.resume()
         res = await call
@@ -461,6 +485,7 @@ async def test_router_pause_abort_then_swap_is_retried() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 async def test_scripted_engine_subprocess(tmp_path: Path) -> None:
     """``python -m harnessrl.proxy.scripted`` prints its URL and serves the script file."""
     script = tmp_path / "s.json"

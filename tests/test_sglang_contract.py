@@ -106,6 +106,7 @@ class CheckedEngine(ScriptedEngine):
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_the_pinned_release_is_checked_and_documented(contract: Contract) -> None:
     """The wheel read is the pinned version's, and docs/sglang.md names that version."""
     version = sglang_source.pinned_version()
@@ -117,6 +118,7 @@ def test_the_pinned_release_is_checked_and_documented(contract: Contract) -> Non
     assert f"sglang=={version}" in doc and f"SGLang {version}" in doc
 
 
+@pytest.mark.unit
 def test_the_checker_refuses_what_sglang_refuses(contract: Contract) -> None:
     """Negative controls: the checker is SGLang's judgement, so each of these bodies, which
     SGLang refuses or would silently ignore, is refused."""
@@ -150,6 +152,7 @@ def test_the_checker_refuses_what_sglang_refuses(contract: Contract) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 async def test_every_request_harnessrl_sends_validates_as_sglang_validates_it(
     contract: Contract, tmp_path: Path, run_name: str
 ) -> None:
@@ -357,6 +360,7 @@ def _check_routes(contract: Contract, app: web.Application, who: str) -> None:
         assert route.method in sglang.methods, f"{who}: {route.method} {path} is not SGLang's"
 
 
+@pytest.mark.integration
 async def test_embedded_engine_answers_in_sglang_shapes(contract: Contract) -> None:
     cfg = EngineConfig(model=str(resolve_model("tiny-1m")), port=0, threads=1)
     async with EngineServer(cfg) as srv, EngineClient(srv.url) as c:
@@ -388,6 +392,7 @@ async def test_embedded_engine_answers_in_sglang_shapes(contract: Contract) -> N
     assert (res.weight_version_start, res.weight_version_end) == (0, 1)
 
 
+@pytest.mark.integration
 async def test_scripted_engine_answers_in_sglang_shapes(contract: Contract) -> None:
     script = [Reply(text="hello"), Reply(text="x", set_version=4)]
     async with (

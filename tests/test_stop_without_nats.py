@@ -17,7 +17,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -30,9 +29,10 @@ from harnessrl.common.procs import popen_child
 from harnessrl.common.run.config import RunConfig
 from harnessrl.learner.checkpoint import Checkpointer
 from harnessrl.proxy.scripted import ScriptedEngine
-from tests.test_actor_service import actor_argv
-from tests.test_learner_service import grpo_group, publish, start_learner, wait_for
-from tests.test_rollout import TOK, toy_solver
+from tests.helpers.actor import actor_argv
+from tests.helpers.learner import grpo_group, publish, start_learner
+from tests.helpers.rollout import TOK, toy_solver
+from tests.helpers.wait import until
 
 pytestmark = pytest.mark.slow
 
@@ -78,9 +78,7 @@ async def test_sigterm_with_nats_down_stops_every_process_cleanly(
             procs["actor"] = start(actor, tmp_path / "actor.log")
             metrics = run_dir / "metrics.jsonl"
             steps = lambda: [m for m in read_metrics(metrics) if isinstance(m, StepLine)]  # noqa: E731
-            await asyncio.to_thread(
-                wait_for, lambda: len(steps()) == 3, 240, procs["learner"], "three steps"
-            )
+            await until(lambda: len(steps()) == 3, 240, "three steps", proc=procs["learner"])
             server.kill()
             await asyncio.sleep(1.0)  # every client saw the connection go
             for p in procs.values():
@@ -140,15 +138,10 @@ async def test_supervisor_restarts_nats_while_its_monitor_waits_for_it(tmp_path:
         run.monitor.tick = refresh_stuck_on_the_server
         watch = asyncio.create_task(run.watch())
         nats = run.sup.children["nats"]
-        deadline = time.monotonic() + 30
-        while not stuck:
-            assert time.monotonic() < deadline, "the monitor never refreshed"
-            await asyncio.sleep(0.05)
+        await until(lambda: stuck, 30, "the monitor to refresh")
         os.kill(nats.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 120  # a restart, and a python process starting
-        while not (nats.starts == 2 and nats.ready):
-            assert time.monotonic() < deadline, "nats-server was not restarted"
-            await asyncio.sleep(0.1)
+        # a restart, and a python process starting
+        await until(lambda: nats.starts == 2 and nats.ready, 120, "nats-server restarted")
         run._on_signal(signal.SIGTERM)
         assert (await asyncio.wait_for(watch, 30)).kind == "signal"
     finally:

@@ -16,6 +16,8 @@ import pytest
 from harnessrl.common.procs import group_members, kill_tree, pid_alive, popen_child, wait_group_dead
 from harnessrl.common.run.supervisor import ChildFailed, ChildSpec, Supervisor
 
+pytestmark = pytest.mark.integration
+
 PY = sys.executable
 
 # A well-behaved service: starts a grandchild (``sleep``, dying with it), says ready, serves

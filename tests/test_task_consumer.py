@@ -18,9 +18,10 @@ import pytest
 from harnessrl.common import records as r
 from harnessrl.common.bus import TASK_CONSUMER, PermissionDenied
 from harnessrl.common.natsd import NatsServer
-from tests.test_nats_auth import RUNS, actor_creds, as_role, secure_server  # noqa: F401
-from tests.test_nats_auth import run as run
-from tests.test_records import sample_records
+from tests.helpers.records import sample_records
+from tests.helpers.secure_nats import actor_creds, as_role
+
+pytestmark = pytest.mark.integration
 
 
 def task(i: int) -> r.TaskRequest:
@@ -41,7 +42,7 @@ async def owner_creates_consumer(srv: NatsServer, run: str, **kw) -> None:
 
 
 async def test_an_actor_credential_cannot_hijack_the_task_consumer(
-    secure_server: NatsServer,  # noqa: F811
+    secure_server: NatsServer,
     run: str,
 ) -> None:
     """The hostile probe: an actor publishes the consumer's own config back to each consumer
@@ -240,7 +241,7 @@ async def test_the_stall_alert_fires_within_a_minute(
     from harnessrl.common.bus import connect
     from harnessrl.learner.config import FeederConfig
     from harnessrl.learner.task_queue import TaskQueue
-    from tests.test_monitoring import Prometheus, prometheus_config
+    from tests.helpers.prometheus import Prometheus, prometheus_config
 
     if shutil.which("prometheus") is None:
         pytest.skip("prometheus not installed (apt-get install prometheus)")

@@ -42,7 +42,7 @@ from harnessrl.common.tasks.environments import (
 )
 from harnessrl.common.tasks.formats import NativeToml
 from harnessrl.common.tasks.registry import SuiteToml, list_tasks, load_task
-from tests.conftest import bwrap_or_skip
+from tests.helpers.sandboxes import bwrap_or_skip
 from tests.treefiles import write
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,6 +63,7 @@ def native(root: Path, env_table: str = "", task_id: str | None = None) -> Path:
 # ---------------------------------------------------------------------- declaring
 
 
+@pytest.mark.unit
 def test_task_toml_environment_table(tmp_path: Path):
     """``[environment]`` starts from a built-in, adds and replaces pip packages, overrides the
     python alias; the task hash covers the environment."""
@@ -85,6 +86,7 @@ def test_task_toml_environment_table(tmp_path: Path):
     assert len({t.task_hash, plain.task_hash, base.task_hash}) == 3
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("table", "field", "needle"),
     [
@@ -106,6 +108,7 @@ def test_bad_environment_table_names_the_field(tmp_path: Path, table: str, field
     assert f"field '{field}'" in msg and needle in msg and str(root / "task.toml") in msg
 
 
+@pytest.mark.unit
 def test_env_key_is_content():
     """The build key depends on what is installed, not on names or order; the table written
     for an environment resolves back to it."""
@@ -125,6 +128,7 @@ def test_env_key_is_content():
     assert environment_table(CLAWGYM_ENV) == {"name": "clawgym"}
 
 
+@pytest.mark.unit
 def test_clawgym_tasks_get_the_clawgym_environment(tmp_path: Path):
     """A ClawGym folder loads with the ``clawgym`` environment (python alias, pytest, pandas,
     requests); ``tasks import`` of ClawGym folders and JSONL writes native tasks that declare
@@ -150,6 +154,7 @@ def test_clawgym_tasks_get_the_clawgym_environment(tmp_path: Path):
     assert load_task_path(jl).environment == CLAWGYM_ENV
 
 
+@pytest.mark.unit
 def test_suite_toml_environment(tmp_path: Path):
     """``suite.toml``'s environment applies to the suite's tasks that declare none, whichever
     way they are loaded (with the same hash) and to what ``tasks import`` makes of them; a
@@ -175,6 +180,7 @@ def test_suite_toml_environment(tmp_path: Path):
     assert not (tmp_path / "out2").exists()
 
 
+@pytest.mark.unit
 def test_tasks_show_prints_the_environment(tmp_path: Path, monkeypatch, capsys):
     monkeypatch.setitem(cli.COMMANDS, "tasks", cli.Command("tasks", "harnessrl.actors.tasks_cmd"))
     assert cli.main(["tasks", "show", str(acceptance_task(tmp_path / "t"))]) == 0
@@ -182,6 +188,7 @@ def test_tasks_show_prints_the_environment(tmp_path: Path, monkeypatch, capsys):
     assert "clawgym (python alias, 24 pip packages: pytest==8.4.2" in line
 
 
+@pytest.mark.unit
 def test_pip_flags_follow_the_target():
     """Wheels are chosen for the sandbox's interpreter (version, ABI, libc), not the host's."""
     t = Target("3.11", "cpython", "glibc", "2.36", "x86_64")
@@ -203,6 +210,7 @@ ALIAS_ONLY = TaskEnv(name="alias-only", python_alias=True)
 """An environment that needs no download: a venv with a ``python`` command."""
 
 
+@pytest.mark.integration
 async def test_environment_in_bwrap(tmp_path: Path):
     """With an environment, every command has ``python``, its venv first on PATH (also when
     the caller sets PATH), read-only; without one there is no ``python``."""
@@ -234,6 +242,7 @@ async def test_environment_in_bwrap(tmp_path: Path):
         assert be.env_builds == 2 and sb.env_dir == built
 
 
+@pytest.mark.integration
 async def test_concurrent_first_use_builds_once(tmp_path: Path):
     """Two backends and another process asking for the same new environment at once: one
     build (file lock), everyone gets the same folder, nothing half-built is left."""
@@ -271,6 +280,7 @@ async def test_concurrent_first_use_builds_once(tmp_path: Path):
     assert len(made) == 1 and made[0].startswith("bwrap-race-")
 
 
+@pytest.mark.integration
 async def test_unbuildable_environment_fails_create(tmp_path: Path, monkeypatch):
     """A package that cannot be had fails sandbox creation with a SandboxError naming the
     environment and pip's reason; the failure is remembered (the next create fails at once,
@@ -295,6 +305,7 @@ async def test_unbuildable_environment_fails_create(tmp_path: Path, monkeypatch)
     assert left == []
 
 
+@pytest.mark.unit
 def test_rollout_settings_reach_the_backend(tmp_path: Path):
     """``env_cache_dir`` reaches the backend; the new config and schema fields are documented."""
     from harnessrl.actors.config import RolloutSettings
@@ -425,6 +436,7 @@ def spec_for(task, environment) -> SandboxSpec:
     )
 
 
+@pytest.mark.integration
 async def test_pytest_pandas_task_scores_1_with_its_environment(
     env_backend, tmp_path: Path, record_property
 ):
@@ -451,6 +463,7 @@ async def test_pytest_pandas_task_scores_1_with_its_environment(
     assert res.reward == 1.0 and res.metrics == {"tests_pass": 1.0, "totals_right": 1.0}, res
 
 
+@pytest.mark.integration
 async def test_pytest_pandas_task_fails_in_the_base_environment(env_backend, tmp_path: Path):
     """Negative control: in the base userland the agent's ``python`` does not exist (the
     reference solution exits 127), and a correct answer put in by hand is an environment
@@ -466,6 +479,7 @@ async def test_pytest_pandas_task_fails_in_the_base_environment(env_backend, tmp
     assert "'pandas'" in res.error
 
 
+@pytest.mark.unit
 def test_install_script_runs_offline_from_the_wheelhouse():
     """The install step never reaches an index: ``--no-index`` from the mounted wheelhouse,
     with pip's configuration off."""
@@ -478,12 +492,13 @@ def test_install_script_runs_offline_from_the_wheelhouse():
     assert "--no-index" not in install_script(ALIAS_ONLY, "k")  # nothing to install
 
 
+@pytest.mark.integration
 async def test_rollout_gives_the_task_its_environment(nats_url, run_name, bwrap, tmp_path):
     """Through the rollout pipeline (command harness running the reference solution, as an
     agent would): scored 1.0 with the task's environment; with ``task_environments`` off the
     agent's ``python`` is missing, so nothing is scored as the model's."""
     from harnessrl.actors.rollout import run_rollout
-    from tests.test_rollout import request, rollout_env
+    from tests.helpers.rollout import request, rollout_env
 
     folder = acceptance_task(tmp_path / "pandas_pytest")
     req = request(cmd='bash "$HRL_SOLUTION"', suite="", task_id=str(folder))

@@ -24,6 +24,8 @@ from harnessrl.common.tasks import (
 )
 from tests.treefiles import write
 
+pytestmark = pytest.mark.unit
+
 CHECKER = 'import json, sys\nprint(json.dumps({"ok": 1.0}))\n'
 
 

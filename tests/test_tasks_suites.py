@@ -36,6 +36,7 @@ async def solved_and_untouched(backend: BwrapBackend, task: Task) -> tuple:
     return solved, untouched
 
 
+@pytest.mark.integration
 async def test_toy_reference_solutions(backend: BwrapBackend):
     """Every toy task: its reference solution scores 1.0, the untouched workspace below 1."""
     sem = asyncio.Semaphore(JOBS)
@@ -49,6 +50,7 @@ async def test_toy_reference_solutions(backend: BwrapBackend):
         assert untouched.status == "ok" and untouched.reward < 1.0, (t.name, untouched)
 
 
+@pytest.mark.integration
 async def test_workspace_suite_passes_lint(backend: BwrapBackend):
     """Every workspace task: solution 1.0, every failing probe (untouched, outputs empty, of
     the wrong type, truncated) below 0.25, every metric flips under a mutation of the
@@ -63,6 +65,7 @@ async def test_workspace_suite_passes_lint(backend: BwrapBackend):
     assert cfg.untouched_reward == 0.0 and cfg.score("solution") == 1.0
 
 
+@pytest.mark.integration
 async def test_toy_checker_passes_lint(backend: BwrapBackend):
     """The shared toy checker passes lint on one task of every family."""
     by_family = {t.metadata["toy"]["family"]: t for t in list_tasks("toy-eval")}
@@ -71,6 +74,7 @@ async def test_toy_checker_passes_lint(backend: BwrapBackend):
     assert not {r.task: [str(p) for p in r.problems] for r in reports if not r.ok}
 
 
+@pytest.mark.unit
 def test_workspace_suite_shape():
     """At least 20 realistic tasks over several categories, each with checker, rubric, solution."""
     tasks = list_tasks("workspace")
@@ -81,6 +85,7 @@ def test_workspace_suite_shape():
         assert not (t.workspace_dir / "reward").exists()
 
 
+@pytest.mark.unit
 def test_toy_generator_matches_shipped(tmp_path: Path):
     """The shipped toy folders are exactly what the generator writes (regenerate after edits)."""
     write_suites(tmp_path)
@@ -121,6 +126,7 @@ def norm(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.strip("\n").splitlines())
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("task", TOY, ids=[t.id for t in TOY])
 def test_teacher_solves_toy_task(task: Task, tmp_path: Path):
     """Executing the teacher's tool calls solves the task in a few well-formed steps."""
@@ -142,6 +148,7 @@ def test_teacher_solves_toy_task(task: Task, tmp_path: Path):
     assert teacher_step(task, messages[:3]) == teacher_step(task, messages[:3]) == messages[3]
 
 
+@pytest.mark.unit
 def test_teacher_tolerates_harness_variations(tmp_path: Path):
     """Content parts, a JSON list_dir result and interleaved user messages do not confuse it."""
     task = next(t for t in TOY if t.metadata["toy"]["family"] == "json_collect")
@@ -202,6 +209,7 @@ async def teacher_server():
     await runner.cleanup()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("family", ["upper_word", "number_lines", "find_word"])
 async def test_teacher_drives_the_reference_agent(teacher_server, tmp_path: Path, family: str):
     """Served to the real reference agent, the teacher's turns solve the task (levels 1-3)."""

@@ -21,6 +21,7 @@ from harnessrl.common.records import TaskRequest
 from harnessrl.common.tasks import load_task
 from harnessrl.common.tasks.teacher import teacher_rollout, teacher_step
 from harnessrl.proxy.engine.teacher import Teacher, make_teacher_engine, parse_prompt
+from tests.helpers.wait import wait_until
 
 TOK = load_tokenizer("tiny-1m")
 REPO = Path(__file__).resolve().parents[1]
@@ -38,6 +39,7 @@ def conversation(task, tmp_path: Path) -> list[dict]:
     return teacher_rollout(task, execute, system=SYSTEM_PROMPT.format(workspace=ws_dir))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("task_id", ["copy_01", "concat_dir_02", "find_word_03"])
 def test_every_turn_is_rendered_exactly(task_id: str, tmp_path: Path) -> None:
     """For each prefix of a teacher conversation, prompt + reply + "\\n" is the template's
@@ -54,6 +56,7 @@ def test_every_turn_is_rendered_exactly(task_id: str, tmp_path: Path) -> None:
         assert prompt + reply + "\n" == expected
 
 
+@pytest.mark.unit
 def test_parse_prompt_recovers_the_messages(tmp_path: Path) -> None:
     """The decoded prompt parses back into the conversation (tool ids renamed consistently)."""
     task = load_task("toy", "concat_dir_02")
@@ -67,6 +70,7 @@ def test_parse_prompt_recovers_the_messages(tmp_path: Path) -> None:
     assert teacher_step(task, parsed) == teacher_step(task, msgs)
 
 
+@pytest.mark.unit
 def test_unknown_task_gets_finish() -> None:
     """A prompt with no known instruction is answered with the harness's finish, not an
     error; a call that declares no tools (a title request) gets a short plain answer."""
@@ -79,6 +83,7 @@ def test_unknown_task_gets_finish() -> None:
     assert reply == "Toy task<|im_end|>"
 
 
+@pytest.mark.unit
 def test_reply_ids_have_zero_logprobs() -> None:
     """The engine callable returns the reply's ids (ending in <|im_end|>) with log-prob 0."""
     task = load_task("toy", "copy_01")
@@ -105,6 +110,7 @@ TASKS = [
 ]
 
 
+@pytest.mark.integration
 async def test_reference_harness_solves_toy_tasks(nats_url, run_name, bwrap) -> None:
     """Reference harness + proxy + teacher engine solve toy tasks with reward 1.0."""
     eng = await make_teacher_engine(["toy", "toy-eval"], "tiny-1m").start()
@@ -131,6 +137,7 @@ async def test_reference_harness_solves_toy_tasks(nats_url, run_name, bwrap) -> 
     assert eng.fn.unknown == 0
 
 
+@pytest.mark.integration
 def test_teacher_engine_process_with_harnessrl_rollout(tmp_path: Path) -> None:
     """``harnessrl engine --kind teacher`` + ``harnessrl rollout`` score 1.0 end to end."""
     if shutil.which("bwrap") is None:
@@ -163,11 +170,11 @@ def test_teacher_engine_process_with_harnessrl_rollout(tmp_path: Path) -> None:
         eng.wait(20)
 
 
+@pytest.mark.integration
 def test_teacher_kind_ready_line_and_sigterm() -> None:
     """``harnessrl engine --kind teacher`` prints the engine's ready line, answers on it, and
     stops cleanly on SIGTERM, logging how many calls it served."""
     import signal
-    import time
     import urllib.request
 
     from harnessrl.proxy.engine_cmd import spawn_engine
@@ -185,9 +192,8 @@ def test_teacher_kind_ready_line_and_sigterm() -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
-    deadline = time.monotonic() + 10  # the reader thread drains the pipe
-    while "engine stopped\n" not in proc.output_lines and time.monotonic() < deadline:
-        time.sleep(0.05)
+    # the reader thread drains the pipe
+    wait_until(lambda: "engine stopped\n" in proc.output_lines, 10, "the engine's last line")
     assert any(
         "teacher served 0 calls (0 unknown tasks, 0 without a usable tool)" in line
         for line in proc.output_lines

@@ -12,6 +12,8 @@ import pytest
 
 from harnessrl.common import natsauth
 
+pytestmark = pytest.mark.integration
+
 MAKERS = ["cryptography", "openssl"]
 
 

@@ -55,6 +55,7 @@ async def verify_fresh(backend: BwrapBackend, task: Task, judge=None, setup=None
 # ---------------------------------------------------------------------- code checkers
 
 
+@pytest.mark.integration
 async def test_weighted_mean_of_metrics(backend: BwrapBackend, tmp_path: Path):
     """reward = weighted mean of the checker's metrics; bools count as 0/1."""
     checker = 'import json; print("debug line"); print(json.dumps({"a": 1, "b": 0.0, "c": True}))'
@@ -66,6 +67,7 @@ async def test_weighted_mean_of_metrics(backend: BwrapBackend, tmp_path: Path):
     assert res.rubric_score is None and res.duration > 0
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("checker", "needle"),
     [
@@ -88,6 +90,7 @@ async def test_bad_checkers_are_verifier_errors(
     assert res.reward == 0.0 and res.code_score is None
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("checker", "needles"),
     [
@@ -124,6 +127,7 @@ async def test_crashing_checker_scores_zero(
     assert res.to_dict()["checker_error"] == res.checker_error
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("checker", "reason", "needle"),
     [
@@ -148,6 +152,7 @@ async def test_infrastructure_failures_are_verifier_errors(
     assert needle in res.error and res.checker_error == ""
 
 
+@pytest.mark.integration
 async def test_checker_timeout(
     backend: BwrapBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
@@ -163,6 +168,7 @@ async def test_checker_timeout(
     assert res.reason == "timeout"
 
 
+@pytest.mark.integration
 async def test_valid_metrics_with_nonzero_exit_count(backend: BwrapBackend, tmp_path: Path):
     """A checker may exit non-zero after printing valid metrics (some signal failure that way)."""
     checker = 'import json, sys; print(json.dumps({"ok": 0})); sys.exit(1)'
@@ -170,6 +176,7 @@ async def test_valid_metrics_with_nonzero_exit_count(backend: BwrapBackend, tmp_
     assert res.status == "ok" and res.reward == 0.0
 
 
+@pytest.mark.integration
 async def test_reward_files_hidden_from_harness_and_workspace(
     backend: BwrapBackend, tmp_path: Path
 ):
@@ -202,6 +209,7 @@ async def test_reward_files_hidden_from_harness_and_workspace(
     assert res.metrics == {"outside_ws": 1.0, "ws_clean": 1.0, "cwd_is_ws": 1.0}
 
 
+@pytest.mark.integration
 async def test_clawgym_folder_end_to_end(backend: BwrapBackend, tmp_path: Path):
     """ClawGym layout: workspace at input_mount_dir, reward files at <mount>/reward, reward.sh's
     last line is the score, check.py's dict the metrics; a planted reward/ dir is ignored."""
@@ -245,6 +253,7 @@ async def test_clawgym_folder_end_to_end(backend: BwrapBackend, tmp_path: Path):
     assert res.status == "ok" and res.reward == 0.5 and res.metrics["exists"] == 0.0
 
 
+@pytest.mark.integration
 async def test_clawgym_reward_sh_garbage(backend: BwrapBackend, tmp_path: Path):
     """A reward.sh whose last line is not a number in [0, 1] is a verifier_error."""
     root = write(
@@ -286,6 +295,7 @@ COUNTING_CHECK = """\
     """.replace("@MOUNT@", CLAWGYM_MOUNT)
 
 
+@pytest.mark.integration
 async def test_clawgym_check_py_runs_once(backend: BwrapBackend, tmp_path: Path):
     """reward.sh runs check.py once per verification, whatever reward.sh does with it; its
     printed dict still gives the metrics (and reward.sh's average the reward)."""
@@ -304,6 +314,7 @@ async def test_clawgym_check_py_runs_once(backend: BwrapBackend, tmp_path: Path)
     assert runs.stdout.decode().split() == ["run", "run"]
 
 
+@pytest.mark.integration
 async def test_clawgym_checker_files_not_in_workspace(backend: BwrapBackend, tmp_path: Path):
     """A checker that searches the judged workspace for its own files finds none of them;
     its absolute <input_mount_dir>/reward paths (in reward.sh and check.py) still work."""
@@ -334,6 +345,7 @@ async def test_clawgym_checker_files_not_in_workspace(backend: BwrapBackend, tmp
     assert res.reward == 1.0
 
 
+@pytest.mark.integration
 async def test_clawgym_crash_scores_zero_with_checker_traceback(
     backend: BwrapBackend, tmp_path: Path
 ):
@@ -359,6 +371,7 @@ async def test_clawgym_crash_scores_zero_with_checker_traceback(
     assert err.index("TypeError") < err.index("JSONDecodeError")
 
 
+@pytest.mark.integration
 async def test_clawgym_missing_module_is_environment_failure(backend: BwrapBackend, tmp_path: Path):
     """check.py failing on a module the task's environment lacks is a verifier_error (the
     rollout is tombstoned), even when reward.sh turns the failure into a score."""
@@ -378,6 +391,7 @@ async def test_clawgym_missing_module_is_environment_failure(backend: BwrapBacke
 HARBOR_TOML = "[verifier]\ntimeout_sec = 30.0\n[agent]\ntimeout_sec = 60.0\n"
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("test_sh", "reward", "metrics"),
     [
@@ -425,6 +439,7 @@ async def test_harbor_end_to_end(
     assert res0.status == "ok" and res0.reward == 0.0
 
 
+@pytest.mark.integration
 async def test_harbor_without_reward_file(backend: BwrapBackend, tmp_path: Path):
     """A test.sh that fails writing no reward file scores 0 with its output kept; one that
     exits 0 without a reward file is a verifier_error saying so."""
@@ -476,6 +491,7 @@ RUBRIC_TOML = '[rubric]\nrules = ["Polite.", "Short."]\n'
 HALF = 'import json; print(json.dumps({"a": 1, "b": 0}))'
 
 
+@pytest.mark.integration
 async def test_hybrid_score(backend: BwrapBackend, tmp_path: Path, judge_server):
     """0.7·code + 0.3·rubric; the judge sees instruction, rules and the workspace text."""
     state, judge = judge_server
@@ -491,6 +507,7 @@ async def test_hybrid_score(backend: BwrapBackend, tmp_path: Path, judge_server)
     assert "Do the thing." in user and "1. Polite." in user and "### in.txt" in user
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("replies", "needle"),
     [
@@ -512,6 +529,7 @@ async def test_judge_failure_falls_back_to_code(
     assert needle in res.judge_error
 
 
+@pytest.mark.integration
 async def test_judge_retries_5xx(backend: BwrapBackend, tmp_path: Path, judge_server):
     """A 5xx is retried; the second answer counts."""
     state, judge = judge_server
@@ -521,6 +539,7 @@ async def test_judge_retries_5xx(backend: BwrapBackend, tmp_path: Path, judge_se
     assert len(state["requests"]) == 2
 
 
+@pytest.mark.integration
 async def test_rubric_only_task(backend: BwrapBackend, tmp_path: Path, judge_server):
     """With no code checker the rubric is the whole score; without a judge it is an error."""
     state, judge = judge_server
@@ -532,6 +551,7 @@ async def test_rubric_only_task(backend: BwrapBackend, tmp_path: Path, judge_ser
     assert res.status == "verifier_error" and "no rubric judge" in res.error
 
 
+@pytest.mark.unit
 def test_combine_renormalises():
     """The hybrid renormalises to the sides that produced a number."""
     assert combine(0.5, 1.0, 0.7, 0.3) == pytest.approx(0.65)
@@ -540,6 +560,7 @@ def test_combine_renormalises():
     assert combine(None, None, 0.7, 0.3) is None
 
 
+@pytest.mark.unit
 def test_judge_config_is_documented():
     """The judge's config follows the config rules (every field documented, strict)."""
     from harnessrl.common.config import undocumented_fields

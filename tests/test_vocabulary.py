@@ -58,6 +58,7 @@ def vocabulary_of(fixture: str, api: str) -> Vocabulary:
     return Vocabulary.from_request(tools_in_prompt(prompt), prompt_text(parse_prompt(prompt)))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("harness", sorted(HARNESSES))
 def test_vocabulary_from_each_harness_request(harness: str) -> None:
     """The run tool, its command parameter, the way to finish and the write tool, as the
@@ -72,6 +73,7 @@ def test_vocabulary_from_each_harness_request(harness: str) -> None:
     assert run in v.declared
 
 
+@pytest.mark.unit
 def test_tools_read_from_the_prompt_equal_the_declared_ones() -> None:
     """What the template's ``<tools>`` block gives back is the request's tool list, converted:
     every function tool the harness declared, in order (Codex's namespace tools included)."""
@@ -83,6 +85,7 @@ def test_tools_read_from_the_prompt_equal_the_declared_ones() -> None:
         assert names == list(Vocabulary.from_request(tools_in_prompt(prompt)).declared)
 
 
+@pytest.mark.unit
 def test_reference_vocabulary() -> None:
     v = Vocabulary.from_request(TOOLS)
     assert {a: u.name for a, u in v.tools.items()} == {
@@ -95,6 +98,7 @@ def test_reference_vocabulary() -> None:
     assert v.finish == "tool" and v.has("read_file", "list_dir")
 
 
+@pytest.mark.unit
 def test_absolute_paths_where_the_tool_asks_for_them() -> None:
     """opencode's ``write`` wants an absolute ``filePath`` (its description says so): relative
     paths are put under the workspace mount, and read back relative; OpenClaw's takes either."""
@@ -112,6 +116,7 @@ def test_absolute_paths_where_the_tool_asks_for_them() -> None:
     assert args == {"path": "out.txt", "content": "x"}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("harness", sorted(HARNESSES))
 def test_messages_read_back_as_the_same_actions(harness: str) -> None:
     fixture, api, run, key, *_ = HARNESSES[harness]
@@ -131,6 +136,7 @@ def test_messages_read_back_as_the_same_actions(harness: str) -> None:
         assert not done.get("tool_calls") and done["content"] == "Wrote out.txt."
 
 
+@pytest.mark.unit
 def test_a_harness_with_no_usable_tool_is_a_clear_error() -> None:
     """Codex without ``exec_command`` declares nothing that runs a command or writes a file:
     the error says what is needed and lists what was declared."""
@@ -143,6 +149,7 @@ def test_a_harness_with_no_usable_tool_is_a_clear_error() -> None:
         Vocabulary.from_request([])
 
 
+@pytest.mark.unit
 def test_tool_found_by_its_schema_not_its_name() -> None:
     """A shell tool of any name is found by its required command parameter; a tool whose
     command is optional (opencode's ``task``) or that needs a non-string is not one; a required
@@ -164,6 +171,7 @@ def test_tool_found_by_its_schema_not_its_name() -> None:
     assert args == {"command": "ls", "why": "count"}
 
 
+@pytest.mark.unit
 def test_submit_command_is_read_from_the_prompt() -> None:
     assert (
         submit_command("finish your work by issuing the following command: `echo DONE_X`.")
@@ -172,6 +180,7 @@ def test_submit_command_is_read_from_the_prompt() -> None:
     assert submit_command("Run `ls` to list files.") == ""
 
 
+@pytest.mark.integration
 def test_shell_write_writes_the_exact_content(tmp_path: Path) -> None:
     """Without a write tool, writing is a shell command that writes exactly the content (quotes,
     percent signs, newlines and a missing final newline kept)."""
@@ -185,6 +194,7 @@ def test_shell_write_writes_the_exact_content(tmp_path: Path) -> None:
     assert (tmp_path / "my out.txt").read_text() == content
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("harness", sorted(HARNESSES))
 def test_teacher_steps_in_each_harness_vocabulary(harness: str) -> None:
     """The shell-style teacher runs the family's one-liner with the harness's run tool, then
@@ -206,6 +216,7 @@ def test_teacher_steps_in_each_harness_vocabulary(harness: str) -> None:
     assert bool(second.get("tool_calls")) == (finish == "command")
 
 
+@pytest.mark.unit
 def test_teacher_engine_speaks_the_harness_of_the_prompt() -> None:
     """The engine's reply to mini-swe-agent's rendered request (with a toy task pasted in as
     the user's issue) is a ``bash`` call of the one-liner, rendered exactly as the template
@@ -229,6 +240,7 @@ def test_teacher_engine_speaks_the_harness_of_the_prompt() -> None:
     assert teacher.unusable == 1
 
 
+@pytest.mark.unit
 def test_style_for_is_a_stable_share_of_instructions() -> None:
     instructions = [f"Copy file{i}.txt to out.txt" for i in range(2000)]
     styles = [style_for(i, "shell", 0.3, seed=0) for i in instructions]
@@ -238,6 +250,7 @@ def test_style_for_is_a_stable_share_of_instructions() -> None:
     assert {style_for(i, "edit", 0.9) for i in instructions} == {"edit"}
 
 
+@pytest.mark.unit
 def test_teacher_finds_the_task_in_a_later_user_message() -> None:
     """Codex sends its environment context as the first user message and the task after it:
     the teacher finds the task in whichever user message holds it, and answers with

@@ -36,6 +36,7 @@ from harnessrl.common.weights import (
 )
 from harnessrl.learner.weights import DistributedPublisher, StreamPublisher
 from harnessrl.proxy.weights_sync import WeightUpdater, engine_apply
+from tests.helpers.wait import until
 
 TOL = 1e-4
 
@@ -62,6 +63,7 @@ class Recorder:
         self.calls.append((path, version))
 
 
+@pytest.mark.integration
 async def test_stream_round_trip_chunks_digest_and_purge(bus: Bus, tmp_path: Path) -> None:
     """Chunks <= chunk_bytes; the updater reassembles, verifies and writes the exact tensors;
     only the newest keep_versions data subjects stay stored."""
@@ -86,6 +88,7 @@ async def test_stream_round_trip_chunks_digest_and_purge(bus: Bus, tmp_path: Pat
     assert (folder / "config.json").read_text() == '{"model_type": "x"}'
 
 
+@pytest.mark.integration
 async def test_half_received_version_is_never_applied(bus: Bus, tmp_path: Path) -> None:
     """A version with a missing chunk or a wrong digest is skipped; the next complete one is
     applied."""
@@ -120,6 +123,7 @@ async def test_half_received_version_is_never_applied(bus: Bus, tmp_path: Path) 
     assert await upd.poll(timeout=0.2) is None  # nothing older is applied afterwards
 
 
+@pytest.mark.integration
 async def test_disk_transport_folder_is_applied_in_place(bus: Bus, tmp_path: Path) -> None:
     """``disk``: an atomic HF folder per version (config + tokenizer files + weights), older
     folders removed; the updater hands the path itself to the engine."""
@@ -201,6 +205,7 @@ async def check_engine_matches(client, learner, base, version: int) -> None:
     assert np.abs(np.asarray(res.logprobs) - old).max() > 1e-3
 
 
+@pytest.mark.integration
 async def test_learner_versions_reach_embedded_engine(learner, bus: Bus, tmp_path: Path) -> None:
     """stream (updater -> update_weights_from_disk) then distributed (gloo, two buckets): each
     time the engine's log-probs equal the learner's forward of the new weights and differ from
@@ -243,6 +248,7 @@ async def test_learner_versions_reach_embedded_engine(learner, bus: Bus, tmp_pat
             await dist.close()
 
 
+@pytest.mark.integration
 async def test_weights_sync_command_applies_versions(
     bus: Bus, nats_url: str, tmp_path: Path
 ) -> None:
@@ -269,11 +275,11 @@ async def test_weights_sync_command_applies_versions(
         try:
             config_json = (resolve_model("tiny-1m") / "config.json").read_text()
             await StreamPublisher(bus, config_json=config_json).publish(4, 4, new)
-            for _ in range(600):
-                if await client.weight_version() == 4:
-                    break
-                await asyncio.sleep(0.1)
-            assert await client.weight_version() == 4
+
+            async def at_4() -> bool:
+                return await client.weight_version() == 4
+
+            await until(at_4, 60, "version 4 at the engine", interval=0.1)
         finally:
             proc.send_signal(signal.SIGTERM)
             _, err = proc.communicate(timeout=30)
@@ -281,6 +287,7 @@ async def test_weights_sync_command_applies_versions(
         assert "applied weight version 4" in err
 
 
+@pytest.mark.integration
 async def test_weights_sync_load_once(tmp_path: Path) -> None:
     """``harnessrl weights-sync --engine URL --load PATH``: loads one folder (no NATS) and exits
     0; a folder the engine cannot load exits 1 with one line naming the engine and the folder."""
@@ -330,6 +337,7 @@ async def test_weights_sync_load_once(tmp_path: Path) -> None:
     assert res.returncode == 1 and srv.url in res.stderr and str(new) in res.stderr
 
 
+@pytest.mark.unit
 def test_digest_names_its_algorithm_and_earlier_digests_still_verify() -> None:
     """``weights_digest`` is ``xxh3-128:<hex>``; ``sha256:<hex>`` and a bare hex digest
     (blake2b-256), what earlier learners announced, still verify, and each form rejects other
@@ -363,6 +371,7 @@ def test_digest_names_its_algorithm_and_earlier_digests_still_verify() -> None:
         assert e.value.reason == ("unknown_digest" if d.startswith("md5:") else "digest_mismatch")
 
 
+@pytest.mark.unit
 def test_chunk_joiner_orders_dedups_and_verifies_once() -> None:
     """Chunks may arrive in any order and twice: the joined bytes are the version's; a chunk
     seen twice with other bytes, a corrupted byte (one digest over the whole) or bytes beyond
@@ -402,6 +411,7 @@ def test_chunk_joiner_orders_dedups_and_verifies_once() -> None:
     assert e.value.reason == "size_mismatch"
 
 
+@pytest.mark.integration
 async def test_corrupted_chunk_is_never_applied(bus: Bus, tmp_path: Path) -> None:
     """A version whose chunks are all there with the announced sizes, one byte of one chunk
     altered, fails the single digest check and is counted; the next good version applies."""
@@ -440,6 +450,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(sys.platform != "linux", reason="glibc malloc")
 def test_retained_memory_is_reused_by_the_next_version() -> None:
     """By default malloc maps each ~1 MiB message afresh and gives it back when freed, so a

@@ -98,10 +98,10 @@ def build_harnessrl_wheel(out: Path, cache: Path) -> None:
     pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w"]
     with tempfile.TemporaryDirectory(prefix=".src-", dir=cache) as src:
         # a copy: setuptools leaves build/ and *.egg-info in the tree it builds
-        for name in ("pyproject.toml", "README.md"):
+        for name in ("pyproject.toml", "setup.py", "README.md"):
             shutil.copy2(REPO / name, Path(src) / name)
         skip = shutil.ignore_patterns("__pycache__", "*.pyc", "results")
-        for pkg in ("common", "proxy", "actors", "learner", "benchmarks"):
+        for pkg in ("common", "proxy", "actors", "learner"):  # setup.py's harnessrl.*
             shutil.copytree(REPO / pkg, Path(src) / pkg, ignore=skip)
         _run([*pip, str(out), src], "building the harnessrl wheel")
 

@@ -57,7 +57,7 @@ from harnessrl.common.natsd import NatsServer
 from harnessrl.common.procs import group_members, pid_alive, popen_child
 from harnessrl.common.records import DeadLetter, RolloutResult, TreeSample, decode
 from harnessrl.common.run.audit import Member, member_of
-from tests.test_run_e2e import RUN_FILE
+from tests.helpers.runs import RUN_FILE
 
 # ``-m chaos`` selects the whole suite (the core test and the matrix). The core test runs in
 # the default test command (CI); the matrix is deselected there (pyproject addopts). The core
