@@ -204,9 +204,9 @@ async def rollout(cfg: RolloutConfig, args: argparse.Namespace) -> dict[str, Any
                 raise
             raise BusConnectError(str(e)) from None
         role = getattr(bus, "user", "")
-        if role.startswith(ACTOR_PREFIX):  # an actor's own credential is the actor role's
+        if role.startswith(ACTOR_PREFIX):  # an actor's own credential
             role = "actor"
-        if role in ROLES and role != "admin":  # refused before anything runs, not at the end
+        if role != "admin" and (role in ROLES or role == "actor"):  # refused before anything runs
             await bus.close()
             raise PermissionDenied(f"this credential is the {role!r} role's")
         try:

@@ -309,7 +309,9 @@ async def test_every_failure_is_one_line_and_a_json_object(
         argv += ["--model", "tiny-1m", "--sandbox-root", str(sandbox_root)]
         rc, out, err, _ = await run_cli(*argv, *(["--json"] if json_out else []))
     assert rc == code, err[-3000:]
-    (line,) = err.strip().splitlines()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err[-3000:]
+    (line,) = lines
     head = f"harnessrl rollout: {status} ({reason}): " if reason else "harnessrl rollout: "
     assert line.startswith(head) and "harnessrl rollout: harnessrl" not in line, line
     assert all(w in line for w in words), line
