@@ -551,7 +551,7 @@ class Run:
         p.flush()
 
 
-def main(cfg: Any, args: argparse.Namespace) -> int:
+def main(cfg: None, args: argparse.Namespace) -> int:
     try:
         run_cfg, sections = resolve(args)
     except ConfigError as e:
