@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from harnessrl.common import natsauth
 from harnessrl.common.bus import connect
 from harnessrl.common.layout import StepLine, read_metrics
 from harnessrl.common.natsd import NatsServer
@@ -100,6 +101,32 @@ async def test_sigterm_with_nats_down_stops_every_process_cleanly(
     assert codes == dict.fromkeys(procs, 0), {n: logs[n][-3000:] for n in codes}
     assert not [n for n, text in logs.items() if "Traceback" in text or "never awaited" in text]
     assert Checkpointer(run_dir / "checkpoints").read().version == 3
+
+
+def tls_server(tmp_path: Path, run: str) -> NatsServer:
+    """A nats-server as ``harnessrl run`` starts one: role credentials and TLS."""
+    auth = natsauth.prepare_server_auth(tmp_path / "auth", [run], tls=True)
+    return NatsServer(tmp_path / "nats", auth=auth).start()
+
+
+async def test_closing_a_tls_connection_whose_server_is_away_never_raises(tmp_path: Path) -> None:
+    """What nats-py buffered while the server was away (here a heartbeat) is never written to
+    the dead TLS transport on close (it raised ``AttributeError: 'NoneType' object has no
+    attribute '_write_appdata'``, so actors crashed on shutdown while NATS was down)."""
+    run = "t" + uuid.uuid4().hex[:8]
+    server = tls_server(tmp_path, run)
+    try:
+        bus = await connect(server.url, run, creds=server.creds("admin"), ca=server.ca)
+        server.kill()
+        deadline = time.monotonic() + 10
+        while bus.nc.is_connected:  # type: ignore[attr-defined]
+            assert time.monotonic() < deadline, "the client never saw the server go"
+            await asyncio.sleep(0.05)
+        await bus.nc.publish(bus.subjects.tasks, b"+WPI")  # type: ignore[attr-defined]
+        bus.interrupt()
+        await bus.close()
+    finally:
+        server.stop()
 
 
 def _logs(tmp_path: Path, run_dir: Path) -> dict[str, Path]:
