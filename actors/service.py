@@ -33,7 +33,8 @@ What must stay true:
   meanwhile are nak'ed at once); in-flight rollouts get ``shutdown_grace_s`` to finish; the
   rest are cancelled, which kills their sandboxes, and their tasks are nak'ed so another actor
   retries them. The bus is interrupted (``Bus.interrupt``): with NATS down nothing waits for
-  it (the unacked tasks are redelivered once it is back). Whatever a killed actor leaves
+  it, the grace included (no result could be published; the unacked tasks are redelivered
+  once it is back). Whatever a killed actor leaves
   behind (sandboxes, sockets) is swept by the next actor that starts on the same machine.
 """
 

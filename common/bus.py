@@ -517,6 +517,11 @@ class Bus(ABC):
         """Interrupted while the server is unreachable: operations fail at once now."""
         return False
 
+    async def abandoned(self) -> None:
+        """Return once the bus is `abandoning`: from then on nothing can be published (never,
+        for a bus whose server cannot be away)."""
+        await asyncio.Event().wait()
+
     @abstractmethod
     async def ensure_streams(self, kinds: Iterable[str] | None = None) -> None:
         """Create the run's streams if missing (idempotent)."""

@@ -106,6 +106,10 @@ class JetStreamBus(Bus):
     def abandoning(self) -> bool:
         return self.outage.abandon.done()
 
+    async def abandoned(self) -> None:
+        while not self.abandoning:  # a reconnection replaces the future with a fresh one
+            await asyncio.wait({self.outage.abandon})
+
     @classmethod
     async def connect(
         cls,

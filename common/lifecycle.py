@@ -16,9 +16,11 @@ What must stay true:
   reachable one works as before). Another signal sets ``Process.hurry``.
 * **Drain with a grace.** With ``grace_s`` the body gets that long after the stop to return
   by itself, and is then cancelled (it cleans up in its ``finally``: in-flight work is nak'ed
-  for another process); a second signal ends the grace at once. ``grace_s=0`` cancels at
-  the stop; ``math.inf`` waits for the body unless hurried. Without a grace (None) the body
-  alone decides how long it takes (the learner finishes and commits its step). A body
+  for another process). The grace ends at once on a second signal, and when the bus is
+  `Bus.abandoned` (stopping while NATS is unreachable: what is in flight could never publish
+  its outcome, so waiting for it only delays the exit). ``grace_s=0`` cancels at the stop;
+  ``math.inf`` waits for the body unless hurried or abandoned. Without a grace (None) the
+  body alone decides how long it takes (the learner finishes and commits its step). A body
   cancelled by the drain has stopped cleanly: the exit status is 0.
 * **Closing never raises and never waits for a server that is away.** The metrics server and
   the bus (when ``serve`` connected it) are closed whatever the body did.
@@ -154,12 +156,23 @@ async def _drain(task: asyncio.Task[int | None], proc: Process, grace_s: float |
             say = "as long as it takes" if math.isinf(grace_s) else f"up to {grace_s:g} s"
             log.info("%s stopping: %s to finish (signal again to cut it short)", proc.name, say)
         hurry = asyncio.ensure_future(proc.hurry.wait())
+        away = asyncio.ensure_future(proc.bus.abandoned())
         timeout = None if math.isinf(grace_s) else grace_s
-        await asyncio.wait({task, hurry}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(
+            {task, hurry, away}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
         hurry.cancel()
+        away.cancel()
         if not task.done():
             if grace_s > 0:
-                why = "a second signal" if proc.hurry.is_set() else "the grace period is over"
-                log.info("%s: %s; cancelling what is left", proc.name, why)
+                log.info("%s: %s; cancelling what is left", proc.name, _why(proc))
             task.cancel()
     await asyncio.wait({task})
+
+
+def _why(proc: Process) -> str:
+    if proc.hurry.is_set():
+        return "a second signal"
+    if proc.bus.abandoning:
+        return "NATS is unreachable, so nothing in flight can publish its result"
+    return "the grace period is over"

@@ -151,6 +151,29 @@ async def test_a_failing_body_raises_and_everything_is_closed(nats_url: str) -> 
             pass
 
 
+async def test_the_grace_ends_when_nats_is_unreachable(nats_server_fn, run_name: str) -> None:
+    """Stopping while NATS is away: nothing in flight could publish, so an unlimited grace
+    ends at once (the body is cancelled) and the bus closes cleanly."""
+    bus = await connect(nats_server_fn.url, run_name)
+    nats_server_fn.kill()
+    await wait_until(lambda: not bus.nc.is_connected)  # type: ignore[attr-defined]
+    stop = asyncio.Event()
+    cancelled = []
+
+    async def body(proc: lifecycle.Process) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(proc.bus.abandoning)
+            raise
+
+    asyncio.get_running_loop().call_later(0.05, stop.set)
+    t0 = time.monotonic()
+    await lifecycle.serve(CFG, "t", body, grace_s=math.inf, stop=stop, bus=bus)
+    assert cancelled == [True] and time.monotonic() - t0 < 5
+    await bus.close()
+
+
 async def test_a_given_bus_is_left_open(nats_url: str, run_name: str) -> None:
     """``bus=``: the caller's bus is the caller's to close."""
     bus = await connect(nats_url, run_name)
