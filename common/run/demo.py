@@ -56,7 +56,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from harnessrl.common.config import ConfigError, HrlModel, load_config, toml_text
+from harnessrl.common.config import ConfigError, HrlModel, toml_text
 from harnessrl.common.layout import (
     SummaryLine,
     line_object,
@@ -64,7 +64,7 @@ from harnessrl.common.layout import (
     weights_folder,
     weights_folders,
 )
-from harnessrl.common.run.config import RunConfig
+from harnessrl.common.run.plan import typed_tables
 
 
 class DemoConfig(HrlModel):
@@ -323,24 +323,6 @@ def train_suite(cfg: DemoConfig, folder: Path) -> str:
 
     write_train_suite(folder / "toy-train", cfg.train_per_family)
     return str(folder / "toy-train")
-
-
-def typed_tables(tables: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Each table of a run file validated by the config model of the process that reads it
-    (``[run]``: `RunConfig`; the others by command name through the CLI face), so a wrong key
-    or value fails here naming the table and the field; returns the fields as set (what the
-    TOML file holds)."""
-    from harnessrl.common.cli import command_config
-
-    out: dict[str, dict[str, Any]] = {}
-    for name, table in tables.items():
-        model = RunConfig if name == "run" else command_config(name.replace("_", "-"))
-        try:
-            cfg = load_config(model, None, table)  # model_validate; errors name the field
-        except ConfigError as e:
-            raise ConfigError(f"[{name}] {e}") from None
-        out[name] = cfg.model_dump(mode="json", exclude_unset=True)
-    return out
 
 
 def sft_run_file(cfg: DemoConfig, name: str, suite: str = "toy") -> dict[str, Any]:

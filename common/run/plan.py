@@ -94,7 +94,9 @@ def resolve(args: argparse.Namespace) -> tuple[RunConfig, dict[str, Any]]:
             f"run file {path}: unknown tables {unknown} (expected [run] and {list(SECTIONS)})"
         )
     cfg = load_config(RunConfig, None, {**_flatten(raw.get("run", {})), **overrides})
-    return cfg, tie_sampling({s: raw.get(s, {}) for s in SECTIONS}, path or "the run")
+    sections = tie_sampling({s: raw.get(s, {}) for s in SECTIONS}, path or "the run")
+    typed_tables(sections)  # before anything is created: a typo leaves no run folder behind
+    return cfg, sections
 
 
 def tie_sampling(sections: dict[str, dict[str, Any]], where: str) -> dict[str, dict[str, Any]]:
@@ -135,6 +137,24 @@ def tie_sampling(sections: dict[str, dict[str, Any]], where: str) -> dict[str, d
             "(leave [learner.ds] temperature unset: it follows the actor's)"
         )
     return {**sections, "learner": {**learner, "ds": {**ds, "temperature": temp}}}
+
+
+def typed_tables(tables: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each table of a run file validated by the config model of the process that reads it
+    (``[run]``: `RunConfig`; the others by command name through the CLI face), so a wrong key
+    or value fails here naming the table and the field; returns the fields as set (what the
+    TOML file holds)."""
+    from harnessrl.common.cli import command_config
+
+    out: dict[str, dict[str, Any]] = {}
+    for name, table in tables.items():
+        model = RunConfig if name == "run" else command_config(name.replace("_", "-"))
+        try:
+            cfg = load_config(model, None, table)  # model_validate; errors name the field
+        except ConfigError as e:
+            raise ConfigError(f"[{name}] {e}") from None
+        out[name] = cfg.model_dump(mode="json", exclude_unset=True)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
