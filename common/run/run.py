@@ -536,7 +536,13 @@ class Run:
             print(f"  engines: {ev}", file=p)
         if s.restarts:
             print(f"  restarts: {s.restarts}", file=p)
-        if s.unaccounted or s.accounting != "exact":
+        if s.accounting == "unavailable":  # nothing was counted: no count to print
+            print(
+                "  WARNING: rollout accounting unavailable (the streams could not be read at "
+                "the end): lost rollouts, if any, were not counted",
+                file=p,
+            )
+        elif s.unaccounted or s.accounting != "exact":
             print(
                 f"  WARNING: {s.unaccounted} issued rollouts unaccounted for ({s.pending} "
                 f"pending, {s.dead_lettered_tasks} tasks dead-lettered; accounting "
