@@ -157,6 +157,53 @@ async def test_engines_only_get_committed_versions(tmp_path: Path, monkeypatch) 
         await bus.close()
 
 
+async def test_a_committed_version_whose_broadcast_failed_is_resent_on_resume(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Version 3 is committed but its broadcast fails (a learner crashing mid-broadcast): the
+    engine stays at version 2 while a restart resumes from 3. The resumed learner re-sends
+    version 3 before it trains, so the engine ends on the learner's version."""
+    from harnessrl.learner.weights import StreamPublisher
+
+    real = StreamPublisher.publish
+
+    async def cut_short_at_3(self, version: int, step: int, state: dict):
+        if version == 3:
+            raise ConnectionError("the learner died mid-broadcast")
+        return await real(self, version, step, state)
+
+    monkeypatch.setattr(StreamPublisher, "publish", cut_short_at_3)
+    bus = await connect(f"memory://{uuid.uuid4().hex}", "t")
+    applied: list[int] = []
+
+    async def apply(path: str, version: int) -> None:
+        applied.append(version)
+
+    engine = WeightUpdater(bus, apply, tmp_path / "sync", durable="engine", read_retries=0)
+
+    async def catch_up() -> None:
+        while await engine.poll(timeout=0.2) is not None:
+            pass
+
+    learner = Learner(in_process_config(tmp_path, max_steps=3, checkpoint_every=1), bus)
+    actors = asyncio.create_task(fake_actors(bus, learner, [], []))
+    try:
+        assert await asyncio.wait_for(learner.run(), 240) == 0
+        actors.cancel()
+        await catch_up()
+        assert Checkpointer(tmp_path / "run" / "checkpoints").read().version == 3
+        assert applied[-1] == 2  # the engine keeps the last version that was broadcast
+        monkeypatch.undo()
+        resumed = Learner(in_process_config(tmp_path, resume=True), bus, engine=learner.engine)
+        await resumed.setup()  # what a restarted learner does before its first step
+        await resumed.publisher.close()
+        await catch_up()
+        assert applied[-1] == 3 and resumed.version == 3
+    finally:
+        actors.cancel()
+        await bus.close()
+
+
 class _Untrained:
     """What a learner reads of its engine when it takes no step (``Learner.setup``)."""
 
