@@ -626,23 +626,29 @@ def build_engine(cfg: LearnerConfig) -> Any:
 
     import torch
     import torch.distributed as dist
+    from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
 
     from harnessrl.learner.ds_engine import LearnerEngine
 
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
 
-    for attempt in range(3):
-        try:
-            return LearnerEngine(cfg.model, cfg.ds, cfg.loss)
-        except RuntimeError as e:
-            # the rendezvous port was picked free and taken by someone else before use
-            if "EADDRINUSE" not in str(e) or dist.is_initialized() or attempt == 2:
-                raise
-            log.warning("rendezvous port taken (%s); retrying with another", e)
-            if os.environ.get("WORLD_SIZE", "1") == "1":
-                os.environ.pop("MASTER_PORT", None)
-    raise AssertionError("unreachable")
+    def port_taken(e: BaseException) -> bool:
+        # the rendezvous port was picked free and taken by someone else before use
+        return isinstance(e, RuntimeError) and "EADDRINUSE" in str(e) and not dist.is_initialized()
+
+    def another_port(state: RetryCallState) -> None:
+        log.warning("rendezvous port taken (%s); retrying with another", state.outcome.exception())
+        if os.environ.get("WORLD_SIZE", "1") == "1":
+            os.environ.pop("MASTER_PORT", None)
+
+    retrying = Retrying(
+        stop=stop_after_attempt(3),
+        retry=retry_if_exception(port_taken),
+        before_sleep=another_port,
+        reraise=True,
+    )
+    return retrying(LearnerEngine, cfg.model, cfg.ds, cfg.loss)
 
 
 def follow(cfg: LearnerConfig) -> int:

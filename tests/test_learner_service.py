@@ -397,3 +397,37 @@ def test_filter_groups_is_refused_for_groups_of_one(tmp_path: Path) -> None:
         in_process_config(tmp_path, algo="ppo", group_size=1, min_group_size=1, filter_groups=True)
     cfg = in_process_config(tmp_path, algo="ppo", filter_groups=True)
     assert cfg.filter_groups and cfg.loss.algo == "ppo"
+
+
+def test_a_taken_rendezvous_port_is_retried_with_another(monkeypatch) -> None:
+    """``EADDRINUSE`` while the engine joins its process group (the free port was taken
+    meanwhile): up to 3 attempts, each without the stale ``MASTER_PORT``; any other failure,
+    or a third refusal, is raised."""
+    from harnessrl.learner import ds_engine, service
+
+    made: list[str | None] = []
+
+    def engine(fail: int, why: str = "EADDRINUSE"):
+        def make(*args):
+            made.append(os.environ.get("MASTER_PORT"))
+            os.environ["MASTER_PORT"] = "1"  # what the failed attempt left behind
+            if len(made) <= fail:
+                raise RuntimeError(f"bind: {why}")
+            return "engine"
+
+        return make
+
+    import torch.distributed as dist
+
+    cfg = in_process_config(Path("."))
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)  # as in a fresh process
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setattr(ds_engine, "LearnerEngine", engine(fail=2))
+    assert service.build_engine(cfg) == "engine" and made == [None, None, None]
+    for fail, why in ((3, "EADDRINUSE"), (1, "out of memory")):
+        made.clear()
+        monkeypatch.setattr(ds_engine, "LearnerEngine", engine(fail, why))
+        with pytest.raises(RuntimeError, match=why):
+            service.build_engine(cfg)
+        assert len(made) == min(fail, 3)
