@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from harnessrl.common.config import SCHEDULE_IN_VERSIONS, HrlModel, ServiceConfig, refuse_renamed
+from harnessrl.common.tracking import TrackConfig
 
 
 class AssemblerConfig(ServiceConfig):
@@ -397,6 +398,9 @@ class LearnerConfig(ServiceConfig):
     """Task feeder."""
     broadcast: BroadcastConfig = Field(default_factory=BroadcastConfig)
     """Weight broadcast."""
+    track: TrackConfig = Field(default_factory=TrackConfig)
+    """Experiment tracking: ``metrics.jsonl``'s lines, the config and the eval table also to
+    Weights & Biases (``--wandb [PROJECT]``) and/or TensorBoard (``--tensorboard DIR``)."""
 
     @model_validator(mode="after")
     def _derive(self) -> LearnerConfig:

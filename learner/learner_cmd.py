@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 
+from harnessrl.common import tracking
 from harnessrl.learner.config import LearnerConfig
 
 CONFIG = LearnerConfig
@@ -20,10 +21,9 @@ SECTION = "learner"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    help = (
-        "set by the deepspeed launcher; ignored (ranks are read from RANK, WORLD_SIZE, LOCAL_RANK)"
-    )
+    help = "set by the deepspeed launcher; ignored (ranks come from RANK, WORLD_SIZE, LOCAL_RANK)"
     parser.add_argument("--local-rank", "--local_rank", type=int, metavar="N", help=help)
+    tracking.add_arguments(parser)  # --wandb [PROJECT], --tensorboard DIR
 
 
 def main(cfg: LearnerConfig, args: argparse.Namespace | None = None) -> int:

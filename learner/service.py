@@ -59,6 +59,7 @@ from harnessrl.common.layout import (
     encode_line,
 )
 from harnessrl.common.records import TreeSample
+from harnessrl.common.tracking import NO_TRACKER, Tracker, open_tracker
 from harnessrl.learner.batching import Batch, Batcher, BatchRules, Ledger
 from harnessrl.learner.checkpoint import Checkpointer, LearnerState
 from harnessrl.learner.config import LearnerConfig
@@ -116,6 +117,7 @@ class Learner:
         self._t_start = time.monotonic()
         self._idle_s = 0.0
         self._totals: Counter[str] = Counter()
+        self.tracker: Tracker = NO_TRACKER
         self.feeder: Feeder
         self.task_queue: TaskQueue
         self.batcher: Batcher
@@ -165,6 +167,9 @@ class Learner:
             max_ack_pending=cfg.max_ack_pending,
         )
         M_VERSION.set(self.version)
+        self.tracker = open_tracker(
+            cfg.track, name=cfg.run, config=cfg.model_dump(mode="json"), folder=self.run_dir
+        )
         self._log_line(
             StartLine(
                 resumed=restored is not None,
@@ -254,6 +259,7 @@ class Learner:
                     finally:
                         await self._release_held()
             finally:
+                self.tracker.close()
                 if self.publisher is not None:
                     await self.publisher.close()
                 if hasattr(
@@ -618,6 +624,7 @@ class Learner:
         line.time = time.time()
         with open(self.run_dir / "metrics.jsonl", "a") as f:
             f.write(encode_line(line) + "\n")
+        self.tracker.line(line)
 
 
 def build_engine(cfg: LearnerConfig) -> Any:

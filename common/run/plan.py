@@ -95,6 +95,7 @@ def resolve(args: argparse.Namespace) -> tuple[RunConfig, dict[str, Any]]:
         )
     cfg = load_config(RunConfig, None, {**_flatten(raw.get("run", {})), **overrides})
     sections = tie_sampling({s: raw.get(s, {}) for s in SECTIONS}, path or "the run")
+    sections["learner"] = _with_tracking(sections["learner"], args, Paths(cfg.run_dir()))
     typed_tables(sections)  # before anything is created: a typo leaves no run folder behind
     return cfg, sections
 
@@ -137,6 +138,22 @@ def tie_sampling(sections: dict[str, dict[str, Any]], where: str) -> dict[str, d
             "(leave [learner.ds] temperature unset: it follows the actor's)"
         )
     return {**sections, "learner": {**learner, "ds": {**ds, "temperature": temp}}}
+
+
+def _with_tracking(learner: dict[str, Any], args: argparse.Namespace, paths: Paths) -> dict:
+    """The learner's table with ``--wandb`` / ``--tensorboard`` in its ``track`` table; when
+    tracking is on, the learner also logs the run file (``track.config_file``)."""
+    if not isinstance(learner, dict):
+        return learner  # the learner's own validation names it
+    track = dict(learner.get("track", {}))
+    if (project := getattr(args, "track__wandb", None)) is not None:
+        track["wandb"] = project
+    if tb := getattr(args, "track__tensorboard", None):
+        track["tensorboard"] = str(Path(tb).resolve())
+    if not (track.get("wandb") or track.get("tensorboard")):
+        return learner
+    track.setdefault("config_file", str(paths.config))
+    return {**learner, "track": track}
 
 
 def typed_tables(tables: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -52,6 +52,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harnessrl.common import tracking
 from harnessrl.common.config import ConfigError, add_config_args, toml_text
 from harnessrl.common.files import atomic_write_json
 from harnessrl.common.layout import SummaryLine
@@ -72,6 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run file: [run] plus one table per process; with --resume, defaults to "
         "<out>/config.toml",
     )
+    tracking.add_arguments(parser, dest="track__")  # into the learner's [track] table
     add_config_args(parser, RunConfig)
 
 
