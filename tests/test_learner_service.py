@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
 import uuid

@@ -33,6 +33,7 @@ async def wait_until(predicate, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.01)
 
 
+@pytest.mark.unit
 async def test_a_signal_stops_the_body_which_returns_its_status() -> None:
     """SIGTERM sets ``stop``, runs the ``on_stop`` callbacks and interrupts the bus; the body's
     return value is the exit status."""
@@ -49,6 +50,7 @@ async def test_a_signal_stops_the_body_which_returns_its_status() -> None:
     assert called == ["cb"] and bus.interrupted
 
 
+@pytest.mark.unit
 async def test_sigint_stops_too_and_the_handlers_are_removed_after() -> None:
     """Ctrl-C is a stop like SIGTERM; once ``serve`` returns SIGINT is Python's again."""
 
@@ -62,6 +64,7 @@ async def test_sigint_stops_too_and_the_handlers_are_removed_after() -> None:
         await asyncio.sleep(0.1)
 
 
+@pytest.mark.unit
 async def test_a_body_that_outlives_its_grace_is_cancelled_and_exits_0() -> None:
     """After ``grace_s`` the body is cancelled (its ``finally`` runs) and the stop is clean."""
     cleaned = asyncio.Event()
@@ -80,6 +83,7 @@ async def test_a_body_that_outlives_its_grace_is_cancelled_and_exits_0() -> None
     assert cleaned.is_set() and 0.3 <= time.monotonic() - t0 < 5
 
 
+@pytest.mark.unit
 async def test_a_second_signal_ends_an_unlimited_grace() -> None:
     """``grace_s=inf`` waits for the body until a second signal, which cancels it."""
     seen = []
@@ -98,6 +102,7 @@ async def test_a_second_signal_ends_an_unlimited_grace() -> None:
     assert seen == ["stopped"] and time.monotonic() - t0 < 5
 
 
+@pytest.mark.unit
 async def test_without_a_grace_the_body_decides_how_long_it_takes() -> None:
     """``grace_s=None`` (the learner finishing its step): a second signal cancels nothing."""
 
@@ -111,6 +116,7 @@ async def test_without_a_grace_the_body_decides_how_long_it_takes() -> None:
     assert await lifecycle.serve(CFG, "t", body, bus=MemoryBus("x")) == 7
 
 
+@pytest.mark.unit
 async def test_grace_zero_cancels_at_the_stop() -> None:
     """``grace_s=0`` (the assembler: in-flight work is nak'ed for the next process)."""
     stop = asyncio.Event()
@@ -125,6 +131,7 @@ async def test_grace_zero_cancels_at_the_stop() -> None:
     assert time.monotonic() - t0 < 2
 
 
+@pytest.mark.integration
 async def test_a_failing_body_raises_and_everything_is_closed(nats_url: str) -> None:
     """A body's exception reaches the caller; the metrics server and the bus ``serve``
     connected are closed anyway."""
@@ -151,6 +158,7 @@ async def test_a_failing_body_raises_and_everything_is_closed(nats_url: str) -> 
             pass
 
 
+@pytest.mark.integration
 async def test_the_grace_ends_when_nats_is_unreachable(nats_server_fn, run_name: str) -> None:
     """Stopping while NATS is away: nothing in flight could publish, so an unlimited grace
     ends at once (the body is cancelled) and the bus closes cleanly."""
@@ -174,6 +182,7 @@ async def test_the_grace_ends_when_nats_is_unreachable(nats_server_fn, run_name:
     await bus.close()
 
 
+@pytest.mark.integration
 async def test_a_given_bus_is_left_open(nats_url: str, run_name: str) -> None:
     """``bus=``: the caller's bus is the caller's to close."""
     bus = await connect(nats_url, run_name)
@@ -204,6 +213,7 @@ async def queued(n: int) -> Bus:
     return bus
 
 
+@pytest.mark.unit
 async def test_consumer_serve_fills_free_slots_and_caps_each_fetch() -> None:
     """Never more than ``slots`` handlers at once, never more than ``batch`` per fetch, every
     delivery handled once."""
@@ -236,6 +246,7 @@ async def test_consumer_serve_fills_free_slots_and_caps_each_fetch() -> None:
     assert peak == 4 and max(asked) == 3
 
 
+@pytest.mark.unit
 async def test_consumer_serve_stops_after_its_handlers_and_naks_late_deliveries() -> None:
     """At ``stop`` the running handlers finish; a delivery that came with the stop is nak'ed
     (another consumer gets it at once), not handled."""
@@ -264,6 +275,7 @@ async def test_consumer_serve_stops_after_its_handlers_and_naks_late_deliveries(
     assert (again.record.k, again.num_delivered) == (2, 2)
 
 
+@pytest.mark.unit
 async def test_cancelling_consumer_serve_cancels_its_handlers() -> None:
     """Cancelled (a process out of grace), it cancels every running handler and waits."""
     bus = await queued(2)

@@ -74,6 +74,7 @@ async def test_proxy_process_serves_records_and_flushes(nats_url: str, run_name:
     assert (record.harness, record.harness_version) == ("opencode", "0.15.2")
 
 
+@pytest.mark.slow
 async def test_proxy_stops_at_once_when_nats_is_down(nats_server_fn, run_name, tmp_path) -> None:
     """NATS gone before a call's record could be stored: SIGTERM ends the proxy within seconds
     (nothing can be flushed to a server that is away), exit 1 with the reason and no

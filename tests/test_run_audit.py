@@ -225,6 +225,7 @@ async def test_audit_reads_the_results_its_follower_missed(nats_url: str, run_na
         await bus.close()
 
 
+@pytest.mark.unit
 def test_summary_without_accounting_says_so_instead_of_a_count(tmp_path) -> None:
     """NATS down at the end (the streams could not be read): the printed summary says the
     accounting was unavailable, never "0 issued rollouts unaccounted for"."""

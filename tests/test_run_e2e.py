@@ -273,6 +273,7 @@ def test_run_file_errors_name_the_problem(tmp_path: Path) -> None:
             resolve(argparse.Namespace(run_file=str(bad), config=None))
 
 
+@pytest.mark.integration
 def test_a_run_file_that_fails_validation_creates_nothing(tmp_path: Path) -> None:
     """A wrong field in a process's table is refused, naming it, before the run folder exists
     (else the corrected command would find a run there: "already holds a run")."""

@@ -6,125 +6,26 @@ imports neither when neither is asked for."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import struct
 import subprocess
 import sys
 import textwrap
-import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from harnessrl.common.bus import Bus, connect
 from harnessrl.common.layout import CommitLine, StepLine, read_metrics
 from harnessrl.common.tracking import TrackConfig, scalars
-from harnessrl.learner.config import LearnerConfig
-from harnessrl.learner.service import Learner
-from tests.test_batching import synthetic_sample
+from tests.helpers.tracking import (
+    learner_config,
+    tensorboard_events,
+    train,
+    wandb_config,
+    wandb_history,
+    wandb_records,
+)
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def learner_config(tmp_path: Path, **kw: Any) -> LearnerConfig:
-    base = {
-        "model": "tiny-1m",
-        "run": "trk",
-        "run_dir": str(tmp_path / "run"),
-        "metrics_port": -1,
-        "group_size": 2,
-        "batch_groups": 1,
-        "checkpoint_every": 1,
-        "feeder": {"enabled": False},
-        "broadcast": {"transport": "none"},
-        "pack": {"max_tokens": 128},
-    }
-    return LearnerConfig.model_validate({**base, **kw})
-
-
-async def publish_groups(bus: Bus, n: int, tag: str) -> None:
-    """``n`` trainable groups of 2, and one held-out (eval) sample with each."""
-    samples = []
-    for i in range(n):
-        for k, reward in enumerate((0.0, 1.0)):
-            samples.append(synthetic_sample(f"{tag}g{i}", k, reward=reward, group_size=2))
-        ev = synthetic_sample(f"{tag}e{i}", 0, reward=0.5 * (i % 2), group_size=1, is_eval=True)
-        ev.suite = "toy-eval"
-        samples.append(ev)
-    await bus.publish_many([(bus.subjects.samples, s, s.msg_id()) for s in samples])
-
-
-async def train(cfg: LearnerConfig, groups: int) -> Learner:
-    """Train ``cfg`` on ``groups`` fresh groups (and eval samples) until its ``max_steps``."""
-    bus = await connect(f"memory://{uuid.uuid4().hex}", "trk")
-    try:
-        await publish_groups(bus, groups, tag=uuid.uuid4().hex[:6])
-        learner = Learner(cfg, bus)
-        assert await asyncio.wait_for(learner.run(), 240) == 0
-        return learner
-    finally:
-        await bus.close()
-
-
-# ---------------------------------------------------------------------------------------------
-# reading back what the backends wrote
-
-
-def wandb_records(folder: Path) -> list[Any]:
-    """The records of every offline W&B run under ``folder``, in order (W&B's transaction log:
-    a 7-byte file header, then records in 32 KiB blocks, each a 7-byte header (crc, length,
-    type: full, first, middle or last part) and a piece of a ``Record`` protobuf)."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    out = []
-    for path in sorted(folder.glob("wandb/offline-run-*/run-*.wandb")):
-        data, pos, buf = path.read_bytes(), 7, b""
-        assert data[:4] == b":W&B"
-        while pos + 7 <= len(data):
-            if (left := 32768 - pos % 32768) < 7:
-                pos += left
-                continue
-            _crc, n, kind = struct.unpack("<IHB", data[pos : pos + 7])
-            buf, pos = buf + data[pos + 7 : pos + 7 + n], pos + 7 + n
-            if kind in (1, 4):  # a full record, or the last part of one
-                record = pb.Record()
-                record.ParseFromString(buf)
-                out.append(record)
-                buf = b""
-    return out
-
-
-def wandb_history(records: list[Any]) -> list[dict[str, Any]]:
-    return [
-        {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
-        for r in records
-        if r.WhichOneof("record_type") == "history"
-    ]
-
-
-def wandb_config(records: list[Any]) -> dict[str, Any]:
-    config: dict[str, Any] = {}
-    for r in records:
-        kind = r.WhichOneof("record_type")
-        items = (
-            r.run.config.update if kind == "run" else r.config.update if kind == "config" else []
-        )
-        config.update({i.key: json.loads(i.value_json) for i in items})
-    return config
-
-
-def tensorboard_events(folder: Path) -> Any:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(folder), size_guidance={"scalars": 0, "tensors": 0})
-    acc.Reload()
-    return acc
-
-
-# ---------------------------------------------------------------------------------------------
-# tests
 
 
 @pytest.mark.slow
@@ -184,6 +85,7 @@ async def test_learner_logs_metrics_config_and_eval_to_wandb_and_tensorboard(
     assert ids == {run_id}
 
 
+@pytest.mark.unit
 def test_scalars_are_the_numbers_of_the_line() -> None:
     """Every number of a line by its JSON path (a commit's under ``commit/``), nothing else."""
     line = StepLine(
@@ -213,7 +115,7 @@ def test_nothing_is_imported_without_tracking(tmp_path: Path) -> None:
         f"""
         import asyncio, sys
         from pathlib import Path
-        from tests.test_tracking import learner_config, train
+        from tests.helpers.tracking import learner_config, train
         cfg = learner_config(Path({str(tmp_path)!r}), max_steps=2)
         asyncio.run(train(cfg, groups=2))
         print(sorted(m for m in sys.modules if m.split(".")[0] in ("wandb", "tensorboard")))
@@ -229,6 +131,7 @@ def test_nothing_is_imported_without_tracking(tmp_path: Path) -> None:
     assert not list((tmp_path / "run").glob("wandb*"))
 
 
+@pytest.mark.unit
 def test_run_and_demo_pass_tracking_to_the_learner(tmp_path: Path) -> None:
     """``harnessrl run --wandb --tensorboard DIR`` fills the learner's ``[track]`` table (with
     the run file logged as config); the demo gives each phase a W&B run in its group and a
@@ -256,6 +159,7 @@ def test_run_and_demo_pass_tracking_to_the_learner(tmp_path: Path) -> None:
     assert "track" not in rl_run_file(DemoConfig(), "demo7-rl", tmp_path)["learner"]
 
 
+@pytest.mark.unit
 def test_demo_logs_its_held_out_table(tmp_path: Path) -> None:
     """The demo's before/after table goes to the trackers too (here TensorBoard ``DIR/eval``)."""
     import io
