@@ -153,8 +153,9 @@ class ActorConfig(RolloutSettings, ServiceConfig):
     (``harness_error``) and the task is dead-lettered."""
     shutdown_grace_s: float = Field(30.0, ge=0, le=86_400)
     """On SIGTERM, how long in-flight rollouts may finish (0: as long as they take; a second
-    SIGTERM ends the wait at once); the rest are killed and their tasks nak'ed (another actor
-    retries them as a new attempt)."""
+    SIGTERM ends the wait at once, and so does NATS being unreachable, since no result could
+    be published); the rest are killed and their tasks nak'ed (another actor retries them as
+    a new attempt)."""
     keep_workspace_dir: Path | None = None
     """Copy each rollout's final workspace to ``<dir>/<rollout_id>`` (debugging; costs disk)."""
 

@@ -33,7 +33,8 @@ What must stay true:
   meanwhile are nak'ed at once); in-flight rollouts get ``shutdown_grace_s`` to finish; the
   rest are cancelled, which kills their sandboxes, and their tasks are nak'ed so another actor
   retries them. The bus is interrupted (``Bus.interrupt``): with NATS down nothing waits for
-  it (the unacked tasks are redelivered once it is back). Whatever a killed actor leaves
+  it, the grace included (no result could be published; the unacked tasks are redelivered
+  once it is back). Whatever a killed actor leaves
   behind (sandboxes, sockets) is swept by the next actor that starts on the same machine.
 """
 
@@ -42,12 +43,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from typing import get_args
 
 from harnessrl.actors.config import ActorConfig
-from harnessrl.actors.rollout import M_FAILURES, M_ROLLOUTS, RolloutDeps, RolloutReport, run_rollout
-from harnessrl.common import metrics
+from harnessrl.actors.rollout import (
+    M_FAILURES,
+    M_ROLLOUTS,
+    RolloutDeps,
+    RolloutReport,
+    default_actor_name,
+    run_rollout,
+)
+from harnessrl.actors.sandbox import SandboxBackend
+from harnessrl.common import lifecycle, metrics
 from harnessrl.common.bus import TASK_CONSUMER, Bus, Consumer, Delivery
 from harnessrl.common.records import RolloutResult, RolloutStatus, TaskRequest, rollout_id
 
@@ -105,75 +115,30 @@ class ActorService:
             self.heartbeat_s = consumer.ack_wait / 3
         return consumer
 
-    async def run(self, stop: asyncio.Event, hurry: asyncio.Event | None = None) -> None:
-        """Fetch and run tasks until ``stop`` is set, then shut down gracefully: in-flight
-        rollouts get ``shutdown_grace_s`` to finish, or until ``hurry`` is set (a second
-        SIGTERM: a parent that is going away, an engine and NATS that are already gone)."""
-        tasks: set[asyncio.Task[None]] = set()
+    async def run(self, stop: asyncio.Event) -> None:
+        """Bind to the task consumer (it may wait for the learner to make it), then fetch and
+        run tasks until ``stop`` is set, and return once the rollouts in flight are done;
+        cancelled, it cancels them (their tasks are nak'ed). The grace a stopping process
+        gives them is ``serve``'s."""
         stopping = asyncio.ensure_future(stop.wait())
-        binding = asyncio.ensure_future(self.consumer())  # may wait for the learner to make it
-        await asyncio.wait({binding, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        if not binding.done() or binding.exception() is not None:
-            stopping.cancel()
-            binding.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await binding  # raises what binding failed with
-            return
-        consumer = binding.result()
+        binding = asyncio.ensure_future(self.consumer())
         try:
-            while not stop.is_set():
-                tasks = {t for t in tasks if not t.done()}
-                room = self.cfg.concurrency - len(tasks)
-                if room <= 0:
-                    await asyncio.wait({*tasks, stopping}, return_when=asyncio.FIRST_COMPLETED)
-                    continue
-                try:
-                    got = await consumer.fetch(
-                        min(room, self.cfg.fetch_batch), timeout=FETCH_TIMEOUT_S
-                    )
-                except Exception as e:  # the bus reconnects by itself; keep the loop alive
-                    log.warning("fetching tasks failed: %r", e)
-                    await asyncio.wait({stopping}, timeout=1.0)
-                    continue
-                for d in got:
-                    if stop.is_set():
-                        await self._nak(d, delay=None)
-                    else:
-                        tasks.add(asyncio.create_task(self.handle(d)))
+            await asyncio.wait({binding, stopping}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stopping.cancel()
-            if stop.is_set():  # stopping: never wait out a NATS outage from here on
-                self.bus.interrupt()
-            await self._drain(tasks, hurry)
-
-    async def _drain(
-        self, tasks: set[asyncio.Task[None]], hurry: asyncio.Event | None = None
-    ) -> None:
-        """Let in-flight rollouts finish for the grace period (or until ``hurry``), then cancel
-        (and nak) the rest."""
-        pending = {t for t in tasks if not t.done()}
-        if pending:
-            log.info(
-                "stopping: %d rollouts in flight, %g s grace (signal again to cut it short)",
-                len(pending),
-                self.cfg.shutdown_grace_s,
-            )
-            hurried = asyncio.ensure_future((hurry or asyncio.Event()).wait())
-            deadline = time.monotonic() + self.cfg.shutdown_grace_s
-            while pending and not hurried.done():
-                left = deadline - time.monotonic() if self.cfg.shutdown_grace_s else None
-                if left is not None and left <= 0:
-                    break
-                await asyncio.wait(
-                    {*pending, hurried}, timeout=left, return_when=asyncio.FIRST_COMPLETED
-                )
-                pending = {t for t in pending if not t.done()}
-            if hurried.done() and pending:
-                log.info("second signal: cutting the grace period short")
-            hurried.cancel()
-        for t in pending:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+            if not binding.done():  # stopped (or cancelled) before the consumer existed
+                binding.cancel()
+                await asyncio.gather(binding, return_exceptions=True)  # its outcome is moot
+        if binding.cancelled() or (stop.is_set() and binding.exception() is not None):
+            return  # stopped before the consumer was bound (with NATS away, binding fails)
+        consumer = binding.result()  # raises what binding failed with
+        await consumer.serve(
+            self.handle,
+            self.cfg.concurrency,
+            batch=self.cfg.fetch_batch,
+            stop=stop,
+            timeout=FETCH_TIMEOUT_S,
+        )
 
     # -- one task ----------------------------------------------------------------------------
 
@@ -309,3 +274,30 @@ class ActorService:
                 if text
             ),
         )
+
+
+async def serve(
+    cfg: ActorConfig, stop: asyncio.Event | None = None, *, backend: SandboxBackend | None = None
+) -> int:
+    """The actor process (``harnessrl actor``) until ``stop``, SIGTERM or SIGINT, with the
+    graceful shutdown of the module docstring (the grace is ``shutdown_grace_s``; a second
+    signal ends it). ``backend``: a sandbox backend to use instead of the configured one
+    (``benchmarks/fleet.py`` passes its no-op backend)."""
+    from harnessrl.common.procs import raise_open_files_limit
+
+    raise_open_files_limit()  # a few descriptors per rollout in flight: see its docstring
+    name = cfg.name or default_actor_name()
+
+    async def body(proc: lifecycle.Process) -> None:
+        proc.bus.publish_as(name)  # an open server knows no user name: publish under the actor's
+        async with RolloutDeps.open(cfg, proc.bus, actor=name, backend=backend) as deps:
+            service = ActorService(cfg, proc.bus, deps)
+            port = f", metrics on :{proc.metrics_port}" if proc.metrics_port else ""
+            print(f"actor ready: {name} (run {cfg.run}, {cfg.concurrency} slots{port})", flush=True)
+            try:
+                await service.run(proc.stop)
+            finally:
+                log.info("actor %s stopped after %d rollouts", name, service.done)
+
+    grace = cfg.shutdown_grace_s or math.inf
+    return await lifecycle.serve(cfg, f"actor {name}", body, grace_s=grace, stop=stop)

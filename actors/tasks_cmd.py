@@ -11,7 +11,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from harnessrl.actors.lint import LintConfig
 
 CONFIG = None
 
@@ -142,7 +145,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def main(cfg: Any, args: argparse.Namespace) -> int:
+def main(cfg: None, args: argparse.Namespace) -> int:
     from harnessrl.common.tasks import TaskError
 
     try:
@@ -276,7 +279,7 @@ def _lint(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
-async def _lint_all(tasks: list, jobs: int, sandbox: str, cfg: Any) -> list | None:
+async def _lint_all(tasks: list, jobs: int, sandbox: str, cfg: LintConfig) -> list | None:
     from harnessrl.actors.lint import backend_factory, lint_tasks
     from harnessrl.actors.sandbox import SandboxError, make_backend
 

@@ -46,9 +46,13 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from harnessrl.actors.teacher_data import TeacherDataConfig
+    from harnessrl.common.tasks.toy import ToyTask
 
 RETRIES = 2
 """More attempts of a rollout that ended in an infrastructure failure (sandbox, harness,
@@ -180,7 +184,9 @@ def done_tasks(part: Path) -> set[str]:
     return done
 
 
-async def record_live(cfg: Any, tasks: list[Any], styles: list[str], near_miss: float) -> Stats:
+async def record_live(
+    cfg: TeacherDataConfig, tasks: list[ToyTask], styles: list[str], near_miss: float
+) -> Stats:
     """Record ``tasks`` (ToyTasks) through ``cfg.harness`` with the teacher in ``styles`` (what
     `harnessrl.common.tasks.teacher.style_for` gives with ``cfg.style``, ``near_miss`` and
     ``cfg.seed``: the engine chooses the same); append the kept records to ``<cfg.out>.part``

@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from harnessrl.actors.sandbox.base import Sandbox
 from harnessrl.common.config import HrlModel
@@ -746,7 +747,9 @@ class RubricJudge:
         return [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": user}]
 
     async def score(self, task: Task, workspace: Path) -> float:
-        """The rubric score in [0, 1]; raises `JudgeError`."""
+        """The rubric score in [0, 1]; raises `JudgeError`. A connection error, a timeout or an
+        HTTP 5xx is retried ``retries`` times, ``retry_backoff_s`` later and then twice as late
+        each time."""
         import aiohttp
 
         if self._session is None:
@@ -757,34 +760,45 @@ class RubricJudge:
             "temperature": 0.0,
             "max_tokens": self.cfg.max_tokens,
         }
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.cfg.retries + 1),
+            wait=wait_exponential(multiplier=self.cfg.retry_backoff_s),
+            retry=retry_if_exception_type(_JudgeUnavailable),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    data = await self._ask(body)
+        except _JudgeUnavailable as e:
+            raise JudgeError(str(e)) from None
+        try:
+            content = data["choices"][0]["message"]["content"] or ""
+        except (KeyError, IndexError, TypeError):
+            raise JudgeError(f"judge reply is not a chat completion: {str(data)[:200]}") from None
+        return parse_judge_reply(content, len(task.rubric))
+
+    async def _ask(self, body: dict[str, Any]) -> Any:
+        """One request; its JSON reply. `_JudgeUnavailable` for what a retry may cure."""
+        import aiohttp
+
+        assert self._session is not None
         headers = {"Authorization": f"Bearer {self.cfg.api_key}"} if self.cfg.api_key else {}
         url = self.cfg.url.rstrip("/") + "/chat/completions"
-        last = ""
-        for attempt in range(self.cfg.retries + 1):
-            if attempt:
-                await asyncio.sleep(self.cfg.retry_backoff_s * 2 ** (attempt - 1))
-            try:
-                timeout = aiohttp.ClientTimeout(total=self.cfg.timeout_s)
-                async with self._session.post(
-                    url, json=body, headers=headers, timeout=timeout
-                ) as resp:
-                    if resp.status >= 500:
-                        last = f"judge HTTP {resp.status}"
-                        continue
-                    if resp.status != 200:
-                        raise JudgeError(f"judge HTTP {resp.status}: {(await resp.text())[:200]}")
-                    data = await resp.json(content_type=None)
-            except (aiohttp.ClientError, TimeoutError) as e:
-                last = f"judge request failed: {e!r}"
-                continue
-            try:
-                content = data["choices"][0]["message"]["content"] or ""
-            except (KeyError, IndexError, TypeError):
-                raise JudgeError(
-                    f"judge reply is not a chat completion: {str(data)[:200]}"
-                ) from None
-            return parse_judge_reply(content, len(task.rubric))
-        raise JudgeError(last)
+        timeout = aiohttp.ClientTimeout(total=self.cfg.timeout_s)
+        try:
+            async with self._session.post(url, json=body, headers=headers, timeout=timeout) as r:
+                if r.status >= 500:
+                    raise _JudgeUnavailable(f"judge HTTP {r.status}")
+                if r.status != 200:
+                    raise JudgeError(f"judge HTTP {r.status}: {(await r.text())[:200]}")
+                return await r.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise _JudgeUnavailable(f"judge request failed: {e!r}") from None
+
+
+class _JudgeUnavailable(Exception):
+    """The judge could not answer now (unreachable, timed out, HTTP 5xx): worth a retry."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@
 
 Everything between the task queue and the samples is the real thing, each in its own process
 where it would be in production: a nats-server (JetStream, ephemeral port), 4 actor processes
-(``harnessrl.actors.actor_cmd.serve``: the actor service, one proxy per rollout on its own unix socket,
+(``harnessrl.actors.service.serve``: the actor service, one proxy per rollout on its own unix socket,
 the shared recorder publishing CallRecords, heartbeats, the verifier), the assembler process
 (``harnessrl assembler``) and a scripted engine process (``harnessrl.proxy.scripted.ScriptedEngine``
 speaking SGLang's native API). This process is the feeder (TaskRequests, keeping the queue
@@ -387,8 +387,8 @@ async def _complete(http: Any, body: dict[str, Any]) -> dict[str, Any] | None:
 
 
 async def serve_actor(spec: dict[str, Any]) -> int:
-    from harnessrl.actors.actor_cmd import serve
     from harnessrl.actors.config import ActorConfig
+    from harnessrl.actors.service import serve
 
     noop_root = spec.pop("noop_root", None)
     cfg = ActorConfig(**spec)

@@ -50,9 +50,9 @@ import logging
 import os
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from harnessrl.common import metrics
 from harnessrl.common.aio import StartupError
@@ -64,6 +64,9 @@ from harnessrl.common.records import (
     decode,
     encode,
 )
+
+if TYPE_CHECKING:
+    from harnessrl.common.config import ServiceConfig
 
 log = logging.getLogger("harnessrl.bus")
 
@@ -373,11 +376,49 @@ class Consumer(ABC, Generic[R]):
             out.append(Delivery(record, subject, seq, ndel, raw, self))
         return out
 
-    async def messages(self, batch: int = 16, timeout: float = 1.0) -> AsyncIterator[Delivery[R]]:
-        """Iterate deliveries forever (until cancelled)."""
-        while True:
-            for d in await self.fetch(batch, timeout):
-                yield d
+    async def serve(
+        self,
+        handle: Callable[[Delivery[R]], Awaitable[None]],
+        slots: int,
+        *,
+        batch: int | None = None,
+        stop: asyncio.Event | None = None,
+        timeout: float = 1.0,
+    ) -> None:
+        """Run ``handle`` on every delivery, up to ``slots`` at once, each in its own task: a
+        fetch asks for the free slots (at most ``batch``). Once ``stop`` is set nothing more is
+        fetched (a delivery that arrives with the stop is nak'ed for another consumer) and
+        this returns when the running handlers are done; cancelled, it cancels them and waits
+        for them. A failed fetch is logged and retried a second later (the bus reconnects by
+        itself). ``handle`` settles its delivery and should not raise."""
+        stop = stop or asyncio.Event()
+        stopping = asyncio.ensure_future(stop.wait())
+        running: set[asyncio.Task[None]] = set()
+        try:
+            while not stop.is_set():
+                running = {t for t in running if not t.done()}
+                room = slots - len(running)
+                if room <= 0:
+                    await asyncio.wait({*running, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                try:
+                    got = await self.fetch(min(room, batch or room), timeout=timeout)
+                except Exception as e:
+                    log.warning("fetching from %s failed: %r", self.kind, e)
+                    await asyncio.wait({stopping}, timeout=1.0)
+                    continue
+                for d in got:
+                    if stop.is_set():
+                        with contextlib.suppress(Exception):
+                            await d.nak()
+                    else:
+                        running.add(asyncio.create_task(handle(d)))
+            await asyncio.gather(*running, return_exceptions=True)
+        finally:
+            stopping.cancel()
+            for t in running:
+                t.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
 
     async def _dead_letter(self, data: bytes, subject: str, seq: int, reason: str) -> None:
         await self.bus.dead_letter(self.kind, self.durable, subject, seq, data, reason)
@@ -475,6 +516,11 @@ class Bus(ABC):
     def abandoning(self) -> bool:
         """Interrupted while the server is unreachable: operations fail at once now."""
         return False
+
+    async def abandoned(self) -> None:
+        """Return once the bus is `abandoning`: from then on nothing can be published (never,
+        for a bus whose server cannot be away)."""
+        await asyncio.Event().wait()
 
     @abstractmethod
     async def ensure_streams(self, kinds: Iterable[str] | None = None) -> None:
@@ -736,7 +782,7 @@ async def connect(url: str, run: str, *, create_streams: bool = True, **kw: Any)
     return bus
 
 
-async def connect_service(cfg: Any, name: str, *, create_streams: bool = True) -> Bus:
+async def connect_service(cfg: ServiceConfig, name: str, *, create_streams: bool = True) -> Bus:
     """`connect` with a service config's NATS fields (``nats``, ``run``, ``nats_creds``,
     ``nats_ca``: ``harnessrl.common.config.NatsClientSettings``); ``name`` names the process in the
     server's connection list and in a refused connection's error."""

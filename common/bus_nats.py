@@ -106,6 +106,10 @@ class JetStreamBus(Bus):
     def abandoning(self) -> bool:
         return self.outage.abandon.done()
 
+    async def abandoned(self) -> None:
+        while not self.abandoning:  # a reconnection replaces the future with a fresh one
+            await asyncio.wait({self.outage.abandon})
+
     @classmethod
     async def connect(
         cls,
@@ -660,11 +664,16 @@ class JetStreamBus(Bus):
             except Exception as e:
                 log.debug("flush before close failed: %r", e)
         self.outage.closing = True
+        if not self.nc.is_connected:
+            # What nats-py buffered since the server left (heartbeats, acks) can never be sent,
+            # and its close writes it to the transport of the lost connection: on TLS one
+            # already closed, which raises AttributeError ('_write_appdata' of None).
+            self.nc._pending, self.nc._pending_data_size = [], 0
         try:
             await self.nc.close()
-        except (RuntimeError, OSError) as e:  # nats-py writes its unsent buffer to the dead
-            # socket (RuntimeError on uvloop) or re-raises its reconnect's reset (OSError on the
-            # default asyncio loop, which actors run on)
+        except (RuntimeError, OSError) as e:  # the lost transport refusing a write (RuntimeError
+            # on uvloop) or its reconnect's reset re-raised (OSError on the default asyncio
+            # loop, which actors run on)
             log.debug("closing a connection whose server is away: %r", e)
 
 

@@ -52,10 +52,11 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import sys
 import time
 from collections import OrderedDict
 
-from harnessrl.common import metrics
+from harnessrl.common import lifecycle, metrics
 from harnessrl.common.bus import Bus, Delivery, PayloadTooLarge, export_dead_letters
 from harnessrl.common.records import (
     CallRecord,
@@ -120,7 +121,7 @@ M_FORGED_CALLS = metrics.counter(
 
 
 class Assembler:
-    """Consumes ROLLOUTS, publishes SAMPLES; ``run`` until cancelled."""
+    """Consumes ROLLOUTS, publishes SAMPLES; ``run`` until stopped or cancelled."""
 
     def __init__(self, bus: Bus, cfg: AssemblerConfig) -> None:
         self.bus = bus
@@ -134,30 +135,13 @@ class Assembler:
         self._busy: set[str] = set()
         export_dead_letters("CALLS", DURABLE)  # read_calls dead-letters as DURABLE
 
-    async def run(self) -> None:
-        """The loop: fetch up to the free concurrency, handle each delivery in its own task."""
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """The loop: fetch up to the free concurrency, handle each delivery in its own task,
+        until ``stop`` (or cancelled: the results in flight are nak'ed)."""
         consumer = await self.bus.consumer(
             "ROLLOUTS", DURABLE, RolloutResult, ack_wait=self.cfg.ack_wait
         )
-        tasks: set[asyncio.Task[None]] = set()
-        try:
-            while True:
-                tasks = {t for t in tasks if not t.done()}
-                room = self.cfg.concurrency - len(tasks)
-                if room <= 0:
-                    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                    continue
-                try:
-                    got = await consumer.fetch(room, timeout=1.0)
-                except Exception as e:  # the bus reconnects; keep the loop alive
-                    log.warning("fetching results failed: %r", e)
-                    await asyncio.sleep(1.0)
-                    continue
-                tasks.update(asyncio.create_task(self._guarded(d)) for d in got)
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await consumer.serve(self._guarded, self.cfg.concurrency, stop=stop)
 
     async def _guarded(self, d: Delivery[RolloutResult]) -> None:
         try:
@@ -326,3 +310,18 @@ class Assembler:
         M_UNIQUE.inc(c.unique_tokens)
         M_EXPANDED.inc(c.expanded_tokens)
         M_MODEL.inc(c.model_tokens)
+
+
+async def serve(cfg: AssemblerConfig) -> int:
+    """The assembler process (``harnessrl assembler``) until SIGTERM or Ctrl-C, which cancels
+    the loop at once: the results in flight are nak'ed for the next assembler (nothing is
+    acked before its sample is stored) and nothing waits for an unreachable NATS."""
+
+    async def body(proc: lifecycle.Process) -> None:
+        if proc.metrics_port:
+            print(
+                f"assembler: metrics on :{proc.metrics_port}/metrics", file=sys.stderr, flush=True
+            )
+        await Assembler(proc.bus, cfg).run(proc.stop)
+
+    return await lifecycle.serve(cfg, "assembler", body, grace_s=0)

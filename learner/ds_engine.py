@@ -36,14 +36,13 @@ import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import Field, model_validator
 
-from harnessrl.common.config import SCHEDULE_IN_VERSIONS, HrlModel, refuse_renamed
 from harnessrl.common.files import atomic_write, free_port
+from harnessrl.learner.config import DeepSpeedConfig
 from harnessrl.learner.fleet import Fleet, shard_rows
 from harnessrl.learner.losses import (
     LossConfig,
@@ -59,73 +58,6 @@ from harnessrl.learner.losses import (
 )
 from harnessrl.learner.packing import PackedRow, collate
 from harnessrl.learner.policy import Policy, load_policy
-
-
-class DeepSpeedConfig(HrlModel):
-    """DeepSpeed engine and optimiser options."""
-
-    zero_stage: int = Field(0, ge=0, le=3)
-    """ZeRO stage: 0 plain data parallel, 1 optimiser states, 2 + gradients, 3 + parameters
-    sharded across ranks."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Training precision; ``bfloat16`` keeps fp32 master weights in DeepSpeed's optimiser."""
-    lr: float = Field(1e-6, gt=0.0)
-    """AdamW peak learning rate (see the schedule below)."""
-    lr_warmup_versions: int = Field(0, ge=0)
-    """Linear warmup from ``lr / (warmup + 1)`` to ``lr`` over the first this many versions. The
-    schedule counts versions (what ``--steps`` counts): a version is one batch, whose
-    ``updates_per_batch`` optimiser steps all take its lr (pretraining and SFT take one
-    optimiser step per version)."""
-    lr_decay_versions: int = Field(0, ge=0)
-    """Cosine decay from ``lr`` at the end of warmup to ``lr * lr_min_ratio``, reached by the
-    step that makes version ``lr_decay_versions`` (held there after): with the run's number of
-    versions, the last one trains at the floor whatever ``updates_per_batch`` is. 0: constant
-    ``lr`` after warmup."""
-    lr_min_ratio: float = Field(0.1, ge=0.0, le=1.0)
-    """Floor of the cosine decay, as a fraction of ``lr``."""
-    weight_decay: float = Field(0.0, ge=0.0)
-    """AdamW decoupled weight decay."""
-    value_lr_scale: float = Field(10.0, gt=0.0, le=1000.0)
-    """PPO: the value head's learning rate as a multiple of the schedule's (its own AdamW
-    parameter group). Adam moves a parameter by about ``lr`` a step, so a zero-initialised
-    head at the policy's lr needs ~1,000 steps to reach a mean reward of 0.3 through its bias;
-    LLM PPO recipes give the critic a 10-20x larger lr (OpenRLHF 9e-6 vs 5e-7, veRL 1e-5 vs
-    1e-6)."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW betas."""
-    adam_eps: float = Field(1e-8, gt=0.0)
-    """AdamW epsilon."""
-    grad_clip: float = Field(1.0, ge=0.0)
-    """Clip the global gradient norm to this (0 disables clipping)."""
-    micro_batch_rows: int = Field(1, ge=1)
-    """Packed rows per forward/backward; a step accumulates gradients over all its rows."""
-    attn_implementation: Literal["auto", "tree_sdpa", "sdpa", "eager", "flex_attention"] = "auto"
-    """Attention kernel: ``auto`` = FlexAttention tree block masks on CUDA, ``tree_sdpa``
-    (block-sparse sdpa over the dense float mask) on CPU."""
-    temperature: float | None = Field(None, gt=0.0)
-    """Sampling temperature the samples must have been drawn at. Each sample's log-probs are
-    taken at the temperature its calls were sampled with (recorded in every CallRecord and
-    carried by the TreeSample), so the IS ratio compares like with like; set, a sample drawn
-    at another temperature is dropped (``temperature_mismatch``). ``harnessrl run`` sets it
-    from ``[actor] temperature``. None: any temperature is taken as recorded (1 where a
-    sample records none, and for SFT, whose NLL is of the model's own distribution)."""
-    seed: int = 0
-    """Seed for value-head init and anything random in the learner."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _renamed(cls, data: Any) -> Any:
-        return refuse_renamed(
-            data,
-            {"lr_warmup_steps": "lr_warmup_versions", "lr_decay_steps": "lr_decay_versions"},
-            SCHEDULE_IN_VERSIONS,
-        )
-
-    rank_timeout_s: float = Field(600.0, ge=5.0, le=86_400.0)
-    """With several learner ranks: how long a collective may wait for another rank before the
-    fleet gives up and exits (a dead rank is noticed at once, a hung one after this). Must
-    exceed the longest time rank 0 spends between commands outside of idle waits (a step's
-    skew between ranks, publishing one broadcast)."""
 
 
 def lr_at(cfg: DeepSpeedConfig, version: int) -> float:

@@ -50,99 +50,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import Field, model_validator
 
-from harnessrl.common.config import SCHEDULE_IN_VERSIONS, HrlModel, refuse_renamed
-
-
-class LossConfig(HrlModel):
-    """Learner loss options (GRPO / PPO / SFT)."""
-
-    algo: Literal["grpo", "ppo", "sft"] = "grpo"
-    """``grpo``: group-normalised advantage; ``ppo``: value head + GAE(1, 1) per branch;
-    ``sft``: NLL on loss-mask-1 tokens."""
-    clip_low: float = Field(0.2, ge=0.0, le=1.0)
-    """PPO ratio clip below: ratios under ``1 - clip_low`` stop pushing."""
-    clip_high: float = Field(0.2, ge=0.0, le=10.0)
-    """PPO ratio clip above (``1 + clip_high``); a larger value is the "clip-higher" trick."""
-    is_mode: Literal["tis", "mis", "none"] = "tis"
-    """Off-policy correction of pi_old vs the engine's pi_rollout: truncated (``min(w, C)``),
-    masked (``w`` inside ``[mis_low, C]``, else 0), or none."""
-    is_level: Literal["token", "sequence"] = "token"
-    """Per-token weights, or one weight per rollout (geometric-mean ratio over its tokens)."""
-    is_cap: float = Field(2.0, gt=1.0)
-    """C: the TIS truncation and the MIS band's upper edge."""
-    mis_low: float | None = Field(None, gt=0.0, lt=1.0)
-    """MIS band's lower edge; None means ``1 / is_cap``."""
-    norm: Literal["token", "sequence"] = "token"
-    """``token``: mean over every scored token of the step; ``sequence``: mean over rollouts of
-    each rollout's token mean (long rollouts no longer dominate)."""
-    kl_coef: float = Field(0.0, ge=0.0)
-    """Weight of the k3 KL estimate to a frozen reference policy (0 = no reference model; the
-    reference is a copy of the starting policy, one more no-grad forward per micro-batch).
-    Direction: per scored token ``e^d - d - 1`` with ``d = log ref - log pi``, averaged like the
-    policy loss over the sampled tokens, without the importance weight (DeepSeekMath's GRPO
-    convention). Its value estimates KL(pi || ref) on tokens drawn from pi; its gradient,
-    ``E[(1 - ref/pi) grad log pi]``, is that of KL(ref || pi), the mass-covering direction: it
-    pulls pi up wherever the reference puts mass, rather than only penalising where pi strays.
-    The tokens come from the engine's pi_rollout, not pi; with the small mismatch of a run in
-    step that bias is second order, and leaving ``w`` out keeps the term from being clipped
-    away exactly where the policies disagree most.
-    Measured in the demo (PPO, ``tiny-agent``, seeds 0 / 1 / 2): 0.1 kept the policy from
-    drifting into replies of one token repeated to the token limit, and held-out success rose
-    +0.330 / +0.280 / +0.325 against +0.240 / +0.290 / +0.240 without it."""
-    entropy_coef: float = Field(0.0, ge=0.0)
-    """Entropy bonus weight (subtracted from the loss)."""
-    value_coef: float = Field(0.5, ge=0.0)
-    """PPO: weight of the value loss ``0.5 (V - R)^2``."""
-    critic_warmup_versions: int = Field(0, ge=0)
-    """PPO: the first this many versions train only the value head (policy loss weight 0;
-    every optimiser step of such a version, whatever ``updates_per_batch`` is)."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _renamed(cls, data: Any) -> Any:
-        return refuse_renamed(
-            data, {"critic_warmup_steps": "critic_warmup_versions"}, SCHEDULE_IN_VERSIONS
-        )
-
-    adv_norm: Literal["whiten", "std", "none"] = "whiten"
-    """PPO: normalise the step's advantages ``R - V(t)`` over its scored tokens, each weighted
-    as in the loss (``norm_weight``): ``whiten`` to mean 0 and std 1 (as TRL, OpenRLHF and
-    veRL do), ``std`` only divides by the std (the baseline is left to the critic), ``none``
-    keeps them. A binary reward's ``R - V`` is about +-0.5 where GRPO's group-normalised
-    advantage is about +-1, so unnormalised PPO takes half GRPO's step at the same lr. The
-    value target stays ``R``."""
-    value_bounds: tuple[float, float] | None = None
-    """PPO: clamp ``V(t)`` into ``[lo, hi]`` where it enters the advantage ``R - V(t)`` (the
-    value loss still regresses the raw head). The set of achievable returns bounds every true
-    value; a critic extrapolating below the lowest reward on tokens unlike any it was fit on
-    (a long junk reply) hands a failing rollout a positive advantage. None: unclamped."""
-    value_baseline: Literal["token", "turn"] = "turn"
-    """PPO: where the baseline of ``A = R - V`` is read. ``token``: ``V(t)`` at every token
-    (GAE(1, 1)). ``turn``: ``V`` of the state the token's turn started from (the context the
-    model replied to: the state before the first token of the reply), shared by the whole
-    reply. Both are unbiased (a baseline that depends only on the state before the action);
-    ``turn`` does not let a critic that has learned that a junk
-    reply fails excuse the rest of that reply (``R - V(t)`` near 0 on its later tokens, and
-    positive after whitening), and gives the tokens that finish a good reply the same credit as
-    its first. The value loss still regresses ``V(t)`` on every token. Measured in the demo
-    (PPO, seed 0, same warm start and held-out tasks): ``token`` +0.125 held-out success, with
-    its replies growing from 1.2k to 3.6k+ scored tokens a step; ``turn`` +0.195 to +0.235 in
-    four runs, no growth."""
-    adv_eps: float = Field(1e-6, gt=0.0)
-    """GRPO: epsilon in ``(R - mean) / (std + eps)``."""
-    adv_scale_by_std: bool = True
-    """GRPO: divide by the group std (False: Dr. GRPO's plain ``R - mean``)."""
-
-    @property
-    def mis_band(self) -> tuple[float, float]:
-        return (self.mis_low if self.mis_low is not None else 1.0 / self.is_cap, self.is_cap)
-
+from harnessrl.learner.config import LossConfig
 
 # ---------------------------------------------------------------------------------------------
 # advantages

@@ -40,34 +40,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-from pydantic import Field
 
-from harnessrl.common.config import HrlModel
 from harnessrl.common.records import TreeSample
 from harnessrl.common.tree import node_arrays
-
-
-class PackConfig(HrlModel):
-    """How TreeSamples are laid out in rows."""
-
-    max_tokens: int = Field(4096, ge=16)
-    """Token budget of one row (a dense mask costs ``max_tokens**2`` entries). Trees larger than
-    this are split at branch points, repeating the ancestor chain in each piece."""
-    targets: Literal["model", "all"] = "model"
-    """Which tokens are scored: ``model`` = loss-mask-1 tokens only (the default, and all any loss
-    here uses); ``all`` also scores environment tokens (with ``loss_mask`` 0), for diagnostics."""
-    pad_to_multiple: int = Field(8, ge=1)
-    """Rows of a batch are padded to a multiple of this (128 is used for FlexAttention blocks)."""
-    share_prefixes: bool = True
-    """Compute a token prefix common to several samples once: the samples' trees are merged
-    into one forest wherever their token paths from a root are equal (the harness's system
-    prompt and tools, a group's task prompt, identical replies). Exact: each sample keeps its
-    own targets (a shared token is the target of every sample that has it), only hidden states
-    are shared. Off: each sample is laid out on its own."""
-
+from harnessrl.learner.config import PackConfig
 
 # ---------------------------------------------------------------------------------------------
 # tree views of a TreeSample

@@ -36,6 +36,7 @@ import numpy as np
 
 from harnessrl.common.models import render_chat
 from harnessrl.common.records import TreeNode, TreeSample
+from harnessrl.learner.config import PackConfig
 
 IM_END = "<|im_end|>"
 
@@ -202,7 +203,7 @@ def batches(n_items: int, batch: int, seed: int, start_step: int) -> Iterator[li
         step += 1
 
 
-def teacher_forced(engine: Any, items: Sequence[Encoded], pack_cfg: Any) -> dict[str, float]:
+def teacher_forced(engine: Any, items: Sequence[Encoded], pack_cfg: PackConfig) -> dict[str, float]:
     """Held-out loss, token accuracy and exact-match rate (every assistant token the argmax)."""
     import torch
 

@@ -44,11 +44,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import time
 from collections import Counter
 from typing import Any
 
-from harnessrl.common import metrics
+from harnessrl.common import lifecycle, metrics
 from harnessrl.common.bus import Bus, BusUnavailable, Consumer
 from harnessrl.common.layout import (
     CommitLine,
@@ -58,8 +59,10 @@ from harnessrl.common.layout import (
     encode_line,
 )
 from harnessrl.common.records import TreeSample
+from harnessrl.common.tracking import NO_TRACKER, Tracker, open_tracker
 from harnessrl.learner.batching import Batch, Batcher, BatchRules, Ledger
 from harnessrl.learner.checkpoint import Checkpointer, LearnerState
+from harnessrl.learner.config import LearnerConfig
 from harnessrl.learner.feeder import Feeder
 from harnessrl.learner.fleet import FleetBroken
 from harnessrl.learner.task_queue import TaskQueue
@@ -98,7 +101,7 @@ M_NONFINITE = metrics.counter(
 class Learner:
     """One learner process; ``run`` until ``stop()`` or ``max_steps``."""
 
-    def __init__(self, cfg: Any, bus: Bus, engine: Any = None) -> None:
+    def __init__(self, cfg: LearnerConfig, bus: Bus, engine: Any = None) -> None:
         self.cfg = cfg
         self.bus = bus
         self.engine = engine
@@ -114,6 +117,7 @@ class Learner:
         self._t_start = time.monotonic()
         self._idle_s = 0.0
         self._totals: Counter[str] = Counter()
+        self.tracker: Tracker = NO_TRACKER
         self.feeder: Feeder
         self.task_queue: TaskQueue
         self.batcher: Batcher
@@ -163,6 +167,9 @@ class Learner:
             max_ack_pending=cfg.max_ack_pending,
         )
         M_VERSION.set(self.version)
+        self.tracker = open_tracker(
+            cfg.track, name=cfg.run, config=cfg.model_dump(mode="json"), folder=self.run_dir
+        )
         self._log_line(
             StartLine(
                 resumed=restored is not None,
@@ -252,6 +259,7 @@ class Learner:
                     finally:
                         await self._release_held()
             finally:
+                self.tracker.close()
                 if self.publisher is not None:
                     await self.publisher.close()
                 if hasattr(
@@ -616,34 +624,41 @@ class Learner:
         line.time = time.time()
         with open(self.run_dir / "metrics.jsonl", "a") as f:
             f.write(encode_line(line) + "\n")
+        self.tracker.line(line)
 
 
-def build_engine(cfg: Any) -> Any:
+def build_engine(cfg: LearnerConfig) -> Any:
     """The ``LearnerEngine`` of ``cfg`` (on every rank of a fleet)."""
     import os
 
     import torch
     import torch.distributed as dist
+    from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
 
     from harnessrl.learner.ds_engine import LearnerEngine
 
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
 
-    for attempt in range(3):
-        try:
-            return LearnerEngine(cfg.model, cfg.ds, cfg.loss)
-        except RuntimeError as e:
-            # the rendezvous port was picked free and taken by someone else before use
-            if "EADDRINUSE" not in str(e) or dist.is_initialized() or attempt == 2:
-                raise
-            log.warning("rendezvous port taken (%s); retrying with another", e)
-            if os.environ.get("WORLD_SIZE", "1") == "1":
-                os.environ.pop("MASTER_PORT", None)
-    raise AssertionError("unreachable")
+    def port_taken(e: BaseException) -> bool:
+        # the rendezvous port was picked free and taken by someone else before use
+        return isinstance(e, RuntimeError) and "EADDRINUSE" in str(e) and not dist.is_initialized()
+
+    def another_port(state: RetryCallState) -> None:
+        log.warning("rendezvous port taken (%s); retrying with another", state.outcome.exception())
+        if os.environ.get("WORLD_SIZE", "1") == "1":
+            os.environ.pop("MASTER_PORT", None)
+
+    retrying = Retrying(
+        stop=stop_after_attempt(3),
+        retry=retry_if_exception(port_taken),
+        before_sleep=another_port,
+        reraise=True,
+    )
+    return retrying(LearnerEngine, cfg.model, cfg.ds, cfg.loss)
 
 
-def follow(cfg: Any) -> int:
+def follow(cfg: LearnerConfig) -> int:
     """A learner rank other than 0: no bus, no metrics server; build the engine and do rank 0's
     part-commands until it stops (``harnessrl.learner.fleet``). SIGTERM and SIGINT are left to rank 0,
     which finishes its step and commits with every rank; if rank 0 dies, the next collective
@@ -662,26 +677,35 @@ def follow(cfg: Any) -> int:
     return 0
 
 
-async def serve(cfg: Any, bus: Bus | None = None) -> int:
-    """Connect, serve ``/metrics``, run the learner until a signal or ``max_steps``."""
-    import signal
+async def serve(cfg: LearnerConfig, bus: Bus | None = None) -> int:
+    """The learner process on rank 0: connect, serve ``/metrics``, run the learner until a
+    signal (which finishes the step and commits: see the module docstring) or ``max_steps``.
+    ``bus``: use this one instead of connecting."""
 
-    from harnessrl.common.bus import connect_service
-
-    own_bus = bus is None
-    bus = bus or await connect_service(cfg, "learner")
-    served = await metrics.start_metrics_server(cfg.metrics_port)
-    learner = Learner(cfg, bus)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, learner.stop)
-    try:
-        if served:
-            log.info("metrics on :%d/metrics", served[1])
+    async def body(proc: lifecycle.Process) -> int:
+        if proc.metrics_port:
+            log.info("metrics on :%d/metrics", proc.metrics_port)
+        learner = Learner(cfg, proc.bus)
+        proc.on_stop(learner.stop)
         return await learner.run()
-    finally:
-        if served:
-            await served[0].cleanup()
-        if own_bus:
-            await bus.close()
+
+    return await lifecycle.serve(cfg, "learner", body, bus=bus)
+
+
+def main(cfg: LearnerConfig) -> int:
+    """``harnessrl learner``: rank 0 serves, the other ranks of a fleet follow it; a learner
+    that cannot start prints one line and exits 2."""
+    from harnessrl.common import aio
+    from harnessrl.learner.fleet import world
+
+    rank, size = world()
+    if size > 1:
+        from harnessrl.common.procs import die_with_parent
+
+        die_with_parent()  # a rank never outlives its launcher
+    aio.setup_logging(cfg.log_level, "learner" if rank == 0 else f"learner-rank{rank}")
+    try:
+        return follow(cfg) if rank > 0 else aio.run(serve(cfg))
+    except RuntimeError as e:
+        print(f"harnessrl learner: {e}", file=sys.stderr)
+        return 2

@@ -49,6 +49,7 @@ from harnessrl.common.weights import (
     weights_digest,
     write_hf_folder,
 )
+from harnessrl.learner.config import BroadcastConfig
 
 log = logging.getLogger("harnessrl.weights")
 
@@ -350,7 +351,7 @@ def bucketize(named: list[tuple[str, Any]], bucket_bytes: int) -> list[list[tupl
 
 
 def make_publisher(
-    cfg: Any,
+    cfg: BroadcastConfig,
     bus: Bus,
     *,
     model_dir: Path | None,

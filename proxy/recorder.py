@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from harnessrl.common import metrics
-from harnessrl.common.bus import Bus, PayloadTooLarge
+from harnessrl.common.bus import Bus, BusUnavailable, PayloadTooLarge
 from harnessrl.common.records import CallRecord, SamplingParams, ids_hash, pack_f32, pack_ids
 from harnessrl.proxy.sglang import GenerateResult
 
@@ -171,7 +171,7 @@ class Recorder:
         """Publish what is queued (up to ``timeout`` s; not at all when the process is stopping
         and NATS is unreachable: ``Bus.abandoning``), then stop."""
         if not self.bus.abandoning:
-            with contextlib.suppress(TimeoutError, RecordLost):
+            with contextlib.suppress(TimeoutError, RecordLost, BusUnavailable):
                 await self.flush(timeout=timeout, wait_open=False)
         if self._task is not None:
             self._task.cancel()
@@ -377,7 +377,9 @@ class Recorder:
     ) -> int:
         """Wait until every record of ``rollout_id`` (default: all) is acknowledged by the bus,
         including calls still in flight unless ``wait_open`` is false. Returns the rollout's
-        number of records. Raises ``TimeoutError`` or ``RecordLost``."""
+        number of records. Raises ``TimeoutError``, ``RecordLost``, or ``BusUnavailable`` at
+        once when the process is stopping and NATS is unreachable (``Bus.abandoned``: nothing
+        can be stored any more)."""
 
         async def settled() -> None:
             async with self._progress:
@@ -386,7 +388,22 @@ class Recorder:
         if not self._settled(rollout_id, wait_open):
             if self._task is None:
                 raise RuntimeError("Recorder.start() was not called: nothing publishes")
-            await asyncio.wait_for(settled(), timeout)
+            done = asyncio.ensure_future(settled())
+            away = asyncio.ensure_future(self.bus.abandoned())
+            try:
+                await asyncio.wait(
+                    {done, away}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                for f in (done, away):
+                    f.cancel()
+            if not self._settled(rollout_id, wait_open):
+                if away.done() and not away.cancelled():
+                    raise BusUnavailable(
+                        f"{self._unacked} call records not stored: NATS is unreachable and "
+                        "this process is stopping"
+                    )
+                raise TimeoutError
         if rollout_id is None:
             return sum(r.acked for r in self.rollouts.values())
         ro = self.rollouts.get(rollout_id) or _Rollout()

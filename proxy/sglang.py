@@ -36,6 +36,7 @@ from typing import Any
 import aiohttp
 import msgspec
 import numpy as np
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from harnessrl.common import metrics
 
@@ -377,15 +378,20 @@ class EngineClient:
         timeout: float | None = None,
     ) -> Any:
         """``_request`` retried on ``EngineUnavailable`` (only for calls safe to repeat)."""
-        n = self.retries if retries is None else retries
-        for attempt in range(n + 1):
-            try:
+        async for attempt in self._retrying(retries, EngineUnavailable):
+            with attempt:
                 return await self._request(method, path, payload, timeout=timeout)
-            except EngineUnavailable:
-                if attempt >= n:
-                    raise
-                await asyncio.sleep(self.retry_backoff * (2**attempt))
         raise AssertionError("unreachable")
+
+    def _retrying(self, retries: int | None, on: type[EngineError]) -> AsyncRetrying:
+        """``retries`` (default ``self.retries``) more attempts after an ``on`` error, waits
+        doubling from ``retry_backoff`` s; the last error is raised."""
+        return AsyncRetrying(
+            stop=stop_after_attempt((self.retries if retries is None else retries) + 1),
+            wait=wait_exponential(multiplier=self.retry_backoff),
+            retry=retry_if_exception_type(on),
+            reraise=True,
+        )
 
     # -- generation -----------------------------------------------------------------------
 
@@ -471,16 +477,13 @@ class EngineClient:
 
     async def health(self, *, retries: int | None = None, timeout: float | None = None) -> bool:
         """Whether ``GET /health`` answers 200 (never raises)."""
-        n = self.retries if retries is None else retries
-        for attempt in range(n + 1):
-            try:
-                await self._request("GET", "/health", timeout=timeout or self.control_timeout)
-                return True
-            except EngineError:
-                if attempt >= n:
-                    return False
-                await asyncio.sleep(self.retry_backoff * (2**attempt))
-        return False
+        try:
+            async for attempt in self._retrying(retries, EngineError):
+                with attempt:
+                    await self._request("GET", "/health", timeout=timeout or self.control_timeout)
+        except EngineError:
+            return False
+        return True
 
     async def _info(
         self, kind: str, *, retries: int | None = None, timeout: float | None = None

@@ -36,13 +36,14 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from harnessrl.common import lifecycle
 from harnessrl.common.bus import Bus
 from harnessrl.common.records import SamplingParams
 from harnessrl.proxy.calls import ModelCaller
 from harnessrl.proxy.engine.auth import client_key
 from harnessrl.proxy.labels import DEFAULT_RULES, LabelRules
 from harnessrl.proxy.parsers import get_parser
-from harnessrl.proxy.proxy_config import ProxySettings
+from harnessrl.proxy.proxy_config import ProxyConfig, ProxySettings
 from harnessrl.proxy.recorder import Recorder
 from harnessrl.proxy.sglang import (
     EngineBadRequest,
@@ -275,3 +276,44 @@ async def open_proxy_stack(
             label_rules=label_rules,
         )
         yield ProxyStack(router, renderer, recorder, caller, max_context)
+
+
+async def serve(cfg: ProxyConfig) -> int:
+    """The standalone proxy (``harnessrl proxy``) until SIGTERM or Ctrl-C: then it stops
+    accepting calls and waits up to ``flush_timeout_s`` for the bus to store every CallRecord
+    (exit status 1 if some were not)."""
+    from harnessrl.proxy.server import ProxyServer
+
+    async def body(proc: lifecycle.Process) -> int:
+        async with open_proxy_stack(
+            cfg,
+            proc.bus,
+            record_buffer=cfg.record_buffer,
+            health_interval_s=cfg.health_interval_s,
+            close_timeout_s=1.0,
+        ) as stack:
+            for rollout_id in set(cfg.token_map().values()):
+                stack.recorder.register(rollout_id, cfg.harness, cfg.harness_version)
+            server = ProxyServer(
+                stack.caller,
+                cfg.token_map(),
+                model_name=cfg.model_name,
+                host=cfg.host,
+                port=cfg.port,
+                ping_s=cfg.ping_s,
+                stream_grace_s=cfg.stream_grace_s,
+                max_body_bytes=cfg.request_limit(stack.max_context),
+            )
+            await server.start()
+            print(f"proxy ready: {server.url} (engines {', '.join(cfg.engines)})", flush=True)
+            await proc.stop.wait()
+            await server.stop()
+            try:
+                n = await stack.recorder.flush(timeout=cfg.flush_timeout_s)
+                log.info("flushed %d call records", n)
+            except Exception as e:
+                log.error("call records not all stored: %r", e)
+                return 1
+        return 0
+
+    return await lifecycle.serve(cfg, "proxy", body)

@@ -17,12 +17,13 @@ import contextlib
 import logging
 import re
 import shutil
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from harnessrl.common import metrics
+from harnessrl.common import lifecycle, metrics
 from harnessrl.common.bus import Bus
 from harnessrl.common.layout import weights_folder
 from harnessrl.common.records import WeightChunk, WeightsReady
@@ -33,6 +34,7 @@ from harnessrl.common.weights import (
     retain_freed_memory,
     write_hf_folder,
 )
+from harnessrl.proxy.config import WeightSyncConfig
 
 log = logging.getLogger("harnessrl.weights")
 
@@ -236,3 +238,82 @@ class WeightUpdater:
         folders = sorted(p for p in self.work_dir.glob("v*") if p.is_dir())
         for p in folders[: -self.keep_local]:
             shutil.rmtree(p, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# the ``harnessrl weights-sync`` process
+# ---------------------------------------------------------------------------------------------
+
+
+async def serve(cfg: WeightSyncConfig) -> int:
+    """Apply every broadcast version to ``cfg.engine`` until SIGTERM or Ctrl-C (which stop it
+    without waiting for an unreachable NATS); 1 if the engine never became healthy."""
+    from harnessrl.proxy.engine.auth import client_key
+    from harnessrl.proxy.sglang import EngineClient
+
+    key = client_key(cfg.engine_api_key_file)
+
+    async def body(proc: lifecycle.Process) -> int:
+        client = EngineClient(cfg.engine, api_key=key)
+        try:
+            if not await _wait_healthy(client, cfg, proc.stop):
+                print(f"harnessrl weights-sync: engine {cfg.engine} not healthy", file=sys.stderr)
+                return 1
+            applied = await client.weight_version()
+            updater = WeightUpdater(
+                proc.bus,
+                engine_apply(client),
+                cfg.work_dir,
+                durable=f"weights-sync-{cfg.name}" if cfg.name else durable_name(cfg.engine),
+                applied_version=applied,
+                keep_local=cfg.keep_local,
+                base_model=cfg.base_model or None,
+                read_retries=cfg.read_retries,
+                ack_wait=cfg.ack_wait,
+                label=cfg.engine,
+            )
+            print(f"weights-sync: {cfg.engine} at version {applied}", file=sys.stderr, flush=True)
+            await updater.run(proc.stop)
+            return 0
+        finally:
+            await client.close()
+
+    return await lifecycle.serve(cfg, f"weights-sync {cfg.name or cfg.engine}", body)
+
+
+async def load_once(cfg: WeightSyncConfig) -> int:
+    """Load the folder ``cfg.load`` into the engine as ``cfg.load_version``, once (no NATS):
+    0 once the engine serves it, 1 with a one-line error naming the engine and the folder."""
+    from harnessrl.proxy.engine.auth import client_key
+    from harnessrl.proxy.sglang import EngineClient, EngineError
+
+    client = EngineClient(cfg.engine, api_key=client_key(cfg.engine_api_key_file))
+    what = f"harnessrl weights-sync: engine {cfg.engine}"
+    try:
+        if not await _wait_healthy(client, cfg, asyncio.Event()):
+            print(f"{what} not healthy; {cfg.load} not loaded", file=sys.stderr)
+            return 1
+        try:
+            await client.update_weights_from_disk(
+                cfg.load, weight_version=cfg.load_version, abort_all_requests=False
+            )
+        except EngineError as e:
+            msg = " ".join(str(e).split())
+            print(f"{what} did not load {cfg.load}: {msg}", file=sys.stderr)
+            return 1
+        loaded = f"weights-sync: {cfg.engine} loaded {cfg.load} as version {cfg.load_version}"
+        print(loaded, file=sys.stderr, flush=True)
+        return 0
+    finally:
+        await client.close()
+
+
+async def _wait_healthy(client: Any, cfg: WeightSyncConfig, stop: asyncio.Event) -> bool:
+    """Wait up to ``engine_wait_s`` for the engine's ``/health``; False if it never answered."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + cfg.engine_wait_s
+    while not await client.health(retries=0, timeout=5.0):
+        if loop.time() > deadline or stop.is_set():
+            return False
+        await asyncio.sleep(1.0)
+    return True

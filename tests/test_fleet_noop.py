@@ -51,13 +51,13 @@ def test_actor_raises_its_open_files_limit() -> None:
     limit (the fleet benchmark measured 1,034 descriptors in one actor at 260 rollouts)."""
     code = (
         "import resource, asyncio\n"
-        "from harnessrl.actors import actor_cmd\n"
+        "from harnessrl.actors import service\n"
         "class Stop(Exception): pass\n"
         "async def connect(*a, **k): raise Stop\n"
         "import harnessrl.common.bus\n"
         "harnessrl.common.bus.connect_service = connect\n"
         "from harnessrl.actors.config import ActorConfig\n"
-        "try: asyncio.run(actor_cmd.serve(ActorConfig(metrics_port=-1)))\n"
+        "try: asyncio.run(service.serve(ActorConfig(metrics_port=-1)))\n"
         "except Stop: pass\n"
         "print(*resource.getrlimit(resource.RLIMIT_NOFILE))\n"
     )

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
 import uuid
@@ -152,6 +153,53 @@ async def test_engines_only_get_committed_versions(tmp_path: Path, monkeypatch) 
         for r in ready:
             digests.setdefault(r.version, set()).add(r.digest)
         assert sorted(digests) == [1, 2] and all(len(d) == 1 for d in digests.values()), digests
+    finally:
+        actors.cancel()
+        await bus.close()
+
+
+async def test_a_committed_version_whose_broadcast_failed_is_resent_on_resume(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Version 3 is committed but its broadcast fails (a learner crashing mid-broadcast): the
+    engine stays at version 2 while a restart resumes from 3. The resumed learner re-sends
+    version 3 before it trains, so the engine ends on the learner's version."""
+    from harnessrl.learner.weights import StreamPublisher
+
+    real = StreamPublisher.publish
+
+    async def cut_short_at_3(self, version: int, step: int, state: dict):
+        if version == 3:
+            raise ConnectionError("the learner died mid-broadcast")
+        return await real(self, version, step, state)
+
+    monkeypatch.setattr(StreamPublisher, "publish", cut_short_at_3)
+    bus = await connect(f"memory://{uuid.uuid4().hex}", "t")
+    applied: list[int] = []
+
+    async def apply(path: str, version: int) -> None:
+        applied.append(version)
+
+    engine = WeightUpdater(bus, apply, tmp_path / "sync", durable="engine", read_retries=0)
+
+    async def catch_up() -> None:
+        while await engine.poll(timeout=0.2) is not None:
+            pass
+
+    learner = Learner(in_process_config(tmp_path, max_steps=3, checkpoint_every=1), bus)
+    actors = asyncio.create_task(fake_actors(bus, learner, [], []))
+    try:
+        assert await asyncio.wait_for(learner.run(), 240) == 0
+        actors.cancel()
+        await catch_up()
+        assert Checkpointer(tmp_path / "run" / "checkpoints").read().version == 3
+        assert applied[-1] == 2  # the engine keeps the last version that was broadcast
+        monkeypatch.undo()
+        resumed = Learner(in_process_config(tmp_path, resume=True), bus, engine=learner.engine)
+        await resumed.setup()  # what a restarted learner does before its first step
+        await resumed.publisher.close()
+        await catch_up()
+        assert applied[-1] == 3 and resumed.version == 3
     finally:
         actors.cancel()
         await bus.close()
@@ -350,3 +398,37 @@ def test_filter_groups_is_refused_for_groups_of_one(tmp_path: Path) -> None:
         in_process_config(tmp_path, algo="ppo", group_size=1, min_group_size=1, filter_groups=True)
     cfg = in_process_config(tmp_path, algo="ppo", filter_groups=True)
     assert cfg.filter_groups and cfg.loss.algo == "ppo"
+
+
+def test_a_taken_rendezvous_port_is_retried_with_another(monkeypatch) -> None:
+    """``EADDRINUSE`` while the engine joins its process group (the free port was taken
+    meanwhile): up to 3 attempts, each without the stale ``MASTER_PORT``; any other failure,
+    or a third refusal, is raised."""
+    from harnessrl.learner import ds_engine, service
+
+    made: list[str | None] = []
+
+    def engine(fail: int, why: str = "EADDRINUSE"):
+        def make(*args):
+            made.append(os.environ.get("MASTER_PORT"))
+            os.environ["MASTER_PORT"] = "1"  # what the failed attempt left behind
+            if len(made) <= fail:
+                raise RuntimeError(f"bind: {why}")
+            return "engine"
+
+        return make
+
+    import torch.distributed as dist
+
+    cfg = in_process_config(Path("."))
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)  # as in a fresh process
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setattr(ds_engine, "LearnerEngine", engine(fail=2))
+    assert service.build_engine(cfg) == "engine" and made == [None, None, None]
+    for fail, why in ((3, "EADDRINUSE"), (1, "out of memory")):
+        made.clear()
+        monkeypatch.setattr(ds_engine, "LearnerEngine", engine(fail, why))
+        with pytest.raises(RuntimeError, match=why):
+            service.build_engine(cfg)
+        assert len(made) == min(fail, 3)

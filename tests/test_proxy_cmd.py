@@ -72,3 +72,42 @@ async def test_proxy_process_serves_records_and_flushes(nats_url: str, run_name:
         4096 - record.input_len,
     )
     assert (record.harness, record.harness_version) == ("opencode", "0.15.2")
+
+
+@pytest.mark.slow
+async def test_proxy_stops_at_once_when_nats_is_down(nats_server_fn, run_name, tmp_path) -> None:
+    """NATS gone before a call's record could be stored: SIGTERM ends the proxy within seconds
+    (nothing can be flushed to a server that is away), exit 1 with the reason and no
+    traceback, instead of waiting out ``flush_timeout_s``."""
+    tok = load_tokenizer("tiny-1m")
+    log = tmp_path / "proxy.log"
+    async with ScriptedEngine(tok, ["Hello from the engine."]) as eng:
+        argv = [
+            sys.executable, "-m", "harnessrl.proxy.proxy_cmd",
+            "--nats", nats_server_fn.url, "--run", run_name, "--engines", eng.url,
+            "--model", "tiny-1m", "--token", "secret", "--rollout-id", "g-9-1",
+            "--max-context", "4096", "--metrics-port", "-1", "--flush-timeout-s", "120",
+        ]  # fmt: skip
+        with open(log, "wb") as err:
+            proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=err, text=True)
+        try:
+            line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)
+            assert line.startswith("proxy ready: "), log.read_text()
+            nats_server_fn.kill()
+            sdk = openai.AsyncOpenAI(base_url=line.split()[2] + "/v1", api_key="secret")
+            await sdk.chat.completions.create(
+                model="any", messages=[{"role": "user", "content": "hi"}]
+            )
+            await sdk.close()
+            await asyncio.sleep(1.0)  # the proxy saw the connection go
+            t0 = asyncio.get_running_loop().time()
+            proc.send_signal(signal.SIGTERM)
+            code = await asyncio.to_thread(proc.wait, 150)
+            took = asyncio.get_running_loop().time() - t0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    text = log.read_text()
+    assert code == 1 and "call records not all stored" in text, text[-3000:]
+    assert "Traceback" not in text and took < 20, (took, text[-3000:])

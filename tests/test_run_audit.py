@@ -223,3 +223,27 @@ async def test_audit_reads_the_results_its_follower_missed(nats_url: str, run_na
         assert acc.exact and (acc.issued, acc.unaccounted) == (5, 1)
     finally:
         await bus.close()
+
+
+@pytest.mark.unit
+def test_summary_without_accounting_says_so_instead_of_a_count(tmp_path) -> None:
+    """NATS down at the end (the streams could not be read): the printed summary says the
+    accounting was unavailable, never "0 issued rollouts unaccounted for"."""
+    import io
+
+    monitor = Monitor("r", tmp_path, steps=1)  # never reached the server: no audit
+    sup = Run.__new__(Run)
+    sup.monitor, sup.cfg, sup.time_limited = monitor, SimpleNamespace(steps=1, name="r"), False
+    sup.sup, sup.events, sup.view = SimpleNamespace(children={}), [], None
+    sup.paths = SimpleNamespace(
+        supervisor_log=tmp_path / "supervisor.log",
+        checkpoints=tmp_path / "checkpoints",
+        run_dir=tmp_path,
+    )
+    sup.plan = SimpleNamespace(sections={"learner": {}})
+    sup.out = io.StringIO()
+    s = sup.summary(None, 1.0, [])
+    assert s.accounting == "unavailable"
+    sup.print_summary(s, None)
+    text = sup.out.getvalue()
+    assert "accounting unavailable" in text and "unaccounted for" not in text, text

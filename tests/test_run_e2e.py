@@ -273,6 +273,21 @@ def test_run_file_errors_name_the_problem(tmp_path: Path) -> None:
             resolve(argparse.Namespace(run_file=str(bad), config=None))
 
 
+@pytest.mark.integration
+def test_a_run_file_that_fails_validation_creates_nothing(tmp_path: Path) -> None:
+    """A wrong field in a process's table is refused, naming it, before the run folder exists
+    (else the corrected command would find a run there: "already holds a run")."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[learner]\ngroup_size = 2\n\n[learner.ds]\nlr = -1\n")
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "harnessrl.common.cli", "run", str(bad), "--out", str(out)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "[learner]" in proc.stderr and "ds.lr" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
 def _argv_pairs(argv: list[str]) -> dict[str, str]:
     return {a: b for a, b in zip(argv, argv[1:], strict=False) if a.startswith("--")}
 

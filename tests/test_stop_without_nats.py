@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from harnessrl.common import natsauth
 from harnessrl.common.bus import connect
 from harnessrl.common.layout import StepLine, read_metrics
 from harnessrl.common.natsd import NatsServer
@@ -29,9 +30,9 @@ from harnessrl.common.procs import popen_child
 from harnessrl.common.run.config import RunConfig
 from harnessrl.learner.checkpoint import Checkpointer
 from harnessrl.proxy.scripted import ScriptedEngine
-from tests.helpers.actor import actor_argv
+from tests.helpers.actor import actor_argv, actor_process, task_consumer
 from tests.helpers.learner import grpo_group, publish, start_learner
-from tests.helpers.rollout import TOK, toy_solver
+from tests.helpers.rollout import TOK, request, toy_solver
 from tests.helpers.wait import until
 
 pytestmark = pytest.mark.slow
@@ -100,6 +101,64 @@ async def test_sigterm_with_nats_down_stops_every_process_cleanly(
     assert codes == dict.fromkeys(procs, 0), {n: logs[n][-3000:] for n in codes}
     assert not [n for n, text in logs.items() if "Traceback" in text or "never awaited" in text]
     assert Checkpointer(run_dir / "checkpoints").read().version == 3
+
+
+def tls_server(tmp_path: Path, run: str) -> NatsServer:
+    """A nats-server as ``harnessrl run`` starts one: role credentials and TLS."""
+    auth = natsauth.prepare_server_auth(tmp_path / "auth", [run], tls=True)
+    return NatsServer(tmp_path / "nats", auth=auth).start()
+
+
+async def test_closing_a_tls_connection_whose_server_is_away_never_raises(tmp_path: Path) -> None:
+    """What nats-py buffered while the server was away (here a heartbeat) is never written to
+    the dead TLS transport on close (it raised ``AttributeError: 'NoneType' object has no
+    attribute '_write_appdata'``, so actors crashed on shutdown while NATS was down)."""
+    run = "t" + uuid.uuid4().hex[:8]
+    server = tls_server(tmp_path, run)
+    try:
+        bus = await connect(server.url, run, creds=server.creds("admin"), ca=server.ca)
+        server.kill()
+        nc = bus.nc  # type: ignore[attr-defined]
+        await until(lambda: not nc.is_connected, 10, "the client to see the server go")
+        await bus.nc.publish(bus.subjects.tasks, b"+WPI")  # type: ignore[attr-defined]
+        bus.interrupt()
+        await bus.close()
+    finally:
+        server.stop()
+
+
+async def test_actor_on_tls_stops_at_once_when_nats_is_down(
+    tmp_path: Path, sandbox_root: Path
+) -> None:
+    """A rollout in flight, a 120 s grace, NATS SIGKILLed, then SIGTERM: the rollout can no
+    longer publish its result, so the grace ends at once; the actor exits 0 within seconds,
+    without a traceback (it waited the whole grace and crashed closing its TLS connection)."""
+    run = "t" + uuid.uuid4().hex[:8]
+    server = tls_server(tmp_path, run)
+    log = tmp_path / "actor.log"
+    try:
+        admin = await connect(server.url, run, creds=server.creds("admin"), ca=server.ca)
+        await task_consumer(admin, ack_wait=3)
+        await admin.publish(admin.subjects.tasks, request("reference", group_id="gn"))
+        await admin.close()
+        async with ScriptedEngine(TOK, toy_solver(hang_attempt=1)) as eng:
+            creds = ("--nats-creds", server.creds("actor-0"), "--nats-ca", server.ca)
+            grace = ("--shutdown-grace-s", "120")
+            argv = actor_argv(server.url, run, eng.url, sandbox_root, *grace, *creds)
+            async with actor_process(argv, log) as proc:
+                await until(lambda: eng.requests, 60, "the rollout's first call", proc=proc)
+                server.kill()
+                await asyncio.sleep(3.0)  # the actor saw it go; heartbeats were buffered
+                t0 = asyncio.get_running_loop().time()
+                proc.send_signal(signal.SIGTERM)
+                rc = await asyncio.wait_for(proc.wait(), 150)
+                took = asyncio.get_running_loop().time() - t0
+    finally:
+        server.stop()
+    text = log.read_text()
+    assert rc == 0, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    assert took < 20, (took, text[-3000:])
 
 
 def _logs(tmp_path: Path, run_dir: Path) -> dict[str, Path]:

@@ -56,7 +56,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from harnessrl.common.config import ConfigError, HrlModel, load_config, toml_text
+from harnessrl.common import tracking
+from harnessrl.common.config import ConfigError, HrlModel, toml_text
 from harnessrl.common.layout import (
     SummaryLine,
     line_object,
@@ -64,7 +65,8 @@ from harnessrl.common.layout import (
     weights_folder,
     weights_folders,
 )
-from harnessrl.common.run.config import RunConfig
+from harnessrl.common.run.plan import typed_tables
+from harnessrl.common.tracking import TrackConfig, open_tracker
 
 
 class DemoConfig(HrlModel):
@@ -210,6 +212,11 @@ class DemoConfig(HrlModel):
     """Run the before/after evaluation."""
     dashboard: bool = True
     """Live dashboard during the runs (plain status lines when off or not a terminal)."""
+    track: TrackConfig = Field(default_factory=TrackConfig)
+    """Experiment tracking (``--wandb [PROJECT]``, ``--tensorboard DIR``): each training
+    phase's learner logs its metrics, config and eval table (one W&B run per phase, grouped
+    under the demo's name; TensorBoard in ``DIR/<phase>``), and the demo logs the held-out
+    before/after table (``DIR/eval``)."""
 
     @field_validator("group_size")
     @classmethod
@@ -221,6 +228,24 @@ class DemoConfig(HrlModel):
 
 CONFIG = DemoConfig
 SECTION = "demo"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    tracking.add_arguments(parser)  # --wandb [PROJECT], --tensorboard DIR
+
+
+def learner_track(cfg: DemoConfig, name: str) -> dict[str, Any]:
+    """The ``track`` table of phase ``name``'s learner (``<demo>-<phase>``): the demo's
+    tracking, grouped under the demo's name, with a TensorBoard folder per phase."""
+    t = cfg.track
+    if not t.enabled:
+        return {}
+    demo, _, phase = name.rpartition("-")
+    out = t.model_dump(exclude_defaults=True)
+    out["wandb_group"] = t.wandb_group or demo or name
+    if t.tensorboard:
+        out["tensorboard"] = str(Path(t.tensorboard).resolve() / (phase or name))
+    return {"track": out}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,24 +350,6 @@ def train_suite(cfg: DemoConfig, folder: Path) -> str:
     return str(folder / "toy-train")
 
 
-def typed_tables(tables: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Each table of a run file validated by the config model of the process that reads it
-    (``[run]``: `RunConfig`; the others by command name through the CLI face), so a wrong key
-    or value fails here naming the table and the field; returns the fields as set (what the
-    TOML file holds)."""
-    from harnessrl.common.cli import command_config
-
-    out: dict[str, dict[str, Any]] = {}
-    for name, table in tables.items():
-        model = RunConfig if name == "run" else command_config(name.replace("_", "-"))
-        try:
-            cfg = load_config(model, None, table)  # model_validate; errors name the field
-        except ConfigError as e:
-            raise ConfigError(f"[{name}] {e}") from None
-        out[name] = cfg.model_dump(mode="json", exclude_unset=True)
-    return out
-
-
 def sft_run_file(cfg: DemoConfig, name: str, suite: str = "toy") -> dict[str, Any]:
     """Phase 1: teacher engine, SFT learner (SFT ignores staleness, so the teacher needs no
     updater); disk broadcast: the last version's folder is the cold-start policy."""
@@ -370,6 +377,7 @@ def sft_run_file(cfg: DemoConfig, name: str, suite: str = "toy") -> dict[str, An
                 "ds": {"lr": cfg.sft_lr},
                 "broadcast": {"transport": "disk", "keep_versions": 1},
                 "feeder": {"suites": [suite], "harnesses": ["reference"]},
+                **learner_track(cfg, name),
             },
             "weights_sync": {},
         }
@@ -425,6 +433,7 @@ def rl_run_file(cfg: DemoConfig, name: str, policy: Path, suite: str = "toy") ->
                 },
                 "broadcast": {"transport": "disk", "keep_versions": 2},
                 "feeder": {"suites": [suite], "harnesses": cfg.harnesses, "seed": cfg.seed},
+                **learner_track(cfg, name),
             },
             "weights_sync": {},
         }
@@ -625,6 +634,7 @@ class Demo:
         (self.dir / "demo.json").write_text(json.dumps(doc, indent=1) + "\n")
         if rows:
             self.replot(rows, phases["rl"].version if phases["rl"] and rl is not None else 0)
+        self.track_held_out(doc["before_after"])
         p = self.out
         print("", file=p)
         if report is not None:
@@ -677,6 +687,43 @@ class Demo:
         folders = "sft/, rl/" if cfg.from_scratch else "rl/"
         print(f"everything: {self.dir} (demo.json, {folders}, eval.json)", file=p)
         p.flush()
+
+    def track_held_out(self, before_after: dict[str, Any]) -> None:
+        """The held-out before/after table to the trackers: a W&B run of its own in the demo's
+        group, TensorBoard's ``DIR/eval``."""
+        t = self.cfg.track
+        if not t.enabled or not before_after:
+            return
+        t = t.model_copy(
+            update={
+                "wandb_group": t.wandb_group or self.tag,
+                "tensorboard": str(Path(t.tensorboard).resolve() / "eval") if t.tensorboard else "",
+            }
+        )
+        rows = [
+            [h, d["before"]["reward"], d["after"]["reward"], d["before"]["success"],
+             d["after"]["success"], d["paired"]["fixed"], d["paired"]["broken"]]
+            for h, d in before_after.items()
+        ]  # fmt: skip
+        try:
+            tracker = open_tracker(
+                t, name=f"{self.tag}-eval", config=self.cfg.model_dump(mode="json"), folder=self.dir
+            )
+            tracker.table("held_out", HELD_OUT_COLUMNS, rows)
+            tracker.close()
+        except Exception as e:  # the demo's results are in demo.json whatever happens here
+            self.say(f"tracking the held-out table failed: {e}")
+
+
+HELD_OUT_COLUMNS = [
+    "harness",
+    "reward_before",
+    "reward_after",
+    "success_before",
+    "success_after",
+    "fixed",
+    "broken",
+]
 
 
 def held_out_points(rows: list[tuple[str, dict, dict]], version: int) -> list[Any]:

@@ -94,7 +94,10 @@ def resolve(args: argparse.Namespace) -> tuple[RunConfig, dict[str, Any]]:
             f"run file {path}: unknown tables {unknown} (expected [run] and {list(SECTIONS)})"
         )
     cfg = load_config(RunConfig, None, {**_flatten(raw.get("run", {})), **overrides})
-    return cfg, tie_sampling({s: raw.get(s, {}) for s in SECTIONS}, path or "the run")
+    sections = tie_sampling({s: raw.get(s, {}) for s in SECTIONS}, path or "the run")
+    sections["learner"] = _with_tracking(sections["learner"], args, Paths(cfg.run_dir()))
+    typed_tables(sections)  # before anything is created: a typo leaves no run folder behind
+    return cfg, sections
 
 
 def tie_sampling(sections: dict[str, dict[str, Any]], where: str) -> dict[str, dict[str, Any]]:
@@ -135,6 +138,40 @@ def tie_sampling(sections: dict[str, dict[str, Any]], where: str) -> dict[str, d
             "(leave [learner.ds] temperature unset: it follows the actor's)"
         )
     return {**sections, "learner": {**learner, "ds": {**ds, "temperature": temp}}}
+
+
+def _with_tracking(learner: dict[str, Any], args: argparse.Namespace, paths: Paths) -> dict:
+    """The learner's table with ``--wandb`` / ``--tensorboard`` in its ``track`` table; when
+    tracking is on, the learner also logs the run file (``track.config_file``)."""
+    if not isinstance(learner, dict):
+        return learner  # the learner's own validation names it
+    track = dict(learner.get("track", {}))
+    if (project := getattr(args, "track__wandb", None)) is not None:
+        track["wandb"] = project
+    if tb := getattr(args, "track__tensorboard", None):
+        track["tensorboard"] = str(Path(tb).resolve())
+    if not (track.get("wandb") or track.get("tensorboard")):
+        return learner
+    track.setdefault("config_file", str(paths.config))
+    return {**learner, "track": track}
+
+
+def typed_tables(tables: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each table of a run file validated by the config model of the process that reads it
+    (``[run]``: `RunConfig`; the others by command name through the CLI face), so a wrong key
+    or value fails here naming the table and the field; returns the fields as set (what the
+    TOML file holds)."""
+    from harnessrl.common.cli import command_config
+
+    out: dict[str, dict[str, Any]] = {}
+    for name, table in tables.items():
+        model = RunConfig if name == "run" else command_config(name.replace("_", "-"))
+        try:
+            cfg = load_config(model, None, table)  # model_validate; errors name the field
+        except ConfigError as e:
+            raise ConfigError(f"[{name}] {e}") from None
+        out[name] = cfg.model_dump(mode="json", exclude_unset=True)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -52,6 +52,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harnessrl.common import tracking
 from harnessrl.common.config import ConfigError, add_config_args, toml_text
 from harnessrl.common.files import atomic_write_json
 from harnessrl.common.layout import SummaryLine
@@ -72,6 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run file: [run] plus one table per process; with --resume, defaults to "
         "<out>/config.toml",
     )
+    tracking.add_arguments(parser, dest="track__")  # into the learner's [track] table
     add_config_args(parser, RunConfig)
 
 
@@ -536,7 +538,13 @@ class Run:
             print(f"  engines: {ev}", file=p)
         if s.restarts:
             print(f"  restarts: {s.restarts}", file=p)
-        if s.unaccounted or s.accounting != "exact":
+        if s.accounting == "unavailable":  # nothing was counted: no count to print
+            print(
+                "  WARNING: rollout accounting unavailable (the streams could not be read at "
+                "the end): lost rollouts, if any, were not counted",
+                file=p,
+            )
+        elif s.unaccounted or s.accounting != "exact":
             print(
                 f"  WARNING: {s.unaccounted} issued rollouts unaccounted for ({s.pending} "
                 f"pending, {s.dead_lettered_tasks} tasks dead-lettered; accounting "
@@ -551,7 +559,7 @@ class Run:
         p.flush()
 
 
-def main(cfg: Any, args: argparse.Namespace) -> int:
+def main(cfg: None, args: argparse.Namespace) -> int:
     try:
         run_cfg, sections = resolve(args)
     except ConfigError as e:

@@ -328,6 +328,8 @@ class Supervisor:
                 f"(max_restarts {self.max_restarts}), stopping the run"
             )
             return Outcome("fatal", self.death_message(child, rc, why), child.name)
+        # a restart schedule, not a retry loop (no tenacity): the supervision loop that calls
+        # this keeps watching every other child while this one waits for its restart
         delay = min(self.restart_backoff_s * 2 ** (len(child.deaths) - 1), self.max_backoff_s)
         child.restart_at = now + delay
         self._event(self.death_message(child, rc, f"; restarting in {delay:.1f}s", tail=False))
