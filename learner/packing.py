@@ -81,7 +81,7 @@ class _Tree:
     """Loss-mask-1 tokens without a finite behaviour log-prob, left out (mask 0)."""
 
     @classmethod
-    def of(cls, sample: TreeSample, index: int = 0) -> _Tree:
+    def of(cls, sample: TreeSample, index: int = 0, drop_missing: bool = True) -> _Tree:
         ids, owners, children, roots = [], [], [[] for _ in sample.nodes], []
         n_missing = 0
         depth_end: list[int] = []
@@ -92,9 +92,9 @@ class _Tree:
             except ValueError as e:
                 raise ValueError(f"node {i}: {e}") from None
             missing = (m > 0) & ~np.isfinite(lp)
-            if missing.any():  # no behaviour log-prob: not trained (IS needs it), counted
+            n_missing += int(missing.sum())
+            if drop_missing and missing.any():  # no behaviour log-prob: IS needs it
                 m = np.where(missing, 0, m).astype(m.dtype)
-                n_missing += int(missing.sum())
             if node.parent >= i:
                 raise ValueError(f"node {i}: parent {node.parent} does not precede it")
             p = node.parent
@@ -485,13 +485,16 @@ def pack(
     *,
     advantages: Sequence[float] | np.ndarray | None = None,
     temperatures: Sequence[float] | np.ndarray | None = None,
+    drop_missing_logprobs: bool = True,
 ) -> Packing:
     """Lay ``samples`` out in rows of at most ``config.max_tokens`` tokens.
 
     ``advantages`` (one per sample, e.g. GRPO's group-normalised value) is copied onto every
     target of that sample; ``returns`` is the sample's reward; ``temperatures`` (one per
     sample; default: the policy's own) is the temperature its targets' log-probs are taken at
-    (the one the engine sampled with, for RL). Segments (roots) that fit are
+    (the one the engine sampled with, for RL). A scored token without a finite behaviour
+    log-prob is left out and counted (``drop_missing_logprobs``; SFT, whose loss needs none,
+    keeps it). Segments (roots) that fit are
     placed whole, largest first, into the first row with room (first-fit decreasing).
     """
     cfg = config or PackConfig()
@@ -500,7 +503,7 @@ def pack(
         raise ValueError("one advantage per sample")
     stats = PackStats()
     pieces: list[_Piece] = []
-    trees = [_Tree.of(sample, s) for s, sample in enumerate(samples)]
+    trees = [_Tree.of(sample, s, drop_missing_logprobs) for s, sample in enumerate(samples)]
     for tree in trees:
         stats.unique_tokens += tree.n_tokens()
         stats.expanded_tokens += tree.expanded_tokens()

@@ -409,6 +409,7 @@ class Learner:
             self.cfg.pack,
             advantages=batch.advantages,
             temperatures=[self._temperature(s) for s in batch.samples],
+            drop_missing_logprobs=self.cfg.loss.algo != "sft",  # SFT's NLL needs none
         )
         k = self.cfg.updates_per_batch
         old = old_adv = None

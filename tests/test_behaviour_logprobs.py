@@ -77,3 +77,12 @@ def test_packing_leaves_missing_logprobs_out_and_counts_them() -> None:
     assert packing.stats.as_dict()["missing_logprob_tokens"] == 3
     clean = pack([sample_with_gaps()], PackConfig(max_tokens=64, targets="all"))
     assert clean.stats.missing_logprob_tokens == 3
+
+
+@pytest.mark.unit
+def test_sft_keeps_tokens_whose_log_probs_are_missing() -> None:
+    """SFT's NLL needs no behaviour log-prob: with ``drop_missing_logprobs=False`` (the learner
+    in SFT mode) every scored token stays a target."""
+    packing = pack([sample_with_gaps()], PackConfig(max_tokens=64), drop_missing_logprobs=False)
+    (row,) = packing.rows
+    assert int(row.loss_mask.sum()) == 6 and packing.stats.missing_logprob_tokens == 3

@@ -22,6 +22,7 @@ from harnessrl.common.records import (
     WeightChunk,
     WeightsReady,
     encode,
+    pack_f32,
     pack_ids,
     pack_u8,
 )
@@ -167,7 +168,9 @@ def sft_step(learner, seed: int) -> None:
         k=0,
         nodes=[TreeNode(parent=-1, token_ids=pack_ids(ids), loss_mask=pack_u8(np.ones(40)))],
     )
-    learner.train_step(pack([s], PackConfig(max_tokens=64)).rows)
+    learner.train_step(
+        pack([s], PackConfig(max_tokens=64), drop_missing_logprobs=False).rows
+    )  # SFT
 
 
 def learner_logprobs(learner, prompt: list[int], output: list[int]) -> np.ndarray:
@@ -180,7 +183,12 @@ def learner_logprobs(learner, prompt: list[int], output: list[int]) -> np.ndarra
         k=0,
         nodes=[
             TreeNode(parent=-1, token_ids=pack_ids(prompt)),
-            TreeNode(parent=0, token_ids=pack_ids(output), loss_mask=pack_u8(np.ones(len(output)))),
+            TreeNode(
+                parent=0,
+                token_ids=pack_ids(output),
+                logprobs=pack_f32(np.zeros(len(output))),  # any behaviour log-prob
+                loss_mask=pack_u8(np.ones(len(output))),
+            ),
         ],
     )
     return learner.logprobs(pack([s], PackConfig(max_tokens=256)).rows)[0]
