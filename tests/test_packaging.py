@@ -3,6 +3,7 @@ wheel, a set-up script that stops when pip fails, and a lock file that covers ev
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -17,8 +18,15 @@ import pytest
 from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "deploy"))
-import lock  # noqa: E402  (deploy/lock.py: not a package)
+# deploy/lock.py is a script, not a package: load it by path.
+_spec = importlib.util.spec_from_file_location("harnessrl_lock", REPO / "deploy" / "lock.py")
+assert _spec and _spec.loader
+lock = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(lock)
+_spec = importlib.util.spec_from_file_location("harnessrl_ci", REPO / "deploy" / "check_imports.py")
+assert _spec and _spec.loader
+check_imports = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(check_imports)
 
 EXTRAS = ("train", "test")
 
@@ -71,6 +79,29 @@ def test_lock_rendering_round_trips_and_leaves_torch_to_torch_spec():
     for name in ("torch", "triton", "nvidia-cudnn-cu12", "harnessrl", "pip"):
         assert lock.UNPINNED.match(name)
     assert not lock.UNPINNED.match("torchvision") and not lock.UNPINNED.match("numpy")
+
+
+@pytest.mark.unit
+def test_import_check_reports_unresolved_names_but_not_protobufs_generated_ones(tmp_path: Path):
+    src = tmp_path / "m.py"
+    src.write_text("from tensorboard.compat.proto.summary_pb2 import Summary\nfrom x import Gone\n")
+
+    def diag(line: int, msg: str, rule: str = "reportAttributeAccessIssue") -> dict:
+        return {"file": str(src), "message": msg, "rule": rule, "range": {"start": {"line": line}}}
+
+    found = check_imports.import_problems(
+        [
+            diag(0, '"Summary" is unknown import symbol'),
+            diag(1, '"Gone" is unknown import symbol'),
+            diag(1, 'Import "nowhere" could not be resolved', "reportMissingImports"),
+            diag(1, '"Record" is not a known attribute of module "wandb.proto.x_pb2"'),
+            diag(1, "Type of x is partially unknown", "reportUnknownMemberType"),
+        ]
+    )
+    assert found == [
+        f'{src}:2: "Gone" is unknown import symbol',
+        f'{src}:2: Import "nowhere" could not be resolved',
+    ]
 
 
 @pytest.mark.slow
