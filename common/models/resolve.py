@@ -216,8 +216,9 @@ def _safetensors_numels(files: Sequence[Path]) -> tuple[int, str | None]:
 def model_info(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Facts about a model folder without loading its weights: ``n_params`` (from safetensors
     headers; ``None`` if there are none), ``vocab_size``, ``max_position_embeddings``,
-    ``eos_token_ids``, ``model_type``, ``hidden_size``, ``num_hidden_layers``,
-    ``tie_word_embeddings``, ``weights_dtype``, ``path``."""
+    ``eos_token_ids`` (the union of ``generation_config.json``'s and ``config.json``'s
+    ``eos_token_id``, as SGLang stops on), ``model_type``, ``hidden_size``,
+    ``num_hidden_layers``, ``tie_word_embeddings``, ``weights_dtype``, ``path``."""
     folder = resolve_model(path)
     config = json.loads((folder / "config.json").read_text())
     text_config = config.get("text_config") or config
@@ -227,13 +228,14 @@ def model_info(path: str | os.PathLike[str]) -> dict[str, Any]:
     else:
         files = sorted(folder.glob("*.safetensors"))
     n_params, wdtype = _safetensors_numels(files) if files else (None, None)
-    eos: Any = None
+    eos_list: list[int] = []
     gen = folder / "generation_config.json"
-    if gen.exists():
-        eos = json.loads(gen.read_text()).get("eos_token_id")
-    if eos is None:
-        eos = text_config.get("eos_token_id")
-    eos_list = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    sources = [json.loads(gen.read_text()) if gen.exists() else {}, text_config, config]
+    for src in sources:  # SGLang's stop set: generation_config's eos, then config.json's
+        eos = src.get("eos_token_id")
+        for i in [] if eos is None else ([eos] if isinstance(eos, int) else list(eos)):
+            if int(i) not in eos_list:
+                eos_list.append(int(i))
     return {
         "path": str(folder),
         "model_type": config.get("model_type"),
