@@ -271,6 +271,12 @@ class DeepSpeedConfig(HrlModel):
     """Clip the global gradient norm to this (0 disables clipping)."""
     micro_batch_rows: int = Field(1, ge=1)
     """Packed rows per forward/backward; a step accumulates gradients over all its rows."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations during backward instead of keeping them
+    (``transformers`` gradient checkpointing, non-reentrant): one more forward per step, for
+    activation memory that no longer grows with the number of layers. Measured on
+    ``smollm2-135m`` (fp32, Adam, steady state), a step on a 1.4k-token row: peak RSS 5.7 ->
+    3.6 GiB; on a 570-token row 4.0 -> 3.3 GiB."""
     attn_implementation: Literal["auto", "tree_sdpa", "sdpa", "eager", "flex_attention"] = "auto"
     """Attention kernel: ``auto`` = FlexAttention tree block masks on CUDA, ``tree_sdpa``
     (block-sparse sdpa over the dense float mask) on CPU."""
