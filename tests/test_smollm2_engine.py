@@ -29,11 +29,11 @@ import torch
 
 from harnessrl.common.models import load_model, load_tokenizer
 from harnessrl.proxy.config import EngineConfig
-from harnessrl.proxy.engine.attention import _Segment
 from harnessrl.proxy.engine.lean import LeanForward
 from harnessrl.proxy.engine.scheduler import Engine
 from harnessrl.proxy.engine_cmd import spawn_engine
 from tests.smollm2_env import HUB_ID, offline_env
+from tests.test_engine_lean import drive
 
 LEAN_TOL = 2e-4  # |logit| difference, fp32 (measured 8.6e-5: 4e-6 of the largest logit)
 LOGPROB_TOL = 1e-4
@@ -66,64 +66,23 @@ def ref_logits(ref, ids: list[int]) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------
 
 
-def drive(eng: Engine, ref, seqs: dict[int, list[int]], first: int) -> float:
-    """Largest |logit - reference| over the packed steps a scheduler takes, each sequence's
-    first ``first`` tokens prefilled in two chunks, the rest decoded one by one."""
-    expect = {s: ref_logits(ref, toks) for s, toks in seqs.items()}
-    done = dict.fromkeys(seqs, 0)
-    err = 0.0
-
-    def step(decode: list[int], chunks: list[tuple[int, int]]) -> None:
-        nonlocal err
-        ids, segs, keep, rows = [], [], [], []
-        for s in decode:
-            ids.append(seqs[s][done[s]])
-            keep.append(len(ids) - 1)
-            rows.append((s, done[s]))
-        for s, n in chunks:
-            segs.append(_Segment(len(ids), n, s, done[s]))
-            ids.extend(seqs[s][done[s] : done[s] + n])
-            keep.append(len(ids) - 1)
-            rows.append((s, done[s] + n - 1))
-        eng.pool.fit(3, max(len(t) for t in seqs.values()) + 1)
-        with torch.inference_mode():
-            got = eng._run_packed(ids, decode, [done[s] for s in decode], segs, keep)
-        for s in decode:
-            done[s] += 1
-        for s, n in chunks:
-            done[s] += n
-        for row, (s, pos) in zip(got, rows, strict=True):
-            err = max(err, float((row.float() - expect[s][pos]).abs().max()))
-
-    half = first // 2
-    step([], [(0, half), (2, half)])  # two first chunks
-    step([], [(0, first - half), (1, first)])  # a chunk after cached KV, a first chunk
-    step([0, 1], [(2, first - half)])  # decode rows next to a chunk after cached KV
-    for _ in range(4):
-        step([0, 1, 2], [])  # dense decode
-    for _ in range(4):
-        step([0, 2], [])  # slot 1 left: non-dense decode
-    return err
-
-
 @pytest.mark.slow
 def test_lean_forward_equals_transformers_forward(smollm2: Path, ref, tok) -> None:
     eng = Engine(EngineConfig(model=str(smollm2), port=0, threads=2))
     eng.load()
     assert isinstance(eng.lean, LeanForward)
     eng.pool = eng._new_pool(4)
+    code = "def f(x):\n    return x ** 2  # 🙂\n\n\nprint(f(12), 'héllo')   \n"
+    ask = "What is the capital of France? Answer in one sentence, then name two museums there."
     prompts = [
-        QUESTION,
-        [
-            {"role": "system", "content": "Be brief."},
-            {"role": "user", "content": "def f(x):\n    return x  # 🙂"},
-        ],  # fmt: skip
-        [{"role": "user", "content": "Liste les fichiers, s'il te plaît.   \n\n"}],
+        [{"role": "user", "content": ask}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": code * 2}],
+        [{"role": "user", "content": "Liste les fichiers, s'il te plaît.   \n\n" * 3}],
     ]
     seqs = {s: chat_ids(tok, m) for s, m in enumerate(prompts)}
-    first = min(len(t) for t in seqs.values()) - 10
-    seqs = {s: t[: first + 9] for s, t in seqs.items()}
-    err = drive(eng, ref, seqs, first)
+    scale = (min(len(t) for t in seqs.values()) - 7) // 9  # prefill chunks of real length
+    assert scale >= 4
+    err = drive(eng, ref, seqs, scale)
     assert err < LEAN_TOL, err
     print(f"lean vs transformers, SmolLM2 fp32: max |logit diff| {err:.2e}")
 

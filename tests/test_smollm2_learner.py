@@ -42,11 +42,8 @@ from harnessrl.common.records import (
     CallRecord,
     RolloutResult,
     SamplingParams,
-    TreeNode,
     TreeSample,
     WeightsReady,
-    pack_ids,
-    pack_u8,
     unpack_ids,
 )
 from harnessrl.common.tree import assemble
@@ -58,6 +55,7 @@ from harnessrl.proxy.tito import ChatRenderer, normalize_messages
 from harnessrl.proxy.weights_sync import WeightUpdater, engine_apply
 from tests.smollm2_env import HUB_ID, offline_env
 from tests.test_smollm2_engine import engine_process
+from tests.test_weights import learner_logprobs
 
 pytestmark = pytest.mark.slow
 
@@ -172,19 +170,6 @@ def test_learner_logprobs_equal_the_engines(rollouts: list[TreeSample], learner)
     assert worst <= TOL
 
 
-def _logprobs_of(learner, prompt: list[int], output: list[int]) -> np.ndarray:
-    s = TreeSample(
-        rollout_id="q-0-1",
-        group_id="q",
-        k=0,
-        nodes=[
-            TreeNode(parent=-1, token_ids=pack_ids(prompt)),
-            TreeNode(parent=0, token_ids=pack_ids(output), loss_mask=pack_u8(np.ones(len(output)))),
-        ],
-    )
-    return learner.logprobs(rows_of([s]))[0]
-
-
 async def _step_and_broadcast(url: str, nats_url: str, learner, rollouts, tmp: Path):
     from harnessrl.learner.losses import grpo_advantages
     from harnessrl.learner.weights import StreamPublisher
@@ -226,10 +211,12 @@ def test_grpo_step_broadcast_reaches_the_engine(
     )
     assert metrics["mismatch/abs_dlogp"] < TOL  # the rollouts were sampled by these weights
     assert version == 1 and after.weight_version_end == 1
-    mine = _logprobs_of(learner, prompt, after.output_ids)
+    mine = learner_logprobs(learner, prompt, after.output_ids)
     err = float(np.abs(np.asarray(after.logprobs) - mine).max())
     assert err <= TOL, err
-    moved = float(np.abs(_logprobs_of(learner, prompt, before.output_ids) - before.logprobs).max())
+    moved = float(
+        np.abs(learner_logprobs(learner, prompt, before.output_ids) - before.logprobs).max()
+    )
     assert moved > 10 * TOL  # the step changed the weights the engine now serves
     print(
         f"after the GRPO step: engine v{version}, |engine - learner| {err:.2e}, moved {moved:.2e}"
@@ -274,7 +261,9 @@ def test_learner_command_with_a_hub_id(
         "--ds.gradient-checkpointing",
     ]  # fmt: skip
     log = tmp_path / "learner.log"
-    env = {**os.environ, **offline_env(smollm2_hf_home), "PYTHONPATH": str(ROOT)}
+    rendezvous = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+    env = {k: v for k, v in os.environ.items() if k not in rendezvous}  # this process's group
+    env |= {**offline_env(smollm2_hf_home), "PYTHONPATH": str(ROOT)}
     with open(log, "w") as out:
         proc = popen_child(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
@@ -328,11 +317,14 @@ def test_learner_step_memory(rollouts: list[TreeSample], tmp_path: Path) -> None
 
     data = tmp_path / "samples.msgpack"
     data.write_bytes(msgpack.packb([encode(s) for s in rollouts], use_bin_type=True))
+    rendezvous = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+    env = {k: v for k, v in os.environ.items() if k not in rendezvous}  # this process's group
     out = subprocess.run(
         [sys.executable, "-c", STEP, str(data), "1"],
         capture_output=True,
         text=True,
         cwd=ROOT,
+        env=env,
         timeout=900,
     )
     assert out.returncode == 0, out.stderr[-3000:]
