@@ -165,6 +165,7 @@ def test_generate_greedy_stops_on_generation_config_eos(
     assert logits.argmax(-1).tolist() == out  # greedy: each token the forward's argmax
 
 
+@pytest.mark.slow
 def test_generate_sampling_seed_and_stop_ids(served: tuple, ref, tok) -> None:
     _, url = served
     prompt = chat_ids(tok, [{"role": "user", "content": "Write a haiku about the sea."}])
