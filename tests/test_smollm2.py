@@ -59,6 +59,7 @@ def gguf_file() -> Path:
 # ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_folder_names_itself_dequantized(smollm2: Path, gguf_file: Path) -> None:
     """An ordinary HF folder whose every description says what it is: 4-bit weights."""
     names = {p.name for p in smollm2.iterdir()}
@@ -84,6 +85,7 @@ def test_folder_names_itself_dequantized(smollm2: Path, gguf_file: Path) -> None
     assert m.resolve_model("smollm2-135m") == smollm2  # cached: the same folder again
 
 
+@pytest.mark.unit
 def test_metadata_is_what_the_tests_assume(gguf_file: Path) -> None:
     meta = g.gguf_metadata(gguf_file)
     declared = [meta[f"tokenizer.ggml.{k}_token_id"] for k in ("bos", "eos", "padding", "unknown")]
@@ -92,6 +94,7 @@ def test_metadata_is_what_the_tests_assume(gguf_file: Path) -> None:
     assert meta["general.architecture"] == "llama"
 
 
+@pytest.mark.unit
 def test_weights_equal_gguf_dequantization(smollm2: Path, gguf_file: Path) -> None:
     """Every tensor equals ``gguf``'s dequantization of the file's, bit for bit; q/k after
     llama.cpp's rotary permutation (which its converter applies, and transformers undoes)."""
@@ -134,6 +137,7 @@ def test_weights_equal_gguf_dequantization(smollm2: Path, gguf_file: Path) -> No
     assert seen == set(ours)  # tied embeddings: no separate lm_head in either
 
 
+@pytest.mark.unit
 def test_model_reads_english(smollm2: Path, tok) -> None:
     """A working language model (a wrong permutation or norm would not be): English text costs
     far fewer nats per token than the same tokens shuffled."""
@@ -161,6 +165,7 @@ def test_model_reads_english(smollm2: Path, tok) -> None:
 # ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_vocabulary_and_merges_are_the_files(smollm2: Path, gguf_file: Path) -> None:
     tokens, types, merges = g.gguf_vocabulary(gguf_file)
     spec = json.loads((smollm2 / "tokenizer.json").read_text())
@@ -173,6 +178,7 @@ def test_vocabulary_and_merges_are_the_files(smollm2: Path, gguf_file: Path) -> 
     assert spec["pre_tokenizer"]["type"] == "Sequence"  # digits first, then the byte-level regex
 
 
+@pytest.mark.unit
 def test_special_tokens_as_the_metadata_declares(tok, gguf_file: Path) -> None:
     tokens, types, _ = g.gguf_vocabulary(gguf_file)
     control = {t: i for i, (t, ty) in enumerate(zip(tokens, types, strict=True)) if ty == 3}
@@ -189,11 +195,13 @@ def test_special_tokens_as_the_metadata_declares(tok, gguf_file: Path) -> None:
     assert tok.decode([1, 31, 2], skip_special_tokens=True) == tok.decode([31])
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("text", MIXED)
 def test_round_trip_mixed_corpus(tok, text: str) -> None:
     assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
 
 
+@pytest.mark.unit
 def test_pre_tokenizer_is_llama_cpp_smollm(tok) -> None:
     """Ids equal an independent implementation of what the GGUF's pre-tokenizer type names:
     llama.cpp's ``smollm`` regexes (``\\p{N}`` alone, then the GPT-2 regex) applied in turn,
@@ -223,6 +231,7 @@ def test_pre_tokenizer_is_llama_cpp_smollm(tok) -> None:
     ]  # fmt: skip
 
 
+@pytest.mark.unit
 def test_chat_template_renders_like_transformers(tok) -> None:
     conv = [
         {"role": "system", "content": "Be brief."},
@@ -236,6 +245,7 @@ def test_chat_template_renders_like_transformers(tok) -> None:
     assert "You are a helpful AI assistant named SmolLM" in want
 
 
+@pytest.mark.unit
 def test_missing_wheel_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     real = g.importlib.util.find_spec
     monkeypatch.setattr(
@@ -250,6 +260,7 @@ def test_missing_wheel_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> N
 # ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_parse_hub_id() -> None:
     assert parse_hub_id("HuggingFaceTB/SmolLM2-135M-Instruct") == (
         "HuggingFaceTB/SmolLM2-135M-Instruct",
@@ -260,6 +271,7 @@ def test_parse_hub_id() -> None:
         assert parse_hub_id(bad) is None, bad
 
 
+@pytest.mark.unit
 def test_hub_id_resolves_offline_from_the_cache(
     smollm2_hf_home: Path, smollm2: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -283,6 +295,7 @@ def test_hub_id_resolves_offline_from_the_cache(
     assert m.resolve_model(HUB_ID) == local.resolve()
 
 
+@pytest.mark.integration
 def test_hub_download_failure_names_the_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -301,6 +314,7 @@ def test_hub_download_failure_names_the_cache(
         m.resolve_model("harnessrl-test/unreachable")
 
 
+@pytest.mark.unit
 def test_cache_layout_helper_matches_huggingface_hub(smollm2: Path, tmp_path: Path) -> None:
     """The test cache is one ``huggingface_hub`` itself reads: ``scan_cache_dir`` sees one
     model repo, its revision and every file."""
@@ -317,6 +331,7 @@ def test_cache_layout_helper_matches_huggingface_hub(smollm2: Path, tmp_path: Pa
     }
 
 
+@pytest.mark.integration
 def test_cli_engine_help_names_the_model_dequantized() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "harnessrl.common.cli", "engine", "--help"],

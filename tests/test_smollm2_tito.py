@@ -98,6 +98,7 @@ def renderer(tok) -> ChatRenderer:
 # ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_fallback_only_for_templates_without_tools(renderer: ChatRenderer, tok) -> None:
     """SmolLM2's template ignores tools, so the fallback is on; the project's template (Qwen
     style) renders them itself, so it is off and renders exactly as before."""
@@ -119,6 +120,7 @@ def test_fallback_only_for_templates_without_tools(renderer: ChatRenderer, tok) 
     assert not template_renders_tools(refuses)
 
 
+@pytest.mark.unit
 def test_fallback_render_exact(renderer: ChatRenderer) -> None:
     """Tools in the system turn, tool calls as ``<tool_call>`` text, each tool result its own
     ``tool`` turn wrapped in ``<tool_response>``; without a system message the tools block is
@@ -152,6 +154,7 @@ def test_fallback_render_exact(renderer: ChatRenderer) -> None:
     assert hermes_messages(msgs, None)[0] == msgs[0]
 
 
+@pytest.mark.unit
 def test_fallback_parse_and_render_are_inverse(renderer: ChatRenderer, tok) -> None:
     """For canonical output, render(msgs, gen) + output + turn end == render(msgs + [parsed]):
     what TITO and the parser rely on, with the fallback as with a tool template."""
@@ -168,6 +171,7 @@ def test_fallback_parse_and_render_are_inverse(renderer: ChatRenderer, tok) -> N
         assert renderer.render(msgs, TOOLS, gen=True) + text + "<|im_end|>\n" == whole, text
 
 
+@pytest.mark.unit
 def test_window_rendering_stays_exact(renderer: ChatRenderer) -> None:
     """The fallback is a function of the messages: the window probe passes, so TITO renders
     new parts from a window of the conversation with this template too."""
@@ -184,6 +188,7 @@ _chars = st.sampled_from(
 texts = st.lists(_chars, max_size=20).map("".join)
 
 
+@pytest.mark.unit
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(conv=conversations(texts))
 def test_invariant_echo_equals_full_render(renderer: ChatRenderer, conv) -> None:
@@ -206,6 +211,7 @@ def test_invariant_echo_equals_full_render(renderer: ChatRenderer, conv) -> None
     assert s.prepare(msgs, tools).input_ids == renderer.encode(renderer.render(msgs, tools, True))
 
 
+@pytest.mark.unit
 def test_reply_merging_with_the_prompt_keeps_sampled_ids(renderer: ChatRenderer) -> None:
     """A reply starting with blank lines: a full render merges the prompt's last ``\\n`` with
     them (``ĊĊ``), the sampled ids do not; TITO keeps the sampled ids (a hit that extends them)
@@ -291,6 +297,7 @@ print("calls made:", i + 1)
 """
 
 
+@pytest.mark.integration
 async def test_fifty_calls_of_a_scripted_command_client(
     nats_url: str, run_name: str, tmp_path: Path, tok, renderer: ChatRenderer
 ) -> None:
@@ -394,6 +401,7 @@ SDK_SCRIPT = [
 ]
 
 
+@pytest.mark.integration
 async def test_anthropic_sdk_conversation(
     nats_url: str, run_name: str, tmp_path: Path, tok, renderer: ChatRenderer
 ) -> None:
@@ -437,6 +445,7 @@ async def test_anthropic_sdk_conversation(
     check_exact(records, requests, renderer, "messages", len(SDK_SCRIPT))
 
 
+@pytest.mark.integration
 async def test_responses_sdk_conversation(
     nats_url: str, run_name: str, tmp_path: Path, tok, renderer: ChatRenderer
 ) -> None:
