@@ -109,7 +109,9 @@ def _rss(pid: int) -> int:
 
 @contextlib.contextmanager
 def engine_process(flags: list[str], env: dict[str, str] | None = None):
-    proc, url = spawn_engine(["--port", "0", "--threads", "2", "--insecure", *flags], timeout=300, env=env)
+    proc, url = spawn_engine(
+        ["--port", "0", "--threads", "2", "--insecure", *flags], timeout=300, env=env
+    )
     try:
         yield proc, url
     finally:
