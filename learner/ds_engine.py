@@ -118,6 +118,16 @@ def ds_config(cfg: DeepSpeedConfig) -> dict[str, Any]:
     }
 
 
+def _checkpoint_activations(lm: Any) -> None:
+    """``transformers``' per-layer activation checkpointing, non-reentrant (renamed from
+    ``gradient_checkpointing_enable`` in 5.x)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(lm, "activation_checkpointing_enable"):
+        lm.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 class LearnerEngine:
     """A Policy under DeepSpeed: ``train_step``, ``logprobs``, broadcast state, checkpoints."""
 
@@ -150,6 +160,8 @@ class LearnerEngine:
                 value_head=self.loss_cfg.algo == "ppo",
             )
         policy.entropy_grad = self.loss_cfg.entropy_coef > 0
+        if self.cfg.gradient_checkpointing:
+            _checkpoint_activations(policy.lm)
         self.reference: Policy | None = None
         if self.loss_cfg.kl_coef > 0:
             self.reference = _frozen_copy(policy)

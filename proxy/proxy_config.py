@@ -67,8 +67,9 @@ class ProxySettings(SamplingSettings):
     """Engine URLs speaking SGLang's native API (repeat the flag for several); calls of one
     rollout stick to one engine."""
     model: str = "tiny-agent"
-    """Folder (or ``tiny-agent``, or a tiny spec such as ``tiny-1m``) whose tokenizer and chat template build the
-    prompts; must match the engines' model."""
+    """Folder, hub id (``owner/name``), ``tiny-agent``, ``smollm2-135m`` (SmolLM2-135M-Instruct
+    dequantized from a 4-bit GGUF) or a tiny spec such as ``tiny-1m``, whose tokenizer and chat
+    template build the prompts; must match the engines' model."""
     parser: Literal["hermes", "qwen"] = "hermes"
     """Tool-call parser for the model's output."""
     model_name: str = Field("harnessrl", min_length=1, max_length=200)

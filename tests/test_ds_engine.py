@@ -310,3 +310,26 @@ def test_single_cpu_rank_needs_no_cxx_compiler(tmp_path) -> None:
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.split()[-2:] == ["world", "1"]
     assert not (tmp_path / "ext").exists()  # nothing was compiled
+
+
+def test_gradient_checkpointing_takes_the_same_step() -> None:
+    """``gradient_checkpointing`` recomputes activations in backward: the same loss, the same
+    gradients (to float rounding) and the same updated weights as keeping them."""
+    rows = rows_for(make_samples(3))
+    steps = []
+    for checkpointing in (False, True):
+        cfg = DeepSpeedConfig(lr=1e-3, gradient_checkpointing=checkpointing)
+        eng = LearnerEngine("tiny-1m", cfg, LossConfig(algo="grpo"))
+        lm = eng.policy.lm
+        on = getattr(lm, "is_activation_checkpointing", None)
+        assert (lm.is_gradient_checkpointing if on is None else on) == checkpointing
+        eng.record_grads = True
+        m = eng.train_step(rows)
+        steps.append((m, dict(eng.last_grads), params(eng)))
+    (m0, g0, p0), (m1, g1, p1) = steps
+    assert m1["loss/total"] == pytest.approx(m0["loss/total"], abs=1e-6)
+    assert g0.keys() == g1.keys() and g0
+    for k in g0:
+        assert torch.allclose(g0[k], g1[k], atol=1e-6), k
+    for k in p0:
+        assert torch.allclose(p0[k], p1[k], atol=1e-6), k

@@ -81,12 +81,15 @@ def ref_logits(ref, tokens: list[int]) -> torch.Tensor:
         return ref(input_ids=torch.tensor([tokens])).logits[0].float()
 
 
-def drive(eng: Engine, ref) -> float:
+def drive(eng: Engine, ref, seqs: dict[int, list[int]] | None = None, scale: int = 1) -> float:
     """Largest |logit - reference| over packed steps covering every path: two first chunks
     in one step, a chunk after cached KV next to decode rows, and decode rows on slots
-    {0, 2} (slot 1 free: a non-dense batch)."""
-    rng = random.Random(0)
-    seqs = {s: [rng.randrange(3, VOCAB) for _ in range(16)] for s in range(3)}
+    {0, 2} (slot 1 free: a non-dense batch). ``seqs``: three token sequences (default: random
+    ones of 16 tokens); ``scale`` multiplies the prefill chunks (sequences need ``9 * scale +
+    7`` tokens)."""
+    if seqs is None:
+        rng = random.Random(0)
+        seqs = {s: [rng.randrange(3, VOCAB) for _ in range(16)] for s in range(3)}
     expect = {s: ref_logits(ref, toks) for s, toks in seqs.items()}
     done = dict.fromkeys(seqs, 0)
     err = 0.0
@@ -103,7 +106,7 @@ def drive(eng: Engine, ref) -> float:
             ids.extend(seqs[s][done[s] : done[s] + n])
             keep.append(len(ids) - 1)
             rows.append((s, done[s] + n - 1))
-        eng.pool.fit(3, 64)
+        eng.pool.fit(3, max(64, *(len(t) + 1 for t in seqs.values())))
         with torch.inference_mode():
             got = eng._run_packed(ids, decode, [done[s] for s in decode], segs, keep)
         for s in decode:
@@ -113,9 +116,10 @@ def drive(eng: Engine, ref) -> float:
         for row, (s, pos) in zip(got, rows, strict=True):
             err = max(err, float((row.float() - expect[s][pos]).abs().max()))
 
-    step([], [(0, 6), (2, 5)])  # two first chunks
-    step([], [(0, 3), (1, 7)])  # a chunk after cached KV, a first chunk
-    step([0, 1], [(2, 4)])  # decode rows next to a chunk after cached KV
+    k = scale
+    step([], [(0, 6 * k), (2, 5 * k)])  # two first chunks
+    step([], [(0, 3 * k), (1, 7 * k)])  # a chunk after cached KV, a first chunk
+    step([0, 1], [(2, 4 * k)])  # decode rows next to a chunk after cached KV
     for _ in range(3):
         step([0, 1, 2], [])  # dense decode
     for _ in range(3):

@@ -539,10 +539,10 @@ args = st.dictionaries(
 
 
 @st.composite
-def replies(draw) -> dict:
-    msg: dict = {"role": "assistant", "content": draw(texts)}
+def replies(draw, text: st.SearchStrategy[str] = texts) -> dict:
+    msg: dict = {"role": "assistant", "content": draw(text)}
     if draw(st.booleans()):
-        msg["reasoning_content"] = draw(texts)
+        msg["reasoning_content"] = draw(text)
     n = draw(st.integers(0, 3))
     if n:
         msg["tool_calls"] = [
@@ -559,17 +559,20 @@ def replies(draw) -> dict:
 
 
 @st.composite
-def conversations(draw) -> tuple[list[dict], list | None, list[tuple[dict, list[dict]]]]:
-    start = [{"role": "user", "content": draw(texts)}]
+def conversations(
+    draw, text: st.SearchStrategy[str] = texts
+) -> tuple[list[dict], list | None, list[tuple[dict, list[dict]]]]:
+    """Random agent conversations; ``text``: the strategy of every message text."""
+    start = [{"role": "user", "content": draw(text)}]
     if draw(st.booleans()):
-        start.insert(0, {"role": "system", "content": draw(texts)})
+        start.insert(0, {"role": "system", "content": draw(text)})
     tools = draw(st.sampled_from([None, TOOLS]))
     steps = []
     for _ in range(draw(st.integers(1, 4))):
-        reply = draw(replies())
-        new = [{"role": "tool", "content": draw(texts)} for _ in reply.get("tool_calls", [])]
+        reply = draw(replies(text))
+        new = [{"role": "tool", "content": draw(text)} for _ in reply.get("tool_calls", [])]
         if not new or draw(st.booleans()):  # Claude Code adds user text after tool results
-            new.append({"role": "user", "content": draw(texts)})
+            new.append({"role": "user", "content": draw(text)})
         steps.append((reply, new))
     return start, tools, steps
 

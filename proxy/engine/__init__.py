@@ -41,7 +41,10 @@ HTTP API (SGLang shapes; our additions are marked *ext*)
   ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``stop_token_ids``, ``ignore_eos``,
   ``no_stop_trim``, ``skip_special_tokens``, ``sampling_seed``; SGLang's other params are accepted
   only at their neutral values. Without ``no_stop_trim`` the matched stop token is trimmed from
-  ``output_ids`` and ``text`` (not from the log-probs), as SGLang does.
+  ``output_ids`` and ``text`` (not from the log-probs), as SGLang does. Unless ``ignore_eos``,
+  generation also stops on the model's end ids, SGLang's set: ``eos_token_id`` of
+  ``generation_config.json`` and ``config.json``, and the tokenizer's (``/model_info`` reports
+  them as ``eos_token_ids``).
 * ``GET /health`` (200 serving, 503 loading), ``GET /model_info`` (with ``weight_version``),
   ``GET /server_info`` (with ``context_length``), both also under SGLang's older names
   ``/get_model_info`` and ``/get_server_info``; ``GET /get_weight_version`` (ext: SGLang

@@ -44,7 +44,6 @@ import torch
 
 from harnessrl.common import metrics as m
 from harnessrl.common.models import (
-    eos_token_ids,
     load_model,
     load_tokenizer,
     model_info,
@@ -190,8 +189,10 @@ class Engine:
             self.tokenizer = None
         tc = self.model.config.get_text_config()
         self.vocab_size = int(tc.vocab_size)
+        # what SGLang stops on: generation_config's and config's eos ids, and the tokenizer's
+        own = getattr(self.tokenizer, "eos_token_id", None)
         self.eos_ids = tuple(
-            eos_token_ids(self.tokenizer) if self.tokenizer else self.info["eos_token_ids"]
+            dict.fromkeys([*self.info["eos_token_ids"], *([] if own is None else [int(own)])])
         )
         model_max = int(getattr(tc, "max_position_embeddings", 0) or 0) or 1 << 20
         self.max_context = min(cfg.max_context or model_max, model_max)
@@ -208,6 +209,7 @@ class Engine:
         self.pool = self._new_pool(cfg.max_batch_size)
         self.cache = PrefixCache(cfg.prefix_cache_mb << 20)
         M_VERSION.set(_numeric(self.version))
+        _give_back_memory()
 
     def _new_pool(self, slots: int) -> KVPool:
         layers, heads, dim = self._kv_shape
@@ -704,3 +706,13 @@ def _numeric(version: str) -> float:
         return float(version)
     except ValueError:
         return -1.0
+
+
+def _give_back_memory() -> None:
+    """Return the heap that loading freed to the OS (glibc keeps freed blocks of the sizes a
+    load allocates, the weights read from the file and cast or copied, in the process: SmolLM2
+    135M in bfloat16, 0.97 -> 0.76 GB RSS at start). A no-op without glibc."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
