@@ -79,7 +79,8 @@ def main(argv: list[str]) -> int:
         print("check_imports: basedpyright is not installed (pip install basedpyright)")
         return 2
     proc = subprocess.run(
-        [exe, "--outputjson", "--pythonpath", sys.executable],
+        # -p: this repository's settings, never a pyrightconfig.json found in a folder above
+        [exe, "--outputjson", "-p", str(REPO / "pyproject.toml"), "--pythonpath", sys.executable],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -94,6 +95,9 @@ def main(argv: list[str]) -> int:
     for p in problems:
         print(p)
     print(f"check_imports: {files} files, {len(problems)} unresolved imports")
+    if not files:
+        print(f"check_imports: basedpyright analysed no file:\n{proc.stderr}")
+        return 1
     return 1 if problems else 0
 
 
