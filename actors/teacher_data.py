@@ -90,6 +90,12 @@ class TeacherDataConfig(HrlModel):
     loop in this process (unless ``live``); any other is run live, unmodified, in a sandbox."""
     live: bool = False
     """Record the ``reference`` harness live too (sandbox, proxy, tokens as sampled)."""
+    engine: str = ""
+    """Live: record through this engine (a URL, e.g. ``harnessrl engine --model tiny-agent``)
+    instead of the scripted teacher: the served policy's own attempts, every scored one kept
+    whether it solved its task or not (``style`` ``policy`` in the record) — the other side
+    of a GRPO group whose teacher side is recorded without it. ``model`` must be the model
+    the engine serves (its tokenizer)."""
     model: str = "tiny-1m"
     """Live: the tokenizer and chat template of the recorded tokens (the model the data
     trains must use the same tokenizer)."""
@@ -206,6 +212,10 @@ def bad_config(cfg: TeacherDataConfig) -> str:
             if cfg.harness not in ADAPTERS
             else ("--harness command runs a fixed command line, not a model: choose a harness")
         )
+    if cfg.engine and not cfg.engine.startswith(("http://", "https://")):
+        return f"--engine must be an http(s) URL of an engine, not {cfg.engine!r}"
+    if cfg.engine and cfg.harness == "reference" and not cfg.live:
+        return "--engine records live: add --live for the reference harness"
     if cfg.style == "edit" and cfg.harness != "reference":
         return (
             f"--style edit needs the reference harness's read_file/list_dir tools; "
@@ -225,6 +235,8 @@ def main_live(cfg: TeacherDataConfig, tasks: list[ToyTask]) -> int:
 
     near = cfg.near_miss if cfg.split == "train" and cfg.style == "shell" else 0.0
     styles = [style_for(t.instruction, cfg.style, near, cfg.seed) for t in tasks]
+    if cfg.engine:
+        styles = ["policy"] * len(tasks)
     try:
         stats = run(record_live(cfg, tasks, styles, near), subprocesses=True)
     except (OSError, RuntimeError, ValueError) as e:  # no sandbox, no bus, no tokenizer...

@@ -22,7 +22,8 @@ Record (one JSON line per kept rollout): ``task``, ``family``, ``level``, ``spli
 each node ``{"parent": index or -1, "ids": [token ids], "mask": "0011..."}`` (``1``: a token
 the model generated). Kept: scored rollouts whose tree has nodes and, for the ``shell`` style,
 that solved their task (a ``near_miss`` demonstration is kept when it ran; it is not meant to
-solve). Every other outcome is counted by reason and left out.
+solve). Every other outcome is counted by reason and left out. With ``engine`` set, the model is
+that engine, not the teacher, and every scored rollout is kept (``style`` ``policy``).
 
 Resumable: records are appended to ``<out>.part`` as rollouts finish; a second run with the
 same ``--out`` skips the tasks already there and renames the file to ``<out>`` when every
@@ -215,13 +216,16 @@ async def record_live(
         suite.mkdir()
         for t, _ in todo:
             write_task(t, suite)
-        engine = make_teacher_engine(
-            [str(suite)], cfg.model, style=cfg.style, near_miss=near_miss, seed=cfg.seed
-        )
         run = "teach" + secrets.token_hex(4)
         stack = contextlib.AsyncExitStack()
-        await engine.start()
-        stack.push_async_callback(engine.stop)
+        engine_url = cfg.engine
+        if not engine_url:
+            engine = make_teacher_engine(
+                [str(suite)], cfg.model, style=cfg.style, near_miss=near_miss, seed=cfg.seed
+            )
+            await engine.start()
+            stack.push_async_callback(engine.stop)
+            engine_url = engine.url
         try:
             bus = await connect(cfg.nats or f"memory://{run}", run, name="harnessrl teacher-data")
         except BaseException:
@@ -229,7 +233,7 @@ async def record_live(
             raise
         stack.push_async_callback(bus.close)
         settings = RolloutSettings(
-            engines=[engine.url],
+            engines=[engine_url],
             model=cfg.model,
             max_new_tokens=cfg.max_new_tokens,
             max_turns=cfg.max_turns,
@@ -274,7 +278,7 @@ async def record_live(
             why = ""
             if not sample.nodes:
                 why = f"no_sample:{sample.dropped_reason}"
-            elif style != "near_miss" and res.reward < 1.0:
+            elif style not in ("near_miss", "policy") and res.reward < 1.0:
                 why = "not_solved"
             if why:
                 stats.dropped[why] += 1

@@ -159,6 +159,8 @@ def test_teacher_data_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
         ({"harness": "mini-swe-agnet"}, "did you mean 'mini-swe-agent'"),
         ({"harness": "command"}, "not a model"),
         ({"harness": "mini-swe-agent", "style": "edit"}, "--style edit needs the reference"),
+        ({"harness": "mini-swe-agent", "engine": "127.0.0.1:1"}, "--engine must be an http"),
+        ({"engine": "http://127.0.0.1:1"}, "add --live for the reference harness"),
     ):
         capsys.readouterr()
         assert teacher_data.main(teacher_data.TeacherDataConfig(out=out, **fields)) == 2
