@@ -54,8 +54,11 @@ def settings(run: dict[str, Any]) -> str:
     parts.append(f"K{s.get('updates_per_batch', 1)}")
     lr = ds.get("lr")
     if lr is not None:
-        decay = ds.get("lr_decay_steps")
-        parts.append(f"lr {_sci(lr)} " + (f"cosine/{decay}" if decay else "constant"))
+        # cosine over N versions; runs from before the schedule counted versions named it in
+        # optimiser steps (the same unless K > 1)
+        decay = ds.get("lr_decay_versions") or ds.get("lr_decay_steps")
+        unit = " opt. steps" if "lr_decay_steps" in ds and s.get("updates_per_batch", 1) > 1 else ""
+        parts.append(f"lr {_sci(lr)} " + (f"cosine/{decay}{unit}" if decay else "constant"))
     if loss.get("kl_coef"):
         parts.append(f"KL {loss['kl_coef']:g}")
     if loss.get("value_baseline"):

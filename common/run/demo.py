@@ -172,7 +172,8 @@ class DemoConfig(HrlModel):
     two, GRPO gained +0.280 / +0.230 / +0.300 on seeds 0 / 1 / 2 (against +0.235 / +0.245 /
     +0.255) in the same 12 minutes, though it reached only v92-v107 of its 120 steps; with
     pi_old from the first update's forward (no no-grad pass), +0.260 / +0.310 / +0.310 at
-    v120 in 10-11.6 minutes."""
+    v120 in 10-11.6 minutes; with the lr schedule counting versions (the cosine over all 120,
+    not to its floor at v60), +0.225 / +0.320 / +0.290 in 8.2-9.8 minutes."""
     kl_coef: float | None = Field(None, ge=0.0, le=100.0)
     """Weight of the KL penalty to the starting policy (the learner's ``loss.kl_coef``); unset:
     the algorithm's measured default (``KL_COEF``: 0 for GRPO, 0.1 for PPO)."""
