@@ -97,3 +97,25 @@ def print_table(title: str, rows: list[tuple[str, ...]], header: tuple[str, ...]
     print("  ".join("-" * w for w in widths))
     for r in rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)))
+
+
+WORDS = [
+    "the", "file", "test", "error", "value", "function", "return",
+    "module", "import", "class", "config", "path", "line",
+]  # fmt: skip
+"""Words of agent-ish filler text (the proxy benchmarks' bodies)."""
+
+
+def spawn_child(target: Any, *args: Any) -> tuple[Any, Any]:
+    """``target(conn, *args)`` in a spawned process; returns it and this end of the pipe once
+    the child has sent its first message (RuntimeError after 120 s)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    here, there = ctx.Pipe()
+    proc = ctx.Process(target=target, args=(there, *args), daemon=True)
+    proc.start()
+    if not here.poll(120):
+        proc.kill()
+        raise RuntimeError(f"{target.__name__} did not start")
+    return proc, here

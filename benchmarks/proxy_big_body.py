@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import multiprocessing
 import os
 import random
 import statistics
@@ -37,7 +36,7 @@ from typing import Any
 
 import aiohttp
 
-from benchmarks._common import parse_args, print_table, target, write_result
+from benchmarks._common import WORDS, parse_args, print_table, spawn_child, target, write_result
 
 CONTEXT = 32768
 """The context window the proxies check against (it sizes their body limit)."""
@@ -60,21 +59,6 @@ TOKEN = "sk-bench-{}"
 REPLY = (
     '<tool_call>\n{"name": "bash", "arguments": {"command": "cat module/config.py"}}\n</tool_call>'
 )
-WORDS = [
-    "the",
-    "file",
-    "test",
-    "error",
-    "value",
-    "function",
-    "return",
-    "module",
-    "import",
-    "class",
-    "config",
-    "path",
-    "line",
-]
 
 
 def _words(rng: random.Random, n: int) -> str:
@@ -239,17 +223,6 @@ async def _proxies(engine_url: str, names: list[str]) -> tuple[list[Any], list[A
     return servers, [recorder, client, bus]
 
 
-def _child(target: Any, *args: Any) -> tuple[Any, Any]:
-    ctx = multiprocessing.get_context("spawn")
-    here, there = ctx.Pipe()
-    proc = ctx.Process(target=target, args=(there, *args), daemon=True)
-    proc.start()
-    if not here.poll(120):
-        proc.kill()
-        raise RuntimeError(f"{target.__name__} did not start")
-    return proc, here
-
-
 # ---------------------------------------------------------------------------------------------
 # the actor: the proxies on one loop
 # ---------------------------------------------------------------------------------------------
@@ -257,16 +230,16 @@ def _child(target: Any, *args: Any) -> tuple[Any, Any]:
 
 async def run(quick: bool) -> dict[str, Any]:
     rounds, phase_s = (1, 3.0) if quick else (4, 8.0)
-    engine, engine_conn = _child(_serve_engine)
+    engine, engine_conn = spawn_child(_serve_engine)
     engine_url = engine_conn.recv()
     servers, closing = await _proxies(engine_url, [*map(str, range(SIBLINGS)), "hostile"])
     limit = servers[0].max_body_bytes
     procs = [engine]
     try:
-        own, own_conn = _child(_own_proxy, engine_url)
+        own, own_conn = spawn_child(_own_proxy, engine_url)
         procs.append(own)
-        sib, sib_conn = _child(_siblings, [s.url for s in servers[:SIBLINGS]])
-        host, host_conn = _child(_hostile, servers[-1].url, own_conn.recv(), limit)
+        sib, sib_conn = spawn_child(_siblings, [s.url for s in servers[:SIBLINGS]])
+        host, host_conn = spawn_child(_hostile, servers[-1].url, own_conn.recv(), limit)
         procs += [sib, host]
         assert sib_conn.recv() == host_conn.recv() == "ready"
         await asyncio.sleep(1.0)  # the siblings' first calls warm everything up

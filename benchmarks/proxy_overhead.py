@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import multiprocessing
 import random
 import statistics
 import subprocess
@@ -55,7 +54,15 @@ import aiohttp
 import msgspec
 import numpy as np
 
-from benchmarks._common import parse_args, print_table, proc_cpu_s, target, write_result
+from benchmarks._common import (
+    WORDS,
+    parse_args,
+    print_table,
+    proc_cpu_s,
+    spawn_child,
+    target,
+    write_result,
+)
 from harnessrl.common.bus import connect
 from harnessrl.common.models import load_tokenizer
 from harnessrl.common.natsd import NatsServer
@@ -77,21 +84,6 @@ TOOLS = [
         },
     }
     for name in ("bash", "read_file", "write_file", "grep")
-]
-WORDS = [
-    "the",
-    "file",
-    "test",
-    "error",
-    "value",
-    "function",
-    "return",
-    "module",
-    "import",
-    "class",
-    "config",
-    "path",
-    "line",
 ]
 
 
@@ -340,14 +332,8 @@ def _serve_floor(conn: Any, engine_url: str) -> None:
 
 
 def _child(target: Any, *args: Any) -> tuple[Any, str]:
-    ctx = multiprocessing.get_context("spawn")
-    here, there = ctx.Pipe()
-    proc = ctx.Process(target=target, args=(there, *args), daemon=True)
-    proc.start()
-    if not here.poll(120):
-        proc.kill()
-        raise RuntimeError(f"{target.__name__} did not start")
-    return proc, here.recv()
+    proc, conn = spawn_child(target, *args)
+    return proc, conn.recv()
 
 
 @dataclass

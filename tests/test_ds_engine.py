@@ -17,18 +17,9 @@ from harnessrl.learner.ds_engine import DeepSpeedConfig, LearnerEngine
 from harnessrl.learner.losses import LossConfig, norm_weights, sft_loss
 from harnessrl.learner.packing import collate
 from harnessrl.learner.policy import load_policy
+from tests.helpers.learner import one_torch_thread  # noqa: F401  (autouse)
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads; on a shared CPU they spin at barriers
-    (10x slower under load)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def params(engine: LearnerEngine) -> dict[str, torch.Tensor]:

@@ -28,7 +28,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from harnessrl.common.models import load_tokenizer
 from harnessrl.common.records import TreeSample
@@ -36,6 +35,7 @@ from harnessrl.learner.ds_engine import DeepSpeedConfig, LearnerEngine
 from harnessrl.learner.losses import LossConfig, group_advantages
 from harnessrl.learner.packing import PackConfig, pack
 from harnessrl.learner.pretrain import as_sample, encode_file
+from tests.helpers.learner import one_torch_thread  # noqa: F401  (autouse)
 
 pytestmark = pytest.mark.slow
 
@@ -43,14 +43,6 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures" / "teacher"
 MODEL = "tiny-agent"
 STEPS = 2
 BUDGET = 4608  # tokens per packed row: a teacher conversation ~1.3k, a warm start's ~4.2k
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def conversations(name: str, tmp_path: Path) -> tuple[list[dict], list[TreeSample]]:

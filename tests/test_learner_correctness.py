@@ -13,16 +13,9 @@ from benchmarks._learner_fleet import make_samples, rows_for
 from harnessrl.learner.ds_engine import DeepSpeedConfig, LearnerEngine
 from harnessrl.learner.losses import LossConfig
 from harnessrl.learner.policy import load_policy
+from tests.helpers.learner import one_torch_thread  # noqa: F401  (autouse)
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def params(engine: LearnerEngine) -> dict[str, torch.Tensor]:

@@ -26,18 +26,9 @@ from harnessrl.learner.losses import (
 )
 from harnessrl.learner.packing import PackConfig, collate, pack
 from harnessrl.learner.policy import load_policy
+from tests.helpers.learner import one_torch_thread  # noqa: F401  (autouse)
 
 pytestmark = pytest.mark.unit
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads; on a shared CPU they spin at barriers
-    (10x slower under load)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def test_grpo_advantages_known_group() -> None:

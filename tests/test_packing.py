@@ -23,20 +23,11 @@ from harnessrl.learner import policy as policy_mod
 from harnessrl.learner.losses import LossConfig, norm_weights, policy_loss
 from harnessrl.learner.packing import PackConfig, collate, dense_tree_mask, pack
 from harnessrl.learner.policy import Policy, load_policy
+from tests.helpers.learner import one_torch_thread  # noqa: F401  (autouse)
 
 pytestmark = pytest.mark.unit
 
 VOCAB = 8192
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads; on a shared CPU they spin at barriers
-    (10x slower under load)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def random_sample(

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from harnessrl.common.bus import Bus
 from harnessrl.common.procs import popen_child
@@ -98,3 +99,16 @@ def grpo_group(gid: str, rewards: list[float], version: int, **kw) -> list:
 async def publish(bus: Bus, samples: list) -> None:
     """Publish samples as the assembler does (on the samples subject, by message id)."""
     await bus.publish_many([(bus.subjects.samples, s, s.msg_id()) for s in samples])
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """One intra-op thread for a module's tests (import it into the module: it is autouse).
+    Tiny models gain nothing from intra-op threads; on a shared CPU they spin at barriers
+    (10x slower under load)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
