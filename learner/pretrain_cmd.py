@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from harnessrl.common.config import HrlModel, dump_toml
 from harnessrl.common.files import atomic_write, atomic_write_json
@@ -65,16 +65,18 @@ class PretrainConfig(HrlModel):
     """How the teacher solves a task (``harnessrl teacher-data --style``): ``shell``, one
     ``run`` of the family's shell one-liner then ``finish``; ``edit``, read the inputs and write
     the answer with ``write_file`` (the model must copy and transform file text)."""
-    harness: str = "reference"
-    """The harness the policy learns to drive: the teacher data is recorded through it
-    (``harnessrl teacher-data --harness``: the reference harness's loop in-process, any other
-    harness live and unmodified, as token trees), the held-out success is measured through
-    it, and the exported policy's ``harnessrl_recipe.json`` lists it under ``harnesses``
+    harnesses: list[str] = ["reference"]
+    """The harnesses the policy learns to drive (``--harness``, repeat for several): the
+    teacher data is recorded through each (``harnessrl teacher-data --harness``: the reference
+    harness's loop in-process, any other harness live and unmodified, as token trees; one
+    file per harness, all trained on together), the held-out success is measured through
+    each, and the exported policy's ``harnessrl_recipe.json`` lists them under ``harnesses``
     (what ``harnessrl harness list`` shows as spoken)."""
     teacher_concurrency: int = Field(4, ge=1, le=256)
     """Live teacher rollouts at once (a harness other than ``reference``)."""
     data: Path | None = None
-    """An existing ``harnessrl teacher-data`` file to train on instead of generating one."""
+    """An existing ``harnessrl teacher-data`` file to train on instead of recording the
+    training data (the held-out data is still recorded through each harness)."""
     corpus_steps: int = Field(0, ge=0, le=10_000_000)
     """Language warm-up steps on the synthetic corpus before SFT (0: none)."""
     corpus_chars: int = Field(1_000_000, ge=1000, le=1_000_000_000)
@@ -115,8 +117,9 @@ class PretrainConfig(HrlModel):
     ``edit`` teacher's 154."""
     eval_n: int = Field(3, ge=0, le=1000)
     """Last step: ``harnessrl eval`` of the exported policy on every ``eval_suite`` task this
-    many times through the real ``harness`` at temperature 1, recorded as the warm start's
-    held-out success in ``harnessrl_recipe.json`` (0: skip)."""
+    many times through each real harness of ``harnesses`` at temperature 1, recorded as the
+    warm start's held-out success in ``harnessrl_recipe.json`` (``held_out_success``: through
+    the first harness; ``held_out_by_harness``: through each) (0: skip)."""
     eval_suite: str = "toy-eval"
     """Held-out suite of that evaluation."""
     threads: int = Field(0, ge=0, le=1024)
@@ -124,6 +127,14 @@ class PretrainConfig(HrlModel):
     quick: bool = False
     """Shrink every budget (20 tasks per family through the reference loop, 1 through a live
     harness; 30 SFT steps, 10 warm-up steps at most) to check the recipe end to end."""
+
+    @field_validator("harnesses")
+    @classmethod
+    def _harnesses(cls, v: list[str]) -> list[str]:
+        v = list(dict.fromkeys(h.strip() for h in v))  # order kept, repeats dropped
+        if not v or "" in v:
+            raise ValueError("name at least one harness (e.g. --harness mini-swe-agent)")
+        return v
 
 
 CONFIG = PretrainConfig
@@ -140,7 +151,7 @@ def quick(cfg: PretrainConfig) -> PretrainConfig:
     return cfg.model_copy(
         update={
             # a live harness records ~0.25-1 conversations/s here, the reference loop ~30/s
-            "per_family": min(cfg.per_family, 20 if cfg.harness == "reference" else 1),
+            "per_family": min(cfg.per_family, 20 if cfg.harnesses == ["reference"] else 1),
             "steps": min(cfg.steps, 30),
             "corpus_steps": min(cfg.corpus_steps, 10),
             "warmup_steps": min(cfg.warmup_steps, 5),
@@ -156,18 +167,24 @@ def log(msg: str) -> None:
     print(f"[pretrain] {msg}", file=sys.stderr, flush=True)
 
 
-def teacher_data(cfg: PretrainConfig, out: Path, split: str) -> Path:
-    """Generate (once) the teacher trajectories of ``split`` with ``harnessrl teacher-data``."""
-    if split == "train" and cfg.data is not None:
-        return cfg.data
-    path = out / ("teacher.jsonl" if split == "train" else "teacher-eval.jsonl")
+def data_path(out: Path, split: str, harness: str) -> Path:
+    """Where the recipe keeps the teacher data of ``split`` through ``harness``
+    (``teacher.jsonl``, ``teacher-eval.jsonl``; ``teacher-<harness>.jsonl`` for a live one)."""
+    stem = "teacher" if split == "train" else "teacher-eval"
+    return out / (f"{stem}.jsonl" if harness == "reference" else f"{stem}-{harness}.jsonl")
+
+
+def teacher_data(cfg: PretrainConfig, out: Path, split: str, harness: str) -> Path:
+    """Generate (once) the teacher trajectories of ``split`` through ``harness`` with
+    ``harnessrl teacher-data``; an interrupted live recording resumes where it stopped."""
+    path = data_path(out, split, harness)
     if path.exists():
         return path
     argv = [sys.executable, "-m", "harnessrl.common.cli", "teacher-data", "--out", str(path)]
     argv += ["--split", split, "--seed", str(cfg.seed), "--per-family", str(cfg.per_family)]
     argv += ["--style", cfg.teacher_style, "--vary-names", str(cfg.vary_names)]
-    if cfg.harness != "reference":  # recorded live: the tokens of this model's tokenizer
-        argv += ["--harness", cfg.harness, "--model", cfg.model]
+    if harness != "reference":  # recorded live: the tokens of this model's tokenizer
+        argv += ["--harness", harness, "--model", cfg.model]
         argv += ["--concurrency", str(cfg.teacher_concurrency)]
     if cfg.near_miss and split == "train":
         argv += ["--near-miss", str(cfg.near_miss)]
@@ -213,21 +230,26 @@ def write_recipe(folder: Path, meta: dict[str, Any]) -> None:
     atomic_write(folder / "SHA256SUMS", sums)
 
 
-def held_out_eval(cfg: PretrainConfig, folder: Path, out: Path) -> dict[str, Any]:
-    """``harnessrl eval`` of the exported policy (a child process: the real harness, sandbox,
-    proxy and engine); its summary for the reference harness."""
+def held_out_eval(cfg: PretrainConfig, folder: Path, out: Path) -> dict[str, dict[str, Any]]:
+    """``harnessrl eval`` of the exported policy (a child process: the real harnesses, sandbox,
+    proxy and engine); its summary through each harness."""
     report = out / "eval.json"
     argv = [sys.executable, "-m", "harnessrl.common.cli", "eval", "--policy", str(folder)]
-    argv += ["--suite", cfg.eval_suite, "--harness", cfg.harness, "--n", str(cfg.eval_n)]
+    argv += ["--suite", cfg.eval_suite, "--n", str(cfg.eval_n)]
+    for h in cfg.harnesses:
+        argv += ["--harness", h]
     argv += ["--temperature", "1.0", "--out", str(report), "--log-dir", str(out / "eval-logs")]
     subprocess.run(argv, check=True)
-    summary = json.loads(report.read_text())["summary"][str(folder)][cfg.harness]
+    summary = json.loads(report.read_text())["summary"][str(folder)]
     return {
-        "suite": cfg.eval_suite,
-        "harness": cfg.harness,
-        "n_per_task": cfg.eval_n,
-        "temperature": 1.0,
-        **summary,
+        h: {
+            "suite": cfg.eval_suite,
+            "harness": h,
+            "n_per_task": cfg.eval_n,
+            "temperature": 1.0,
+            **summary[h],
+        }
+        for h in cfg.harnesses
     }
 
 
@@ -276,15 +298,17 @@ def main(cfg: PretrainConfig, args: argparse.Namespace | None = None) -> int:
     torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
     t0 = time.monotonic()
     try:
-        train_path = teacher_data(cfg, out, "train")
-        eval_path = teacher_data(cfg, out, "eval")
+        train_paths = (
+            [cfg.data] if cfg.data else [teacher_data(cfg, out, "train", h) for h in cfg.harnesses]
+        )
+        eval_paths = [teacher_data(cfg, out, "eval", h) for h in cfg.harnesses]
     except subprocess.CalledProcessError as e:
         log(f"teacher-data failed (exit {e.returncode})")
         return 1
     tok = load_tokenizer(cfg.model)
     try:
-        train = encode_file(tok, train_path)
-        held = encode_file(tok, eval_path)
+        train = [e for p in train_paths for e in encode_file(tok, p)]
+        held = [e for p in eval_paths for e in encode_file(tok, p)]
     except (OSError, ValueError) as e:
         print(f"harnessrl pretrain: {e}", file=sys.stderr)
         return 2
@@ -375,10 +399,10 @@ def main(cfg: PretrainConfig, args: argparse.Namespace | None = None) -> int:
     folder = cfg.export or out / "model"
     meta = {
         "recipe": json.loads(json.dumps(cfg.model_dump(mode="json"))),
-        "harnesses": [cfg.harness],
+        "harnesses": cfg.harnesses,
         "steps": step,
         "stopped": stopped or "steps",
-        "train_data_sha256": file_sha256(train_path),
+        "train_data_sha256": {p.name: file_sha256(p) for p in train_paths},
         "train_conversations": len(train),
         "held_out": final,
         "curve": curve,
@@ -391,11 +415,16 @@ def main(cfg: PretrainConfig, args: argparse.Namespace | None = None) -> int:
     log(f"exported {folder} after {step} steps ({(time.monotonic() - t0) / 60:.1f} min)")
     if cfg.eval_n:
         try:
-            meta["held_out_success"] = held_out_eval(cfg, folder, out)
+            by_harness = held_out_eval(cfg, folder, out)
         except (subprocess.CalledProcessError, OSError, KeyError, ValueError) as e:
             log(f"held-out evaluation failed: {e}")
             return 1
+        meta["held_out_success"] = by_harness[cfg.harnesses[0]]
+        meta["held_out_by_harness"] = by_harness
         write_recipe(folder, meta)
-        r = meta["held_out_success"]
-        log(f"held-out {cfg.eval_suite}: success {r['success']:.3f}, reward {r['reward']:.3f}")
+        for h, r in by_harness.items():
+            log(
+                f"held-out {cfg.eval_suite} through {h}: success {r['success']:.3f}, "
+                f"reward {r['reward']:.3f}"
+            )
     return 0

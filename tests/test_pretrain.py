@@ -239,6 +239,49 @@ def test_sft_sample_layout_is_the_proxys():
     assert enc.mask[0] == 0 and int(np.sum(enc.mask)) < len(enc.mask) // 2
 
 
+@pytest.mark.unit
+def test_recipe_records_once_per_harness(tmp_path: Path, monkeypatch):
+    """Several harnesses: one teacher-data file per harness and split, a live harness recorded
+    with the recipe's model and concurrency, and a file already there (a finished recording)
+    is used as it is, not recorded again."""
+    from harnessrl.common.config import ConfigError, load_config
+    from harnessrl.learner import pretrain_cmd
+
+    cfg = pretrain_cmd.PretrainConfig(
+        model="tiny-agent", harnesses=["reference", "claude-code", "reference"], per_family=7
+    )
+    assert cfg.harnesses == ["reference", "claude-code"]
+    runs: list[list[str]] = []
+    monkeypatch.setattr(pretrain_cmd.subprocess, "run", lambda argv, check: runs.append(argv))
+    (tmp_path / "teacher-eval.jsonl").write_text("")
+    paths = [
+        pretrain_cmd.teacher_data(cfg, tmp_path, s, h)
+        for s in ("train", "eval")
+        for h in cfg.harnesses
+    ]
+    names = [
+        "teacher.jsonl",
+        "teacher-claude-code.jsonl",
+        "teacher-eval.jsonl",
+        "teacher-eval-claude-code.jsonl",
+    ]
+    assert [p.name for p in paths] == names
+    assert [r[r.index("--out") + 1] for r in runs] == [
+        str(tmp_path / n) for n in names[:2] + names[3:]
+    ]
+    ref, live, live_eval = runs
+    assert "--harness" not in ref and "--near-miss" not in live_eval
+    assert live[live.index("--harness") :][:4] == [
+        "--harness",
+        "claude-code",
+        "--model",
+        "tiny-agent",
+    ]
+    assert live[live.index("--per-family") + 1] == "7"
+    with pytest.raises(ConfigError, match="at least one harness"):
+        load_config(pretrain_cmd.PretrainConfig, None, {"harnesses": []})
+
+
 @pytest.mark.slow
 def test_recipe_resumes_and_exports(tmp_path: Path, monkeypatch):
     """A short recipe run, then the same with more steps: it resumes at the checkpoint (no step
@@ -270,7 +313,8 @@ def test_recipe_resumes_and_exports(tmp_path: Path, monkeypatch):
     from safetensors import safe_open
 
     with safe_open(str(folder / "model.safetensors"), "pt") as f:
-        assert {f.get_tensor(k).dtype for k in f.keys()}  # noqa: SIM118 (safe_open is no dict) == {torch.bfloat16}
+        dtypes = {f.get_tensor(k).dtype for k in f.keys()}  # noqa: SIM118 (no dict)
+    assert dtypes == {torch.bfloat16}
 
 
 @pytest.mark.slow
