@@ -1,7 +1,7 @@
 """Does the demo learn? Held-out toy success before and after RL, with GRPO and with PPO.
 
 ``python -m benchmarks.demo_learning [--quick] [--algo grpo|ppo ...] [--seed N ...]
-[--steps N] [--keep DIR] [--extra 'DEMO FLAGS']``
+[--harness NAME ...] [--steps N] [--keep DIR] [--extra 'DEMO FLAGS']``
 
 Run by hand (not in CI): for each algorithm and seed (default: grpo and ppo, seeds 0 1 2) it
 runs ``harnessrl demo`` with the defaults — RL from the shipped warm start ``tiny-agent``, then
@@ -13,6 +13,12 @@ budget, and the RL reward curve (batch reward by version, from the run's metrics
 warm start's own recorded held-out success (``harnessrl_recipe.json``) is reported beside it.
 Target: success rises by >= 0.25 on at least 2 of 3 seeds per algorithm. Failures are reported
 as they are.
+
+``--harness NAME`` (repeat) runs the same demos through a real harness each (``harnessrl demo
+--harness NAME``: RL and both evaluations through it, from the shipped policy that speaks it)
+and writes ``demo_learning_<name>.json`` beside the reference harness's ``demo_learning.json``.
+Target through a real harness: >= +0.15 on at least 2 of 3 seeds, the RL phase within 30
+minutes (the held-out evaluation's time reported apart).
 
 ``--quick`` (< 1 minute, what CI runs) is a smoke test of the demo's pieces only: one SFT step
 of ``tiny-1m`` on teacher trajectories through the whole pipeline, then the teacher and the
@@ -36,6 +42,9 @@ from harnessrl.common.layout import StepLine, read_metrics
 NAME = "demo_learning"
 BUDGET_S = 15 * 60
 TARGET_GAIN = 0.25
+TARGET_GAIN_HARNESS = 0.15
+"""Through a real harness (fewer, slower rollouts than the in-process reference harness)."""
+RL_BUDGET_HARNESS_S = 30 * 60
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -44,6 +53,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=RESULTS_DIR, help="folder for NAME.json")
     p.add_argument("--algo", action="append", choices=["grpo", "ppo"], help="repeat; default both")
     p.add_argument("--seed", action="append", type=int, help="RL seed; repeat (default 0 1 2)")
+    p.add_argument(
+        "--harness",
+        action="append",
+        metavar="NAME",
+        help="harness the demos run through; repeat (default: reference)",
+    )
     p.add_argument("--steps", type=int, default=0, help="RL steps (default: the demo's)")
     p.add_argument(
         "--sft-steps", type=int, default=0, help="SFT steps (only with --extra --from-scratch)"
@@ -64,6 +79,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="keep the runs of this earlier result file under earlier_runs (recorded only: "
         "the targets count this call's runs)",
     )
+    p.add_argument("--only-harness", help=argparse.SUPPRESS)  # one harness of several
     return p.parse_args(argv)
 
 
@@ -86,7 +102,9 @@ def wilson(k: float, n: int, z: float = 1.96) -> tuple[float, float]:
     return (round(max(0.0, mid - half), 4), round(min(1.0, mid + half), 4))
 
 
-def run_demo(algo: str, seed: int, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+def run_demo(
+    algo: str, seed: int, folder: Path, args: argparse.Namespace, harness: str = "reference"
+) -> dict[str, Any]:
     argv = [
         sys.executable,
         "-m",
@@ -97,7 +115,7 @@ def run_demo(algo: str, seed: int, folder: Path, args: argparse.Namespace) -> di
         "--out",
         str(folder),
     ]
-    argv += ["--no-dashboard", "--seed", str(seed)]
+    argv += ["--no-dashboard", "--seed", str(seed), "--harness", harness]
     if args.steps:
         argv += ["--steps", str(args.steps)]
     if args.sft_steps:
@@ -112,6 +130,7 @@ def run_demo(algo: str, seed: int, folder: Path, args: argparse.Namespace) -> di
         return {
             "algo": algo,
             "seed": seed,
+            "harness": harness,
             "exit": proc.returncode,
             "wall_s": round(wall, 1),
             "error": (proc.stdout + proc.stderr)[-2000:],
@@ -167,6 +186,7 @@ def summarise(folder: Path, wall: float | None = None) -> dict[str, Any]:
             )
         },
     }
+    result["harness"] = next(iter(doc["before_after"]), "reference")
     ba = next(iter(doc["before_after"].values()), None)
     for side in ("before", "after"):
         if ba and ba.get(side):
@@ -249,6 +269,13 @@ def main(argv: list[str] | None = None) -> int:
         return quick(args.out)
     algos = args.algo or ["grpo", "ppo"]
     seeds = args.seed or [0, 1, 2]
+    harnesses = list(dict.fromkeys(args.harness or ["reference"]))
+    harness = args.only_harness or harnesses[0]
+    if len(harnesses) > 1 and not args.only_harness:
+        code = 0
+        for h in harnesses:  # one result file per harness
+            code |= main([*(argv or sys.argv[1:]), "--only-harness", h])
+        return code
     results = []
     with tempfile.TemporaryDirectory(prefix="hrl-demo-learning-") as tmp:
         root = args.keep or Path(tmp)
@@ -257,9 +284,13 @@ def main(argv: list[str] | None = None) -> int:
             results.append(summarise(folder))
         for algo in algos if not args.summarise else []:
             for seed in seeds:
-                folder = root / f"demo-{algo}-s{seed}"
-                print(f"running the demo with {algo}, seed {seed}, in {folder} ...", flush=True)
-                results.append(run_demo(algo, seed, folder, args))
+                tag = "" if harness == "reference" else f"-{harness}"
+                folder = root / f"demo-{algo}{tag}-s{seed}"
+                print(
+                    f"running the demo with {algo}, seed {seed}, through {harness}, in {folder} ...",
+                    flush=True,
+                )
+                results.append(run_demo(algo, seed, folder, args, harness))
     rows = []
     for r in results:
         if "error" in r:
@@ -302,11 +333,17 @@ def main(argv: list[str] | None = None) -> int:
     targets = {}
     for algo in sorted({r["algo"] for r in ok}):
         mine = [r for r in ok if r["algo"] == algo]
-        wins = sum(r["gain_success"] >= TARGET_GAIN for r in mine)
-        targets[f"{algo}_seeds_with_gain"] = target(wins, min(2, len(seeds)))
-        targets[f"{algo}_within_budget"] = target(
-            max((r["wall_s"] for r in mine), default=0.0), BUDGET_S, at_least=False
-        )
+        if harness == "reference":
+            wins = sum(r["gain_success"] >= TARGET_GAIN for r in mine)
+            targets[f"{algo}_seeds_with_gain"] = target(wins, min(2, len(seeds)))
+            targets[f"{algo}_within_budget"] = target(
+                max((r["wall_s"] for r in mine), default=0.0), BUDGET_S, at_least=False
+            )
+            continue
+        wins = sum(r["gain_success"] >= TARGET_GAIN_HARNESS for r in mine)
+        targets[f"{algo}_seeds_with_gain_0.15"] = target(wins, min(2, len(seeds)))
+        rl_s = max((r["timings_s"].get("rl", 0.0) for r in mine), default=0.0)
+        targets[f"{algo}_rl_within_30_min"] = target(rl_s, RL_BUDGET_HARNESS_S, at_least=False)
     earlier: dict[str, Any] = {}
     if args.previous:
         prev = json.loads(args.previous.read_text())["metrics"]
@@ -314,9 +351,10 @@ def main(argv: list[str] | None = None) -> int:
         for key, run in prev.get("runs", {}).items():
             earlier[key if key not in earlier else f"{key}-{len(earlier)}"] = run
     path = write_result(
-        NAME,
+        NAME if harness == "reference" else f"{NAME}_{harness.replace('-', '_')}",
         metrics={
-            "warm_start": warm_start_record(),
+            "harness": harness,
+            "warm_start": warm_start_record(resolve_policy(harness)),
             "runs": {f"{r['algo']}-s{r['seed']}-{i}": r for i, r in enumerate(results)},
             "earlier_runs": earlier,
         },
@@ -334,16 +372,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if ok else 1
 
 
-def warm_start_record() -> dict[str, Any]:
+def resolve_policy(harness: str) -> str:
+    """The shipped policy ``harnessrl demo --harness HARNESS`` starts from."""
+    from harnessrl.common.run.demo import speaker
+
+    return speaker([harness])
+
+
+def warm_start_record(policy: str = "tiny-agent") -> dict[str, Any]:
     """What the shipped warm start's recipe recorded (held-out success, steps, minutes)."""
     from harnessrl.common.models import resolve_model
 
     try:
-        doc = json.loads((resolve_model("tiny-agent") / "harnessrl_recipe.json").read_text())
+        doc = json.loads((resolve_model(policy) / "harnessrl_recipe.json").read_text())
     except (ValueError, OSError) as e:
         return {"error": str(e)}
     keys = ("held_out_success", "held_out", "steps", "train_minutes", "train_conversations")
-    return {k: doc.get(k) for k in keys}
+    out = {k: doc.get(k) for k in keys}
+    if doc.get("held_out_by_harness"):
+        out["held_out_by_harness"] = doc["held_out_by_harness"]
+    return {"policy": policy, **out}
 
 
 if __name__ == "__main__":

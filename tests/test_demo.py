@@ -162,6 +162,19 @@ def test_paired_outcomes_match_task_and_seed() -> None:
 
 
 @pytest.mark.unit
+def test_default_policy_is_the_shipped_one_that_speaks_the_harnesses() -> None:
+    """No ``--model``: the reference harness starts from ``tiny-agent``, mini-swe-agent and
+    Claude Code (alone or mixed with reference) from ``tiny-agent-harness``, whose recipe lists
+    them; a harness no shipped policy speaks runs ``tiny-agent``; an explicit model wins."""
+    assert DemoConfig().model == "tiny-agent"
+    for hs in (["mini-swe-agent"], ["claude-code"], ["reference", "mini-swe-agent", "claude-code"]):
+        assert DemoConfig(harnesses=hs).model == "tiny-agent-harness", hs
+    assert DemoConfig(harnesses=["codex"]).model == "tiny-agent"
+    assert DemoConfig(harnesses=["claude-code"], model="tiny-agent").model == "tiny-agent"
+    assert DemoConfig(from_scratch=True, harnesses=["claude-code"]).model == "tiny-1m"
+
+
+@pytest.mark.unit
 def test_sft_steps_default_follows_rl_steps() -> None:
     assert sft_steps(DemoConfig(steps=4)) == 60
     assert sft_steps(DemoConfig(steps=100)) == 400

@@ -54,7 +54,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from harnessrl.common import tracking
 from harnessrl.common.config import ConfigError, HrlModel, toml_text
@@ -108,10 +108,13 @@ class DemoConfig(HrlModel):
     harnesses: list[str] = ["reference"]
     """Harnesses (``--harness``, repeat to mix: one group per task and harness). The teacher
     speaks the reference harness's tools, so SFT data always comes from ``reference``."""
-    model: str = "tiny-agent"
-    """Policy the RL phase starts from: ``tiny-agent``, the shipped warm start (made by
-    ``harnessrl pretrain --config deploy/pretrain-tiny-agent.toml``), or any model folder.
-    With ``from_scratch`` the model the SFT phase trains instead (a random ``tiny…`` spec)."""
+    model: str = ""
+    """Policy the RL phase starts from: a shipped warm start or any model folder. Empty: the
+    shipped policy that speaks every harness of ``harnesses`` — ``tiny-agent`` (made by
+    ``harnessrl pretrain --config deploy/pretrain-tiny-agent.toml``) for the reference
+    harness, ``tiny-agent-harness`` (``deploy/pretrain-tiny-agent-harness.toml``) for
+    mini-swe-agent and Claude Code (``harnessrl harness list`` shows who speaks what). With
+    ``from_scratch`` the model the SFT phase trains instead (a random ``tiny…`` spec)."""
     from_scratch: bool = False
     """Start from random weights: a cold-start SFT phase on live teacher trajectories first
     (``model`` then defaults to ``tiny-1m``); slow on 2 cores, see the module docstring."""
@@ -219,6 +222,12 @@ class DemoConfig(HrlModel):
     under the demo's name; TensorBoard in ``DIR/<phase>``), and the demo logs the held-out
     before/after table (``DIR/eval``)."""
 
+    @model_validator(mode="after")
+    def _default_model(self) -> DemoConfig:
+        if not self.model:
+            self.model = "tiny-1m" if self.from_scratch else speaker(self.harnesses)
+        return self
+
     @field_validator("group_size")
     @classmethod
     def _group_of_two(cls, v: int) -> int:
@@ -258,6 +267,18 @@ def max_new_tokens(cfg: DemoConfig) -> int:
     """``max_new_tokens``, or when 0: the model's own limit (0 passed on), except that a policy
     SFT'd from scratch declares none, so it gets the teacher's 256."""
     return cfg.max_new_tokens or (256 if cfg.from_scratch else 0)
+
+
+def speaker(harnesses: list[str]) -> str:
+    """The first shipped policy taught every harness of ``harnesses`` (its recipe's
+    ``harnesses``); ``tiny-agent`` when none is, so a harness no policy speaks still runs and
+    the evaluation shows it."""
+    from harnessrl.common.models.resolve import shipped_harnesses
+
+    for name, spoken in shipped_harnesses().items():
+        if set(harnesses) <= set(spoken):
+            return name
+    return "tiny-agent"
 
 
 def scratch_model(cfg: DemoConfig) -> str:
