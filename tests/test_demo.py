@@ -172,6 +172,9 @@ def test_default_policy_is_the_shipped_one_that_speaks_the_harnesses() -> None:
     assert DemoConfig(harnesses=["codex"]).model == "tiny-agent"
     assert DemoConfig(harnesses=["claude-code"], model="tiny-agent").model == "tiny-agent"
     assert DemoConfig(from_scratch=True, harnesses=["claude-code"]).model == "tiny-1m"
+    # the RL phase's time limit: longer through a real harness (slower rollouts)
+    assert DemoConfig().rl_minutes == 12 and DemoConfig(harnesses=["claude-code"]).rl_minutes == 28
+    assert DemoConfig(harnesses=["mini-swe-agent"], rl_minutes=5).rl_minutes == 5
 
 
 @pytest.mark.unit
