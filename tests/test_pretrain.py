@@ -395,3 +395,33 @@ def test_shipped_warm_start_holds_its_recorded_success(tmp_path: Path):
     # (0.58 recorded, 0.5 of it for any non-empty output; a random or broken policy scores
     # ~0) keeps the check meaningful
     assert got["reward"] >= rec["reward"] - 0.1, (got, rec)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_shipped_harness_policy_drives_claude_code(tmp_path: Path):
+    """``tiny-agent-harness`` through the real, unmodified Claude Code (installed on first use)
+    as its recipe evaluated it, with 2 rollouts per held-out task (80): it solves tasks
+    (``tiny-agent``, never taught Claude Code's tools, solves none) and scores no lower than its
+    recorded success minus 0.15 (2.5 sd of this eval's and the record's noise together at
+    p = 0.3), nor its mean reward minus 0.12."""
+    from harnessrl.common.models import resolve_model
+
+    meta = json.loads((resolve_model("tiny-agent-harness") / "harnessrl_recipe.json").read_text())
+    assert {"mini-swe-agent", "claude-code"} <= set(meta["harnesses"])
+    rec = meta["held_out_by_harness"]["claude-code"]
+    out = tmp_path / "eval.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "harnessrl.common.cli", "eval", "--policy", "tiny-agent-harness"]
+        + ["--suite", rec["suite"], "--harness", "claude-code", "--n", "2"]
+        + ["--temperature", str(rec["temperature"]), "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=570,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(out.read_text())["summary"]["tiny-agent-harness"]["claude-code"]
+    assert got["n"] == 80 and got["errors"] == 0, got
+    assert got["success"] > 0.1 and got["success"] >= rec["success"] - 0.15, (got, rec)
+    assert got["reward"] >= rec["reward"] - 0.12, (got, rec)
