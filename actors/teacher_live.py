@@ -119,6 +119,8 @@ class Stats:
     false_forks: int = 0
     harness_version: str = ""
     concurrency: int = 0
+    teacher: bool = True
+    """The scripted teacher is the model, in this process (not an engine elsewhere)."""
 
     def as_dict(self) -> dict[str, Any]:
         n = max(self.rollouts, 1)
@@ -155,12 +157,14 @@ class Stats:
     def line(self) -> str:
         d = self.as_dict()
         drop = ", ".join(f"{k} {v}" for k, v in sorted(self.dropped.items())) or "none"
+        here = "proxy, teacher, sandboxes" if self.teacher else "proxy, sandboxes; model: an engine"
         return (
             f"{d['rollouts']} rollouts through {self.harness} {self.harness_version} in "
             f"{d['wall_s']}s ({d['rollouts_per_s']} rollouts/s at concurrency {self.concurrency}), "
             f"{d['cpu_s_per_rollout']} CPU s per rollout ({d['cpu_s_per_rollout_harness']} in "
-            f"the harness, {d['cpu_s_per_rollout_this_process']} in this process: proxy, "
-            f"teacher, sandboxes), success {d['success_rate']}, kept "
+            f"the harness, {d['cpu_s_per_rollout_this_process']} in this process: "
+            f"{here}), "
+            f"success {d['success_rate']}, kept "
             f"{self.kept}, {d['tokens_per_conversation']} tokens per conversation, "
             f"{self.tito_misses} TITO misses, {self.false_forks} false forks; dropped: {drop}; "
             f"load average {' '.join(map(str, self.load))} on {d['cpus']} CPUs"
@@ -201,7 +205,9 @@ async def record_live(
     from harnessrl.common.tree import assemble
     from harnessrl.proxy.engine.teacher import make_teacher_engine
 
-    stats = Stats(cfg.harness, tasks=len(tasks), concurrency=cfg.concurrency)
+    stats = Stats(
+        cfg.harness, tasks=len(tasks), concurrency=cfg.concurrency, teacher=not cfg.engine
+    )
     part = Path(f"{cfg.out}.part")
     part.parent.mkdir(parents=True, exist_ok=True)
     done = done_tasks(part)

@@ -282,6 +282,17 @@ def test_recipe_records_once_per_harness(tmp_path: Path, monkeypatch):
         load_config(pretrain_cmd.PretrainConfig, None, {"harnesses": []})
 
 
+@pytest.mark.unit
+def test_live_recording_stats_name_where_the_model_ran():
+    """A recording's CPU line says what ran in the recording process: the teacher with it,
+    not when the model is an engine elsewhere (``--engine``)."""
+    from harnessrl.actors.teacher_live import Stats
+
+    assert "teacher" in Stats("mini-swe-agent", tasks=1, concurrency=1).line()
+    line = Stats("mini-swe-agent", tasks=1, concurrency=1, teacher=False).line()
+    assert "teacher" not in line and "model: an engine" in line
+
+
 @pytest.mark.slow
 def test_recipe_resumes_and_exports(tmp_path: Path, monkeypatch):
     """A short recipe run, then the same with more steps: it resumes at the checkpoint (no step
