@@ -115,6 +115,30 @@ def demo_default() -> str:
     return "\n".join(rows) + f"\n\nMean gain over seeds: {means}.\n"
 
 
+def demo_harness() -> str:
+    """Demos through a real harness (``benchmarks.demo_learning --harness NAME``: one result
+    file per harness), the current runs first, then earlier settings."""
+    rows = [
+        "| harness | run | algo | seed | RL settings | held-out success | gain | fixed/broken "
+        "| RL rollouts/s | RL min | eval min |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for path in sorted(RESULTS_DIR.glob("demo_learning_*.json")):
+        m = json.loads(path.read_text())["metrics"]
+        for group in ("runs", "earlier_runs"):
+            for name, run in m.get(group, {}).items():
+                if "error" in run:
+                    continue
+                rows.append(
+                    f"| {m['harness']} | `{name}`{' (earlier)' if group != 'runs' else ''} "
+                    f"| {run['algo'].upper()} | {run['seed']} | {settings(run)} "
+                    f"| {_success(run)} | **{run['gain_success']:+.3f}** | {_pair(run)} "
+                    f"| {run.get('rl_rollouts_per_s') or 0:.2f} | {_minutes(run, 'rl')} "
+                    f"| {_minutes(run, 'eval')} |"
+                )
+    return "\n".join(rows) + "\n"
+
+
 def demo_history() -> str:
     """Every other finished run: earlier defaults, then the experiments."""
     m = load("demo_learning")["metrics"]
@@ -183,8 +207,8 @@ def benchmarks() -> str:
     for path in sorted(RESULTS_DIR.glob("*.json")):
         doc = json.loads(path.read_text())
         name = doc["name"]
-        if name == "demo_learning":
-            continue
+        if name == "demo_learning" or name.startswith("demo_learning_"):
+            continue  # their own blocks (demo-default, demo-harness...)
         out += [f"### `{name}`", "", f"{summary(name)} Measured {doc['date'][:10]}.", ""]
         out += ["| target | value | goal | met |", "|---|---|---|---|"]
         for t, v in doc.get("targets", {}).items():
@@ -197,6 +221,7 @@ def benchmarks() -> str:
 BLOCKS = {
     "demo-default": demo_default,
     "demo-history": demo_history,
+    "demo-harness": demo_harness,
     "demo-stopped": demo_stopped,
     "warm-start": warm_start,
     "critic-ceiling": critic_ceiling,
