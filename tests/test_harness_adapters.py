@@ -370,7 +370,9 @@ def test_cli_list_json(monkeypatch, cache: Path, capsys):
     assert rows["codex"]["installed"] and rows["codex"]["version"] == "9.9.9"
     assert rows["codex"]["install_dir"] == str(cache / "codex")
     assert rows["reference"]["builtin"] and rows["reference"]["install_dir"] is None
-    assert rows["reference"]["spoken_by"] == ["tiny-agent"] and rows["codex"]["spoken_by"] == []
+    assert rows["reference"]["spoken_by"] == ["tiny-agent", "tiny-agent-harness"]
+    assert rows["claude-code"]["spoken_by"] == ["tiny-agent-harness"]
+    assert rows["codex"]["spoken_by"] == []
     assert rows["codex"]["first_request_tokens"] == 12543
     assert rows["codex"]["first_request_measured_at"] == "0.171.0"
     assert rows["command"]["first_request_tokens"] is None
@@ -383,9 +385,11 @@ def test_cli_list_table_and_show(monkeypatch, tmp_path: Path, capsys):
     out = capsys.readouterr().out
     assert out.splitlines()[0].split()[:3] == ["NAME", "API", "INSTALLED"]
     line = next(ln for ln in out.splitlines() if ln.startswith("claude-code"))
-    assert line.split()[:6] == ["claude-code", "messages", "no", "-", "1346", "-"]
+    assert line.split()[:6] == ["claude-code", "messages", "no", "-", "1346", "tiny-agent-harness"]
+    line = next(ln for ln in out.splitlines() if ln.startswith("codex"))
+    assert line.split()[5] == "-"  # spoken by no shipped policy
     line = next(ln for ln in out.splitlines() if ln.startswith("reference"))
-    assert line.split()[:6] == ["reference", "chat", "built-in", "-", "458", "tiny-agent"]
+    assert line.split()[5] == "tiny-agent,tiny-agent-harness"
     assert run_cli(monkeypatch, ["harness", "show", "codex"]) == 0
     assert 'wire_api = "responses"' in capsys.readouterr().out
 
