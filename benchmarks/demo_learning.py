@@ -38,6 +38,7 @@ from typing import Any
 
 from benchmarks._common import RESULTS_DIR, print_table, target, write_result
 from harnessrl.common.layout import StepLine, read_metrics
+from harnessrl.common.run.demo import speaker
 
 NAME = "demo_learning"
 BUDGET_S = 15 * 60
@@ -354,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         NAME if harness == "reference" else f"{NAME}_{harness.replace('-', '_')}",
         metrics={
             "harness": harness,
-            "warm_start": warm_start_record(resolve_policy(harness)),
+            "warm_start": warm_start_record(speaker([harness])),
             "runs": {f"{r['algo']}-s{r['seed']}-{i}": r for i, r in enumerate(results)},
             "earlier_runs": earlier,
         },
@@ -370,13 +371,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"results: {path}")
     return 0 if ok else 1
-
-
-def resolve_policy(harness: str) -> str:
-    """The shipped policy ``harnessrl demo --harness HARNESS`` starts from."""
-    from harnessrl.common.run.demo import speaker
-
-    return speaker([harness])
 
 
 def warm_start_record(policy: str = "tiny-agent") -> dict[str, Any]:

@@ -376,6 +376,25 @@ def test_shipped_model_checksums_are_checked(tmp_path: Path, monkeypatch):
 N_PER_TASK = 3
 
 
+def eval_as_recorded(
+    tmp_path: Path, policy: str, harness: str, n: int, rec: dict, timeout: float
+) -> dict:
+    """``harnessrl eval`` of a shipped policy on its record's suite and temperature through
+    ``harness``, ``n`` rollouts per task: the policy's summary cell."""
+    out = tmp_path / "eval.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "harnessrl.common.cli", "eval", "--policy", policy]
+        + ["--suite", rec["suite"], "--harness", harness, "--n", str(n)]
+        + ["--temperature", str(rec["temperature"]), "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())["summary"][policy][harness]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_shipped_warm_start_holds_its_recorded_success(tmp_path: Path):
@@ -388,18 +407,7 @@ def test_shipped_warm_start_holds_its_recorded_success(tmp_path: Path):
 
     recorded = json.loads((resolve_model("tiny-agent") / "harnessrl_recipe.json").read_text())
     rec = recorded["held_out_success"]
-    out = tmp_path / "eval.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "harnessrl.common.cli", "eval", "--policy", "tiny-agent"]
-        + ["--suite", rec["suite"], "--harness", "reference", "--n", str(N_PER_TASK)]
-        + ["--temperature", str(rec["temperature"]), "--out", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=840,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(out.read_text())["summary"]["tiny-agent"]["reference"]
+    got = eval_as_recorded(tmp_path, "tiny-agent", "reference", N_PER_TASK, rec, timeout=840)
     assert got["n"] == rec["n"] // rec["n_per_task"] * N_PER_TASK
     assert got["success"] >= rec["success"] - 0.1, (got, rec)
     # while the recorded success is under 0.1 the line above cannot fail; the mean reward
@@ -421,18 +429,7 @@ def test_shipped_harness_policy_drives_claude_code(tmp_path: Path):
     meta = json.loads((resolve_model("tiny-agent-harness") / "harnessrl_recipe.json").read_text())
     assert {"mini-swe-agent", "claude-code"} <= set(meta["harnesses"])
     rec = meta["held_out_by_harness"]["claude-code"]
-    out = tmp_path / "eval.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "harnessrl.common.cli", "eval", "--policy", "tiny-agent-harness"]
-        + ["--suite", rec["suite"], "--harness", "claude-code", "--n", "2"]
-        + ["--temperature", str(rec["temperature"]), "--out", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=570,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(out.read_text())["summary"]["tiny-agent-harness"]["claude-code"]
+    got = eval_as_recorded(tmp_path, "tiny-agent-harness", "claude-code", 2, rec, timeout=570)
     assert got["n"] == 80 and got["errors"] == 0, got
     assert got["success"] > 0.1 and got["success"] >= rec["success"] - 0.15, (got, rec)
     assert got["reward"] >= rec["reward"] - 0.12, (got, rec)

@@ -226,7 +226,7 @@ class DemoConfig(HrlModel):
     before/after table (``DIR/eval``)."""
 
     @model_validator(mode="after")
-    def _default_model(self) -> DemoConfig:
+    def _defaults_from_harnesses(self) -> DemoConfig:
         if not self.model:
             self.model = "tiny-1m" if self.from_scratch else speaker(self.harnesses)
         if self.rl_minutes is None:
