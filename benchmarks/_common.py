@@ -77,6 +77,17 @@ def write_result(
     return path
 
 
+def wilson(k: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95 % Wilson score interval of a success rate ``k / n``."""
+    if n <= 0:
+        return (0.0, 1.0)
+    p = k / n
+    d = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / d
+    half = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / d
+    return (round(max(0.0, mid - half), 4), round(min(1.0, mid + half), 4))
+
+
 def proc_cpu_s(pid: int) -> float:
     """User + system CPU seconds a process has used so far (Linux ``/proc``)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()

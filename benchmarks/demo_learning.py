@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import RESULTS_DIR, print_table, target, write_result
+from benchmarks._common import RESULTS_DIR, print_table, target, wilson, write_result
 from harnessrl.common.layout import StepLine, read_metrics
 from harnessrl.common.run.demo import speaker
 
@@ -90,17 +90,6 @@ def rl_curve(run_dir: Path) -> list[tuple[int, float]]:
         for ln in read_metrics(run_dir / "metrics.jsonl")
         if isinstance(ln, StepLine)
     ]
-
-
-def wilson(k: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95 % Wilson score interval of a success rate ``k / n``."""
-    if n <= 0:
-        return (0.0, 1.0)
-    p = k / n
-    d = 1 + z * z / n
-    mid = (p + z * z / (2 * n)) / d
-    half = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / d
-    return (round(max(0.0, mid - half), 4), round(min(1.0, mid + half), 4))
 
 
 def run_demo(

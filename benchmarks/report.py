@@ -190,6 +190,79 @@ def critic_ceiling() -> str:
     return _cell(c.get("what", "")) + "\n\n" + "\n".join(rows) + "\n"
 
 
+def _ci(ci: list[float] | None, signed: bool = False) -> str:
+    if not ci:
+        return ""
+    f = "{:+.2f}" if signed else "{:.2f}"
+    return f"[{f.format(ci[0])}, {f.format(ci[1])}]"
+
+
+def transfer_matrix() -> str:
+    """The policy x harness matrix (``benchmarks.transfer_matrix``) and what it says."""
+    m = load("transfer_matrix")["metrics"]
+    harnesses, policies, cells = m["harnesses"], m["policies"], m["cells"]
+    base = policies[0]["name"]
+    rows = [
+        "| policy | trained through | RL | " + " | ".join(harnesses) + " |",
+        "|---|---|---|" + "---|" * len(harnesses),
+    ]
+    for p in policies:
+        rl = p.get("rl")
+        how = (
+            f"{rl['algo'].upper()} seed {rl['seed']}, {rl['minutes']:.0f} min, v{rl['version']}"
+            if rl
+            else ""
+        )
+        out = []
+        for h in harnesses:
+            c = cells[p["name"]].get(h)
+            if c is None:
+                out.append("")
+                continue
+            text = f"{c['success']:.2f} {_ci(c['ci95'])}"
+            vs = c.get("vs_baseline")
+            if vs and vs.get("change") is not None:
+                own = h in p["trained_through"]
+                change = f"{vs['change']:+.2f} {_ci(vs['ci95'], True)}"
+                text += (
+                    f"<br>{'**' + change + '**' if own else change}, {vs['fixed']}/{vs['broken']}"
+                )
+            out.append(text)
+        through = ", ".join(p["trained_through"]) or "(warm start)"
+        rows.append(f"| `{p['name']}` | {through} | {how} | " + " | ".join(out) + " |")
+    n = min(c["n"] for row in cells.values() for c in row.values())
+    lines = [
+        "\n".join(rows),
+        "",
+        f"Cells: held-out success on `{m['suite']}` ({m['tasks']} tasks x {m['n_per_task']}, "
+        f"at least {n} rollouts per cell) with its 95 % interval; below it the change against "
+        f"`{base}` in the same cell (paired: same task and sampling seed) with its 95 % interval "
+        "and the paired rollouts fixed/broken; bold where the policy was trained through that "
+        "harness.",
+        "",
+    ]
+    for f in m["findings"]:
+        if f["kind"] == "single":
+            others = ", ".join(
+                f"{h} {v:+.2f}" for h, v in f["other_changes"].items() if v is not None
+            )
+            lines.append(
+                f"- `{f['policy']}` (trained through {f['own']}): {f['own_change']:+.2f} on "
+                f"{f['own']}; elsewhere {others}."
+            )
+        else:
+            parts = []
+            for h, r in f["on"].items():
+                alone = (
+                    f" against {r['alone_change']:+.2f} for `{r['alone']}`"
+                    if r["alone_change"] is not None
+                    else ""
+                )
+                parts.append(f"{h} {r['mix_change']:+.2f}{alone}")
+            lines.append(f"- `{f['policy']}` (mixed): " + "; ".join(parts) + ".")
+    return "\n".join(lines) + "\n"
+
+
 # ---------------------------------------------------------------------------------------------
 # the other benchmarks
 # ---------------------------------------------------------------------------------------------
@@ -207,8 +280,8 @@ def benchmarks() -> str:
     for path in sorted(RESULTS_DIR.glob("*.json")):
         doc = json.loads(path.read_text())
         name = doc["name"]
-        if name == "demo_learning" or name.startswith("demo_learning_"):
-            continue  # their own blocks (demo-default, demo-harness...)
+        if name in ("demo_learning", "transfer_matrix") or name.startswith("demo_learning_"):
+            continue  # their own blocks (demo-default, demo-harness, transfer-matrix...)
         out += [f"### `{name}`", "", f"{summary(name)} Measured {doc['date'][:10]}.", ""]
         out += ["| target | value | goal | met |", "|---|---|---|---|"]
         for t, v in doc.get("targets", {}).items():
@@ -223,6 +296,7 @@ BLOCKS = {
     "demo-history": demo_history,
     "demo-harness": demo_harness,
     "demo-stopped": demo_stopped,
+    "transfer-matrix": transfer_matrix,
     "warm-start": warm_start,
     "critic-ceiling": critic_ceiling,
     "benchmarks": benchmarks,
