@@ -111,17 +111,18 @@ def _list(cache_dir: Path, *, as_json: bool) -> int:
     if as_json:
         print(json.dumps(rows, indent=2))
         return 0
+    spoken = {r["name"]: ",".join(r["spoken_by"]) or "-" for r in rows}
+    w = max(len("SPOKEN BY"), *(len(b) for b in spoken.values()))  # the column fits its names
     print(
         f"{'NAME':<15} {'API':<10} {'INSTALLED':<10} {'VERSION':<10} {'1ST REQ':>14} "
-        f"{'SPOKEN BY':<12} INSTALL DIR"
+        f"{'SPOKEN BY':<{w}} INSTALL DIR"
     )
     for r in rows:
         inst = "built-in" if r["builtin"] else "yes" if r["installed"] else "no"
         where = r["install_dir"] or "-"
-        by = ",".join(r["spoken_by"]) or "-"
         print(
             f"{r['name']:<15} {r['api']:<10} {inst:<10} {r['version'] or '-':<10} "
-            f"{_first_request(r):>14} {by:<12} {where}"
+            f"{_first_request(r):>14} {spoken[r['name']]:<{w}} {where}"
         )
     print(
         "1ST REQ: tokens of its first request for a one-line task (system prompt, tools, task;\n"

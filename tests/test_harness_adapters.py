@@ -390,6 +390,10 @@ def test_cli_list_table_and_show(monkeypatch, tmp_path: Path, capsys):
     assert line.split()[5] == "-"  # spoken by no shipped policy
     line = next(ln for ln in out.splitlines() if ln.startswith("reference"))
     assert line.split()[5] == "tiny-agent,tiny-agent-harness"
+    lines = out.splitlines()
+    col = lines[0].index("INSTALL DIR")  # the columns line up, however long the names
+    rows = lines[1 : next(i for i, ln in enumerate(lines) if ln.startswith("1ST REQ:"))]
+    assert rows and all(ln[col - 1] == " " and ln[col] != " " for ln in rows)
     assert run_cli(monkeypatch, ["harness", "show", "codex"]) == 0
     assert 'wire_api = "responses"' in capsys.readouterr().out
 
