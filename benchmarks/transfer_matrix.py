@@ -123,16 +123,18 @@ def eval_config(
 
 
 def paired_change(results: list[dict], base: str, other: str, harness: str) -> dict[str, Any]:
-    """``other`` against ``base`` on ``harness``, rollouts paired by (task, k): counts, the
-    change in success and its 95 % interval (normal, on the paired differences)."""
-    runs: dict[str, dict[tuple[str, int], bool]] = {base: {}, other: {}}
-    for r in results:
-        if r["harness"] == harness and r["policy"] in runs and r["status"] in ("ok", "timeout"):
-            runs[r["policy"]][(r["task"], r["k"])] = r["status"] == "ok" and r["reward"] >= 1.0
-    keys = runs[base].keys() & runs[other].keys()
-    fixed = sum(runs[other][k] and not runs[base][k] for k in keys)
-    broken = sum(runs[base][k] and not runs[other][k] for k in keys)
-    n = len(keys)
+    """``other`` against ``base`` on ``harness``, rollouts paired by (task, k) (the demo's
+    `paired`, infrastructure errors left out as in the means): counts, the change in success
+    and its 95 % interval (normal, on the paired differences)."""
+    from harnessrl.common.run.demo import paired
+
+    scored = [
+        r if r["status"] == "ok" else {**r, "reward": 0.0}
+        for r in results
+        if r["status"] in ("ok", "timeout")
+    ]
+    p = paired({"results": scored}, base, other, harness)
+    fixed, broken, n = p["fixed"], p["broken"], sum(p.values())
     if not n:
         return {"pairs": 0, "fixed": 0, "broken": 0, "change": None, "ci95": None}
     d = (fixed - broken) / n
