@@ -117,7 +117,7 @@ def demo_default() -> str:
 
 def demo_harness() -> str:
     """Demos through a real harness (``benchmarks.demo_learning --harness NAME``: one result
-    file per harness), the current runs first, then earlier settings."""
+    file per harness), the current runs first, then earlier settings, then experiments."""
     rows = [
         "| harness | run | algo | seed | RL settings | held-out success | gain | fixed/broken "
         "| RL rollouts/s | RL min | eval min |",
@@ -125,12 +125,16 @@ def demo_harness() -> str:
     ]
     for path in sorted(RESULTS_DIR.glob("demo_learning_*.json")):
         m = json.loads(path.read_text())["metrics"]
-        for group in ("runs", "earlier_runs"):
+        for group, label in (
+            ("runs", ""),
+            ("earlier_runs", " (earlier)"),
+            ("experiments", " (experiment)"),
+        ):
             for name, run in m.get(group, {}).items():
                 if "error" in run:
                     continue
                 rows.append(
-                    f"| {m['harness']} | `{name}`{' (earlier)' if group != 'runs' else ''} "
+                    f"| {m['harness']} | `{name}`{label} "
                     f"| {run['algo'].upper()} | {run['seed']} | {settings(run)} "
                     f"| {_success(run)} | **{run['gain_success']:+.3f}** | {_pair(run)} "
                     f"| {run.get('rl_rollouts_per_s') or 0:.2f} | {_minutes(run, 'rl')} "
