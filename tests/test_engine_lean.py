@@ -208,3 +208,19 @@ def test_lean_forward_that_differs_is_dropped(tmp_path: Path, caplog, monkeypatc
     assert eng.lean is None
     assert "lean forward differs from the model's forward" in caplog.text
     assert load_engine(folder, lean_forward=False).lean is None
+
+
+def test_low_precision_tolerance_scales_with_the_logits() -> None:
+    """bf16 keeps 8 significant bits, so the load-time check allows 8 ulps of the largest
+    logit: SmolLM2-135M's lean forward in bf16 (off by 0.58 at a largest logit of 28.3, as
+    measured on an AVX2-only CPU) passes, a wrong mask (off by 17.9) does not, and small
+    logits keep the 0.5 floor."""
+    from harnessrl.proxy.engine.scheduler import _low_precision_tol
+
+    tol = _low_precision_tol(torch.tensor([[-3.0, 28.25]]))
+    assert tol == 1.0
+    assert 0.581 <= tol < 17.9
+    assert _low_precision_tol(torch.tensor([2.0, -9.0])) == 0.5  # 8 ulps of 9 = 0.5
+    assert _low_precision_tol(torch.tensor([0.1])) == 0.5
+    assert _low_precision_tol(torch.tensor([float("nan")])) == 0.5
+    assert _low_precision_tol(torch.tensor([300.0])) == 16.0  # ulp 2 in [256, 512)
