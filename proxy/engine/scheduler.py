@@ -70,16 +70,17 @@ _DEFER_MIN_SHARED = 64  # tokens a waiting prompt must share with a running pref
 _LEAN_TOL = 1e-4  # fp32 logits: the lean forward runs HF's own ops, so only kernel noise remains
 
 
-def _low_precision_tol(ref: torch.Tensor) -> float:
+def _low_precision_tol(ref: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> float:
     """Load-time tolerance of a bf16/fp16 forward against the model's own: 8 units in the
-    last place (8 significant bits) of the largest reference logit, at least 0.5. Two
+    last place (of ``dtype``: 8 significant bits in bf16) of the largest reference logit, at
+    least 0.5. Two
     forwards that order their ops differently differ by a few of those (measured: 0.58 at a
     largest logit of 28.3, 4.6 ulps, SmolLM2-135M in bf16 on an AVX2-only CPU, where a fixed
     0.5 refused it), while a wrong mask or position is off by the logits' own scale (17.9)."""
     largest = float(ref.abs().max())
     if not math.isfinite(largest) or largest <= 0.0:
         return 0.5
-    return max(0.5, 8 * 2.0 ** (math.floor(math.log2(largest)) - 7))
+    return max(0.5, 8 * torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(largest)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -244,7 +245,11 @@ class Engine:
         self.model.set_attn_implementation(_ATTN_NAME)
         if self.model.config._attn_implementation != _ATTN_NAME:
             raise ValueError(f"{type(self.model).__name__} cannot use a custom attention")
-        tol = _LEAN_TOL if self.model.dtype == torch.float32 else _low_precision_tol(ref)
+        tol = (
+            _LEAN_TOL
+            if self.model.dtype == torch.float32
+            else _low_precision_tol(ref, self.model.dtype)
+        )
         self.lean = None
         err = self._check_steps(ids, ref)
         if self.cfg.lean_forward:
