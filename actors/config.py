@@ -80,6 +80,11 @@ class RolloutSettings(ProxySettings):
     install_harnesses: bool = True
     """Install a harness that is missing from the cache on first use (needs its registry);
     off: such rollouts end as ``harness_error``."""
+    harness_preload: bool = True
+    """Start a Python harness that declares a preloaded start (mini-swe-agent) by forking an
+    interpreter that has imported its libraries once, instead of a fresh interpreter per
+    rollout (~10x less CPU per start; same argv, environment and sandbox). Needs the bwrap
+    backend running as root; elsewhere, or off, every start is cold."""
     harness_timeout_s: float = Field(0.0, ge=0, le=86_400)
     """Wall-clock limit of a harness run when the TaskRequest gives none; 0 uses the task's
     own (``agent_timeout_s``)."""

@@ -92,6 +92,7 @@ from harnessrl.actors.harnesses import (
     LaunchSpec,
     get_adapter,
     harness_version,
+    preload,
 )
 from harnessrl.actors.harnesses.base import HarnessAdapter, default_cache_dir, write_launch_files
 from harnessrl.actors.sandbox import Limits, Sandbox, SandboxBackend, SandboxError, SandboxSpec
@@ -170,6 +171,8 @@ class RolloutDeps:
     """``harnessrl.actors.verifier.RubricJudge`` or None."""
     actor: str = ""
     """Name put in results and sandbox owners."""
+    preloads: Any = None
+    """``harnessrl.actors.harnesses.preload.PreloadPool`` (None: every harness starts cold)."""
 
     @property
     def caller(self) -> Any:
@@ -228,6 +231,10 @@ class RolloutDeps:
                 stack.push_async_callback(judge.close)
             socket_dir = await asyncio.to_thread(_new_socket_dir)
             stack.callback(shutil.rmtree, socket_dir, True)
+            preloads = None
+            if settings.harness_preload and preload.supported(backend):
+                preloads = preload.PreloadPool(socket_dir, min_uid=backend.uid_base)  # type: ignore[attr-defined]
+                stack.push_async_callback(preloads.close)
             yield cls(
                 bus=bus,
                 proxy=proxy,
@@ -236,6 +243,7 @@ class RolloutDeps:
                 socket_dir=socket_dir,
                 judge=judge,
                 actor=actor or default_actor_name(),
+                preloads=preloads,
             )
 
 
@@ -363,6 +371,9 @@ class _Rollout:
         self.token = "hrl-" + secrets.token_urlsafe(24)
         self.server: Any = None
         self.sock: Path | None = None
+        self.preloader: Any = None
+        """The ``Preloader`` this rollout's harness starts from (None: a cold start)."""
+        self.preload_run = ""
         self.result = RolloutResult(
             rollout_id=self.rid,
             task_id=req.task_id,
@@ -412,6 +423,7 @@ class _Rollout:
         timeout = self._timeout(task)
         spec = await self._prepare(adapter, task, timeout)
         await self._start_proxy()
+        await self._preload(spec)
         sandbox = await self._create_sandbox(task, spec, timeout)
         try:
             done = await self._launch(sandbox, spec)
@@ -519,6 +531,17 @@ class _Rollout:
         )
         await self.server.start()
 
+    async def _preload(self, spec: LaunchSpec) -> None:
+        """Make ``spec`` a preloaded start when its harness declares one and a preloader for
+        it runs (started on first use); else it stays cold."""
+        pool = self.deps.preloads
+        if pool is None or spec.preload is None:
+            return
+        self.preloader = await pool.get(spec.preload)
+        if self.preloader is not None:
+            self.preload_run = pool.wrap(spec, self.preloader)
+            self.report.launch["preloaded"] = True
+
     # -- the sandbox ----------------------------------------------------------------------
 
     async def _create_sandbox(self, task: Task, spec: LaunchSpec, timeout: float) -> Sandbox:
@@ -570,7 +593,8 @@ class _Rollout:
             rep.harness_exit = -9
             return None
         if done.cpu_s is not None:
-            self.durations["harness_cpu"] = done.cpu_s
+            extra = self.preloader.take_cpu(self.preload_run) if self.preloader else None
+            self.durations["harness_cpu"] = done.cpu_s + (extra or 0.0)
         rep.harness_exit, rep.timed_out = done.returncode, done.timed_out
         rep.harness_stdout, rep.harness_stderr = _tail(done.stdout), _tail(done.stderr)
         return done

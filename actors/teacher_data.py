@@ -108,6 +108,9 @@ class TeacherDataConfig(HrlModel):
     """Live: wall-clock limit of one harness run."""
     sandbox_root: Path | None = None
     """Live: host folder for sandbox state (empty: the backend's default)."""
+    harness_preload: bool = True
+    """Live: start a Python harness preloaded where it can (see the actor's
+    ``harness_preload``); off: every rollout starts it cold."""
     nats: str = ""
     """Live: NATS URL for the CallRecords; empty: an in-memory bus."""
     progress_s: float = Field(30.0, gt=0)

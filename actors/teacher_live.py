@@ -245,6 +245,7 @@ async def record_live(
             max_turns=cfg.max_turns,
             harness_timeout_s=cfg.harness_timeout_s,
             sandbox_root=cfg.sandbox_root,
+            harness_preload=cfg.harness_preload,
         )
         sem = asyncio.Semaphore(cfg.concurrency)
         out = open(part, "a", encoding="utf-8")  # noqa: SIM115 - appended to as rollouts end

@@ -16,8 +16,13 @@ reference harness's loop in-process (what the shipped warm start was trained on)
 ``--plan N`` sizes a warm start of N live conversations per harness: CPU hours, hours on this
 machine's cores when they are free, and hours at the rate measured now.
 
+A harness with a preloaded start (mini-swe-agent: an interpreter that has imported its
+libraries once, forked into each sandbox) is recorded a second time with cold starts, in the
+same run: the ratio of the harness's CPU per rollout, cold over preloaded, is the preloaded
+start's target (at least 2x).
+
 ``--quick`` (under a minute where Claude Code is installed): one task of two families through
-the cheapest installed harness.
+the cheapest installed harness (cold starts are not measured).
 """
 
 from __future__ import annotations
@@ -74,11 +79,14 @@ def baseline(per_family: int, families: list[str]) -> dict[str, Any]:
     }
 
 
-def record(harness: str, args: argparse.Namespace, families: list[str], tmp: Path) -> dict:
+def record(
+    harness: str, args: argparse.Namespace, families: list[str], tmp: Path, preload: bool = True
+) -> dict:
     from harnessrl.actors import teacher_data
 
-    out = tmp / f"{harness}.jsonl"
+    out = tmp / f"{harness}{'' if preload else '-cold'}.jsonl"
     cfg = teacher_data.TeacherDataConfig(
+        harness_preload=preload,
         out=out,
         harness=harness,
         per_family=args.per_family,
@@ -121,10 +129,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     base = baseline(args.per_family, families)
     results: dict[str, Any] = {}
+    cold: dict[str, Any] = {}  # harnesses with a preloaded start, measured cold too
     with tempfile.TemporaryDirectory(prefix="hrl-bench-teacher-") as tmp:
         for h in installed:
             results[h] = record(h, args, families, Path(tmp))
             results[h]["plan"] = plan(results[h], args.plan)
+            if getattr(get_adapter(h), "preload_modules", ()) and not args.quick:
+                cold[h] = record(h, args, families, Path(tmp), preload=False)
     rows = [
         (
             "reference, in-process (baseline)",
@@ -158,6 +169,23 @@ def main(argv: list[str] | None = None) -> int:
         ratios[f"{h}_cpu_per_rollout_vs_baseline"] = round(
             s["cpu_s_per_rollout"] / max(base["cpu_s_per_rollout"], 1e-9), 1
         )
+        if h in cold:
+            c = cold[h]
+            rows.append(
+                (
+                    f"{h} {c['harness_version']}, cold start",
+                    str(c["rollouts"]),
+                    f"{c['rollouts_per_s']}",
+                    f"{c['cpu_s_per_rollout']} ({c['cpu_s_per_rollout_harness']} harness)",
+                    f"{c['success_rate']}",
+                    f"{c['tokens_per_conversation']}",
+                    f"{c['calls_per_conversation']}",
+                    f"{c['tito_misses']}/{c['false_forks']}",
+                )
+            )
+            speedup = c["cpu_s_per_rollout_harness"] / max(s["cpu_s_per_rollout_harness"], 1e-9)
+            ratios[f"{h}_harness_cpu_cold_vs_preloaded"] = round(speedup, 2)
+            targets[f"{h}_preloaded_harness_cpu_speedup"] = target(round(speedup, 2), 2.0)
     header = ("harness", "rollouts", "rollouts/s", "CPU s/rollout", "success", "tokens/conv")
     header += ("calls/conv", "TITO miss/false fork")
     load = next(iter(results.values()))["loadavg_at_end"]
@@ -169,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{p['hours_on_free_cores']} h on {os.cpu_count()} free cores, "
             f"{p['hours_at_measured_rate']} h at the rate measured now"
         )
+    for h, c in cold.items():
+        results[f"{h} (cold start)"] = c
     path = write_result(NAME, results, base, targets, ratios=ratios, quick=args.quick, out=args.out)
     print(f"\nresults: {path}")
     return 0 if all(t["met"] for t in targets.values()) else 1

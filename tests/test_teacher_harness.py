@@ -28,9 +28,10 @@ SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
 
 def teacher_data(
-    out: Path, tmp_path: Path, *families: str, harness: str = "mini-swe-agent"
+    out: Path, tmp_path: Path, *families: str, harness: str = "mini-swe-agent", extra=()
 ) -> subprocess.CompletedProcess:
     argv = [sys.executable, "-m", "harnessrl.common.cli", "teacher-data", "--out", str(out)]
+    argv += list(extra)
     argv += ["--harness", harness, "--per-family", "1", "--vary-names", "0"]
     argv += ["--model", "tiny-1m", "--concurrency", "2", "--sandbox-root", str(tmp_path / "sb")]
     for f in families:
@@ -83,8 +84,19 @@ async def test_teacher_through_mini_swe_agent_scores_one_with_exact_records(
         assert json.dumps({"command": SUBMIT}) in submitted  # then the submit command, alone
     stats = json.loads(Path(f"{out}.stats.json").read_text())
     assert stats["success_rate"] == 1.0 and stats["kept"] == 2 and stats["tito_misses"] == 0
-    assert stats["cpu_s_per_rollout_harness"] > 0.5  # litellm's import alone is seconds
     assert "rollouts/s" in run.stderr and "load average" in run.stderr
+    # started cold (a fresh interpreter per rollout) instead of preloaded: the same tokens,
+    # and the harness's CPU (measured inside the sandbox, plus the preloaded fork's) is more
+    cold_out = tmp_path / "cold.jsonl"
+    cold = teacher_data(cold_out, tmp_path, "copy", "count_word", extra=["--no-harness-preload"])
+    assert cold.returncode == 0, cold.stderr[-3000:]
+    cold_recs = [json.loads(line) for line in cold_out.read_text().splitlines()]
+    by_task = {r["task"]: r for r in cold_recs}
+    for r in recs:
+        assert r["nodes"] == by_task[r["task"]]["nodes"]
+    cold_stats = json.loads(Path(f"{cold_out}.stats.json").read_text())
+    assert cold_stats["cpu_s_per_rollout_harness"] > 2.0  # litellm's import alone is seconds
+    assert 0.1 < stats["cpu_s_per_rollout_harness"] < cold_stats["cpu_s_per_rollout_harness"]
     # the warm-start recipe reads the recorded trees as they are
     encoded = encode_file(TOK, out)
     for enc, r in zip(encoded, recs, strict=True):

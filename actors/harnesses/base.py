@@ -156,6 +156,9 @@ class LaunchSpec:
     """Bytes fed to stdin; ``None``: /dev/null."""
     timeout_s: float = 1800.0
     """Wall-clock limit of the run."""
+    preload: Any = None
+    """``harnessrl.actors.harnesses.preload.Preload``: how the actor may start this Python
+    harness from a preloaded interpreter instead (the same argv and env); None: always cold."""
 
     def redacted(self, token: str) -> dict[str, Any]:
         """A loggable view with ``token`` replaced by ``***``."""

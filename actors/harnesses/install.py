@@ -23,6 +23,7 @@ from harnessrl.actors.harnesses.base import (
     read_manifest,
     run_install_step,
 )
+from harnessrl.actors.harnesses.preload import Preload
 
 
 class InstalledAdapter(HarnessAdapter):
@@ -117,6 +118,24 @@ class PipVenvAdapter(InstalledAdapter):
     packages: ClassVar[tuple[str, ...]]
     dist_name: ClassVar[str]
     """Distribution whose version the manifest records."""
+    preload_modules: ClassVar[tuple[str, ...]] = ()
+    """Libraries a preloaded start imports ahead (``harnessrl.actors.harnesses.preload``):
+    only ones that keep no per-rollout state from their import; empty: always cold."""
+    preload_env: ClassVar[tuple[tuple[str, str], ...]] = ()
+    """Environment they are imported with: the values every rollout's harness has."""
+
+    def preload(self, cache_dir: Path, entry: str) -> Preload | None:
+        """The `Preload` of ``python -m entry`` from this install (None: none declared)."""
+        if not self.preload_modules:
+            return None
+        root = Path(os.path.abspath(self.install_dir(cache_dir)))
+        return Preload(
+            python=root / "venv" / "bin" / "python",
+            entry=entry,
+            modules=self.preload_modules,
+            env=self.preload_env,
+            binds=((root, str(root)),),
+        )
 
     async def install(
         self, cache_dir: Path, *, version: str | None = None, force: bool = False

@@ -33,6 +33,10 @@ Options: ``command_timeout`` (seconds per bash command), ``max_output_tokens`` (
 ``ctx.max_output_tokens``), ``config`` (extra ``-c`` entries).
 
 API: OpenAI chat completions, never streaming. No sub-agents, no compaction: every call is main.
+
+Preloaded start (``harnessrl.actors.harnesses.preload``): the actor may start it from an
+interpreter that has imported litellm and the CLI's libraries once (~0.4 s of CPU a start
+instead of 3.5-4.3 s); the argv and environment above are unchanged.
 """
 
 from __future__ import annotations
@@ -51,6 +55,23 @@ class MiniSweAgentAdapter(PipVenvAdapter):
     summary = "mini-swe-agent (pip, own venv), bash-only, chat completions"
     packages = ("mini-swe-agent",)
     dist_name = "mini-swe-agent"
+    entry = "minisweagent.run.mini"
+    # what a cold start imports before its first request, less mini-swe-agent itself (its
+    # import reads the rollout's $HOME config); none keeps per-rollout state from its import
+    preload_modules = (
+        "litellm",
+        "litellm.proxy._types",
+        "litellm.llms.litellm_proxy.chat.transformation",
+        "httpcore",
+        "h11",
+        "prompt_toolkit",
+        "rich.console",
+        "typer",
+        "yaml",
+        "platformdirs",
+        "dotenv",
+    )
+    preload_env = (("LITELLM_LOCAL_MODEL_COST_MAP", "True"), ("NO_COLOR", "1"))
 
     def prepare(self, ctx: HarnessContext) -> LaunchSpec:
         python = self.locate(ctx.cache_dir, "venv/bin/python")
@@ -70,7 +91,7 @@ class MiniSweAgentAdapter(PipVenvAdapter):
             "agent": agent,
             "environment": environment,
         }
-        argv = [python, "-m", "minisweagent.run.mini", "-y", "--exit-immediately"]
+        argv = [python, "-m", self.entry, "-y", "--exit-immediately"]
         argv += ["-m", f"openai/{ctx.model}", "-t", ctx.instruction]
         argv += ["-c", "mini.yaml", "-c", cfg_file]
         for extra in ctx.options.get("config", []):
@@ -91,5 +112,6 @@ class MiniSweAgentAdapter(PipVenvAdapter):
             api=self.api,
             files={cfg_file: json.dumps(config, indent=2) + "\n"},
             ro_binds=self.binds(ctx.cache_dir),
+            preload=self.preload(ctx.cache_dir, self.entry),
         )
         return self.finish(ctx, spec)
