@@ -30,7 +30,8 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[1]
 PY = "/usr/bin/python3"
 PROBE = r"""
-import json, os, resource, socket, sys, time
+import atexit, json, os, resource, socket, sys, time
+atexit.register(lambda: sys.stderr.write("atexit ran\n"))
 status = dict(line.split(":\t", 1) for line in open("/proc/self/status").read().splitlines()
               if ":\t" in line)
 if os.environ.get("BURN"):
@@ -39,6 +40,8 @@ if os.environ.get("BURN"):
         pass
 if os.environ.get("SLEEP"):
     time.sleep(float(os.environ["SLEEP"]))
+if os.environ.get("RAISE"):
+    raise RuntimeError("boom")
 print(json.dumps({
     "preloaded": "decimal" in sys.modules,
     "name": __name__, "argv": sys.argv[1:], "path0": sys.path[0],
@@ -54,7 +57,6 @@ print(json.dumps({
     "repo_visible": os.path.exists(sys.argv[1]),
     "fds": sorted(int(x) for x in os.listdir("/proc/self/fd")),
 }))
-sys.stdout.flush()
 sys.exit(int(os.environ.get("EXIT", "0")))
 """
 COLD = [PY, "-m", "hrlprobe", str(REPO), "two words"]
@@ -129,6 +131,22 @@ async def test_a_preloaded_start_sees_what_a_cold_start_sees(backend, pool):
     assert warm["cwd"] == warm["path0"] == "/workspace" and not warm["repo_visible"]
     assert warm["nproc"] == [64, 64] and warm["fds"] == [0, 1, 2, 3]
     assert b"starting cold" not in hot_res.stderr
+    assert hot_res.stderr.count(b"atexit ran") == cold_res.stderr.count(b"atexit ran") == 1
+
+
+async def test_an_uncaught_exception_ends_as_it_would_cold(backend, pool):
+    pre = await pool.get(PRELOAD)
+    hot = spec({"RAISE": "1"})
+    pool.wrap(hot, pre)
+    sb = await probe_sandbox(backend, hot)
+    try:
+        cold_res = await run(sb, spec({"RAISE": "1"}))
+        hot_res = await run(sb, hot)
+    finally:
+        await sb.destroy()
+    for res in (cold_res, hot_res):
+        assert res.returncode == 1 and res.stdout == b""
+        assert b"RuntimeError: boom" in res.stderr and b"atexit ran" in res.stderr
 
 
 async def test_cpu_is_reported_and_a_timeout_kills_the_harness(backend, pool):
