@@ -10,7 +10,7 @@ runs, and once more when it ends) and, as the baseline in the same run, without 
 process's CPU seconds (this process: the watchdog runs here, in worker threads), the
 watchdog's walks and its own CPU, and the wall time. Two workspaces: a task-sized one (40
 files) and a large one (20,000 files: a ``node_modules``-sized tree, where each walk costs
-most). The ratio of the actor's CPU with the quota to without is reported; the bwrap
+most; 2,000 with ``--quick``). The ratio of the actor's CPU with the quota to without is reported; the bwrap
 baseline is small (the sandbox's work is in its own processes), so the targets (reported,
 not asserted) are on the watchdog's CPU as a share of one core while the harness runs: at
 most 1 % with the task-sized workspace, at most 5 % with the large one.
@@ -31,6 +31,9 @@ HARNESS_S = 2.0
 """How long the command of one rollout runs."""
 QUOTA = 1024 * 2**20
 """The default ``sandbox_disk_mb`` (1 GiB)."""
+SMALL, LARGE, LARGE_QUICK = 40, 20_000, 2_000
+"""Workspace sizes in files (``--quick``: a tenth of the large one; copying it in and removing
+it is most of the run's time)."""
 HARNESS = f"for i in 1 2 3 4; do echo step $i > out$i.txt; sleep {HARNESS_S / 4}; done"
 
 
@@ -72,12 +75,12 @@ async def rollouts(backend, task: Path, n: int, quota: int | None) -> dict[str, 
 async def main(quick: bool) -> dict[str, dict[str, dict[str, float]]]:
     from harnessrl.actors.sandbox.bwrap import BwrapBackend
 
-    n = 3 if quick else 8
+    n = 2 if quick else 8
     out: dict[str, dict[str, dict[str, float]]] = {}
     with tempfile.TemporaryDirectory() as d:
         root = Path(d)
         async with BwrapBackend(root / "sandboxes", pool_size=0) as backend:
-            for files in (40, 20_000):
+            for files in (SMALL, LARGE_QUICK if quick else LARGE):
                 task = make_task(root, files)
                 await rollouts(backend, task, 1, QUOTA)  # warm the page cache and the forwarder
                 base = await rollouts(backend, task, n, None)
@@ -113,7 +116,7 @@ def run(argv: list[str] | None = None) -> None:
         for case, r in res.items()
     }
     print("\n" + ", ".join(f"{k} {v}x" for k, v in ratios.items()))
-    bounds = {"40_files": 0.01, "20000_files": 0.05}
+    bounds = {f"{SMALL}_files": 0.01, f"{LARGE}_files": 0.05, f"{LARGE_QUICK}_files": 0.05}
     targets = {
         f"{case}_watchdog_cpu_share": target(
             r["quota"]["watchdog_cpu_s"] / HARNESS_S, bounds[case], at_least=False
