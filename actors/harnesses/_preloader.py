@@ -270,9 +270,9 @@ def supervise(conn: socket.socket, args: argparse.Namespace, report_fd: int) -> 
     if len(argv) < 3 or argv[1] != "-m" or argv[2] != args.entry:
         send(conn, fallback=f"serves only python -m {args.entry}")
         os._exit(0)
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, gid = struct.unpack("3i", creds)
-    if uid < args.min_uid or gid < 0:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("iII"))
+    pid, uid, gid = struct.unpack("iII", creds)
+    if uid < args.min_uid:
         send(conn, fallback=f"uid {uid} is not a sandbox's")
         os._exit(0)
     try:
