@@ -243,7 +243,9 @@ async def test_a_preloader_that_cannot_start_leaves_cold_starts(tmp_path, caplog
     p = PreloadPool(folder, min_uid=1000)
     missing = Preload(Path("/nonexistent/python"), "m", ())
     try:
+        fds = len(os.listdir("/proc/self/fd"))
         assert await p.get(missing) is None
+        assert len(os.listdir("/proc/self/fd")) == fds  # its report pipe is closed
         assert "harnesses start cold" in caplog.text
         caplog.clear()
         assert await p.get(missing) is None and not caplog.text

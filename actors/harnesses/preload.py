@@ -97,6 +97,8 @@ class Preloader:
             argv += ["--import", m]
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/nonexistent"}
         env |= dict(p.env)
+        self._report = r
+        os.set_blocking(r, False)
         with open(self.log_path, "wb") as err:
             try:
                 self.proc = await asyncio.create_subprocess_exec(
@@ -108,10 +110,11 @@ class Preloader:
                     pass_fds=(w,),
                     start_new_session=True,
                 )
+            except BaseException:
+                await self.close()  # closes the report pipe
+                raise
             finally:
                 os.close(w)
-        os.set_blocking(r, False)
-        self._report = r
         deadline = time.monotonic() + timeout
         while b"ready\n" not in self._buf:
             self._read()
