@@ -193,37 +193,51 @@ async def test_the_client_starts_cold_when_not_served(backend, pool):
         await sb.destroy()
 
 
+def ask(path: Path, payload: bytes, fds: list[int] | None = None, close: bool = True) -> dict:
+    """Send ``payload`` (with ``fds``) to the preloader at ``path``; its one-line answer."""
+    import array
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(str(path))
+        if fds:
+            anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+            s.sendmsg([payload], anc)
+        elif payload:
+            s.sendall(payload)
+        if close:
+            s.shutdown(socket.SHUT_WR)
+        return json.loads(s.makefile().readline())
+
+
+def framed(obj: object) -> bytes:
+    body = json.dumps(obj).encode()
+    return struct.pack("!I", len(body)) + body
+
+
 async def test_bad_requests_do_not_stop_the_preloader(backend, pool, tmp_path):
     """Garbage, a huge length, missing fds, a root peer: each gets a ``fallback`` answer and
     the preloader goes on serving."""
     pre = await pool.get(PRELOAD)
-
-    def ask(payload: bytes, fds: list[int] | None = None) -> dict:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(10)
-            s.connect(str(pre.socket_path))
-            if fds:
-                import array
-
-                anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
-                s.sendmsg([payload], anc)
-            else:
-                s.sendall(payload)
-            s.shutdown(socket.SHUT_WR)
-            return json.loads(s.makefile().readline())
-
-    def framed(obj: object) -> bytes:
-        body = json.dumps(obj).encode()
-        return struct.pack("!I", len(body)) + body
-
-    assert "fallback" in await asyncio.to_thread(ask, b"\xff\xff")
-    assert "request of" in (await asyncio.to_thread(ask, struct.pack("!I", 1 << 30)))["fallback"]
     good = {"argv": [PY, "-m", "hrlprobe"], "env": {}, "cwd": "/"}
-    assert "3" in (await asyncio.to_thread(ask, framed(good)))["fallback"]  # no fds
-    bad = {"argv": [PY, "-m", "hrlprobe"], "env": {"A": 1}, "cwd": "/"}
-    assert "fallback" in await asyncio.to_thread(ask, framed(bad), [0, 1, 2])
-    # this test runs as root: never served
-    assert "uid 0" in (await asyncio.to_thread(ask, framed(good), [0, 1, 2]))["fallback"]
+    # this test runs as root: refused before its request is read
+    assert "uid 0" in (await asyncio.to_thread(ask, pre.socket_path, framed(good)))["fallback"]
+    # malformed requests, to a preloader that would serve root (none is well-formed)
+    lax = Preloader(PRELOAD, tmp_path / "lax", min_uid=0)
+    await lax.start()
+    try:
+        path = lax.socket_path
+        assert "fallback" in await asyncio.to_thread(ask, path, b"\xff\xff")
+        huge = await asyncio.to_thread(ask, path, struct.pack("!I", 1 << 30))
+        assert "request of" in huge["fallback"]
+        assert "3" in (await asyncio.to_thread(ask, path, framed(good)))["fallback"]  # no fds
+        bad = {"argv": [PY, "-m", "hrlprobe"], "env": {"A": 1}, "cwd": "/"}
+        assert "fallback" in await asyncio.to_thread(ask, path, framed(bad), [0, 1, 2])
+        other = {"argv": [PY, "-m", "os"], "env": {}, "cwd": "/"}
+        assert "only" in (await asyncio.to_thread(ask, path, framed(other), [0, 1, 2]))["fallback"]
+        assert lax.alive
+    finally:
+        await lax.close()
     assert pre.alive
     hot = spec()
     pool.wrap(hot, pre)
@@ -233,6 +247,34 @@ async def test_bad_requests_do_not_stop_the_preloader(backend, pool, tmp_path):
         assert res.ok and json.loads(res.stdout)["preloaded"]
     finally:
         await sb.destroy()
+
+
+async def test_one_sandbox_cannot_pile_up_supervisors(tmp_path):
+    """Clients that connect and say nothing: two at once per uid are held (each at most the
+    request timeout), a third is told ``busy`` at once; once they are gone a new one is
+    served again."""
+    lax = Preloader(PRELOAD, tmp_path / "lax", min_uid=0, per_uid=2, request_timeout_s=2.0)
+    await lax.start()
+    held = []
+    try:
+        for _ in range(2):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(str(lax.socket_path))
+            held.append(s)
+        await asyncio.sleep(0.5)
+        busy = await asyncio.to_thread(ask, lax.socket_path, b"", None, False)
+        assert busy == {"fallback": "busy"}
+        # the silent ones are answered at the request timeout
+        for s in held:
+            s.settimeout(10)
+            assert "fallback" in json.loads(s.makefile().readline())
+        await asyncio.sleep(1.5)  # reaped within a second
+        again = await asyncio.to_thread(ask, lax.socket_path, b"\xff\xff")
+        assert again["fallback"] != "busy"
+    finally:
+        for s in held:
+            s.close()
+        await lax.close()
 
 
 async def test_a_preloader_that_cannot_start_leaves_cold_starts(tmp_path, caplog):

@@ -6,7 +6,7 @@ Run on the host, as root, by the harness's own interpreter (its venv's ``python`
 venv::
 
     <venv>/bin/python -s -E -B _preloader.py --socket S --report-fd F --entry MODULE
-        --min-uid U --parent PID [--import MODULE]...
+        --min-uid U --parent PID [--per-uid N] [--request-timeout S] [--import MODULE]...
 
 It imports the ``--import`` modules (their import-time settings come from this process's
 environment, which is the same for every rollout), listens on the unix socket ``S`` (bound
@@ -30,7 +30,9 @@ stdin, stdout and stderr as file descriptors. For each client this process forks
 
 Only ``python -m MODULE`` with this preloader's ``--entry`` is served; anything else gets a
 ``fallback`` answer and the client starts the command cold, as does a client that cannot
-connect. A harness killed with its sandbox (timeout, destroy) dies with the sandbox's pid
+connect. What one sandbox can make this (root) process hold is bounded: at most ``--per-uid``
+supervisors at once for one uid (the next client is told ``busy``), each waiting at most
+``--request-timeout`` seconds for its request. A harness killed with its sandbox (timeout, destroy) dies with the sandbox's pid
 namespace like a cold-started one.
 
 What differs from a cold start, by design: the interpreter's startup flags (``-s -E -B`` here;
@@ -121,6 +123,21 @@ def recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
     if not ok:
         raise Refused("request needs argv (strings), env (strings) and cwd")
     return req, fds_list
+
+
+def peer(conn: socket.socket) -> tuple[int, int, int]:
+    """The client's pid, uid and gid, as the kernel recorded them when it connected."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("iII"))
+    return struct.unpack("iII", creds)
+
+
+def reap(children: dict[int, int]) -> None:
+    """Forget the supervisors that ended."""
+    for pid in list(children):
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                continue
+        del children[pid]
 
 
 def send(conn: socket.socket, **reply: object) -> None:
@@ -260,21 +277,18 @@ def enter(
 
 def supervise(conn: socket.socket, args: argparse.Namespace, report_fd: int) -> Job | None:
     """In the forked supervisor (step 1 and 3); returns a `Job` in the forked harness."""
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    conn.settimeout(args.request_timeout)  # a client that connects and says nothing
     try:
         req, fds = recv_request(conn)
     except (Refused, OSError) as e:
-        send(conn, fallback=str(e))
+        send(conn, fallback=str(e) or type(e).__name__)
         os._exit(0)
+    conn.settimeout(None)
     argv = req["argv"]
     if len(argv) < 3 or argv[1] != "-m" or argv[2] != args.entry:
         send(conn, fallback=f"serves only python -m {args.entry}")
         os._exit(0)
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("iII"))
-    pid, uid, gid = struct.unpack("iII", creds)
-    if uid < args.min_uid:
-        send(conn, fallback=f"uid {uid} is not a sandbox's")
-        os._exit(0)
+    pid, uid, gid = peer(conn)
     try:
         limits = rlimits(pid)
         pidns = os.open(f"/proc/{pid}/ns/pid", os.O_RDONLY)
@@ -363,16 +377,31 @@ def serve(args: argparse.Namespace) -> Job | None:
     srv.bind(args.socket)
     os.chmod(args.socket, 0o666)  # sandboxes run as their own uids; SO_PEERCRED is the check
     srv.listen(64)
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # supervisors are reaped by the kernel
     os.write(report_fd, b"ready\n")
+    srv.settimeout(1.0)  # wakes up to reap supervisors
+    supervisors: dict[int, int] = {}  # pid -> the uid it serves
     try:
         while True:
-            conn, _ = srv.accept()
+            reap(supervisors)
             try:
-                if os.fork() == 0:
+                conn, _ = srv.accept()
+            except TimeoutError:
+                continue
+            conn.settimeout(None)
+            uid = peer(conn)[1]
+            busy = sum(u == uid for u in supervisors.values()) >= args.per_uid
+            if uid < args.min_uid or busy:  # a sandbox runs one harness at a time
+                why = "busy" if busy else f"uid {uid} is not a sandbox's"
+                send(conn, fallback=why)
+                conn.close()
+                continue
+            try:
+                pid = os.fork()
+                if pid == 0:
                     signal.signal(signal.SIGTERM, signal.SIG_DFL)
                     srv.close()
                     return supervise(conn, args, report_fd)
+                supervisors[pid] = uid
             except OSError as e:
                 send(conn, fallback=f"cannot fork: {e}")
             conn.close()
@@ -391,6 +420,8 @@ def main() -> None:
     p.add_argument("--entry", required=True)
     p.add_argument("--min-uid", type=int, required=True)
     p.add_argument("--parent", type=int, required=True, help="the actor's pid")
+    p.add_argument("--per-uid", type=int, default=2, help="runs at once for one sandbox uid")
+    p.add_argument("--request-timeout", type=float, default=30.0, help="seconds to send argv")
     p.add_argument("--import", dest="imports", action="append", default=[])
     try:
         job = serve(p.parse_args())

@@ -70,8 +70,19 @@ class Preload:
 class Preloader:
     """One preloader process (see ``_preloader.py``)."""
 
-    def __init__(self, preload: Preload, folder: Path, min_uid: int) -> None:
+    def __init__(
+        self,
+        preload: Preload,
+        folder: Path,
+        min_uid: int,
+        *,
+        per_uid: int = 2,
+        request_timeout_s: float = 30.0,
+    ) -> None:
         self.preload, self.folder, self.min_uid = preload, folder, min_uid
+        self.per_uid, self.request_timeout_s = per_uid, request_timeout_s
+        """Runs served at once for one uid (more: cold starts), and how long a client has to
+        send its request: bounds what one sandbox can make the preloader hold."""
         folder.mkdir(mode=0o755)
         os.chmod(folder, 0o755)  # sandbox uids reach the socket through it (bound read-only)
         self.socket_path = folder / "sock"
@@ -93,6 +104,7 @@ class Preloader:
         r, w = os.pipe()
         argv += ["--socket", str(self.socket_path), "--report-fd", str(w)]
         argv += ["--entry", p.entry, "--min-uid", str(self.min_uid), "--parent", str(os.getpid())]
+        argv += ["--per-uid", str(self.per_uid), "--request-timeout", str(self.request_timeout_s)]
         for m in p.modules:
             argv += ["--import", m]
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/nonexistent"}
