@@ -112,6 +112,20 @@ def plan(stats: dict[str, Any], n: int) -> dict[str, float]:
     }
 
 
+def table_row(label: str, s: dict[str, Any]) -> tuple[str, ...]:
+    """One harness's recording as a row of the printed table."""
+    return (
+        label,
+        str(s["rollouts"]),
+        f"{s['rollouts_per_s']}",
+        f"{s['cpu_s_per_rollout']} ({s['cpu_s_per_rollout_harness']} harness)",
+        f"{s['success_rate']}",
+        f"{s['tokens_per_conversation']}",
+        f"{s['calls_per_conversation']}",
+        f"{s['tito_misses']}/{s['false_forks']}",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     from harnessrl.actors.harnesses import default_cache_dir, get_adapter
 
@@ -151,18 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     targets: dict[str, Any] = {}
     ratios: dict[str, float] = {}
     for h, s in results.items():
-        rows.append(
-            (
-                f"{h} {s['harness_version']}",
-                str(s["rollouts"]),
-                f"{s['rollouts_per_s']}",
-                f"{s['cpu_s_per_rollout']} ({s['cpu_s_per_rollout_harness']} harness)",
-                f"{s['success_rate']}",
-                f"{s['tokens_per_conversation']}",
-                f"{s['calls_per_conversation']}",
-                f"{s['tito_misses']}/{s['false_forks']}",
-            )
-        )
+        rows.append(table_row(f"{h} {s['harness_version']}", s))
         targets[f"{h}_success"] = target(s["success_rate"] or 0.0, 0.99)
         targets[f"{h}_tito_misses"] = target(s["tito_misses"], 0, at_least=False)
         targets[f"{h}_false_forks"] = target(s["false_forks"], 0, at_least=False)
@@ -171,18 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         if h in cold:
             c = cold[h]
-            rows.append(
-                (
-                    f"{h} {c['harness_version']}, cold start",
-                    str(c["rollouts"]),
-                    f"{c['rollouts_per_s']}",
-                    f"{c['cpu_s_per_rollout']} ({c['cpu_s_per_rollout_harness']} harness)",
-                    f"{c['success_rate']}",
-                    f"{c['tokens_per_conversation']}",
-                    f"{c['calls_per_conversation']}",
-                    f"{c['tito_misses']}/{c['false_forks']}",
-                )
-            )
+            rows.append(table_row(f"{h} {c['harness_version']}, cold start", c))
             speedup = c["cpu_s_per_rollout_harness"] / max(s["cpu_s_per_rollout_harness"], 1e-9)
             ratios[f"{h}_harness_cpu_cold_vs_preloaded"] = round(speedup, 2)
             targets[f"{h}_preloaded_harness_cpu_speedup"] = target(round(speedup, 2), 2.0)

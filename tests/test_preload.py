@@ -105,25 +105,30 @@ def spec(env: dict[str, str] | None = None, argv: list[str] | None = None) -> La
     return LaunchSpec(argv=list(argv or COLD), env={"PROBE": "p", **(env or {})}, api="chat")
 
 
-async def test_a_preloaded_start_sees_what_a_cold_start_sees(backend, pool):
-    """Same argv, env, stdin, uid, groups, cwd, hostname, loopback-only network, pid
-    namespace, rlimits, fds, no capabilities, host files hidden; exit status passed back."""
+async def cold_and_hot(backend, pool, env: dict[str, str]):
+    """The probe run with ``env`` cold, then preloaded, in one sandbox: its uid and both
+    results."""
     pre = await pool.get(PRELOAD)
     assert pre is not None and pre.alive
-    hot = spec({"EXIT": "7"})
+    hot = spec(env)
     run_name = pool.wrap(hot, pre)
     assert hot.argv[-len(COLD) :] == COLD and hot.env["HRL_PRELOAD_RUN"] == run_name
     sb = await probe_sandbox(backend, hot)
     try:
-        cold_res = await run(sb, spec({"EXIT": "7"}))
-        hot_res = await run(sb, hot)
+        return sb.uid, await run(sb, spec(env)), await run(sb, hot)
     finally:
         await sb.destroy()
+
+
+async def test_a_preloaded_start_sees_what_a_cold_start_sees(backend, pool):
+    """Same argv, env, stdin, uid, groups, cwd, hostname, loopback-only network, pid
+    namespace, rlimits, fds, no capabilities, host files hidden; exit status passed back."""
+    uid, cold_res, hot_res = await cold_and_hot(backend, pool, {"EXIT": "7"})
     assert cold_res.returncode == 7 and hot_res.returncode == 7, hot_res.stderr
     cold, warm = json.loads(cold_res.stdout), json.loads(hot_res.stdout)
     assert (cold.pop("preloaded"), warm.pop("preloaded")) == (False, True)
     assert warm == cold
-    assert warm["uid"] == sb.uid and warm["euid"] == sb.uid and warm["groups"] == []
+    assert warm["uid"] == uid and warm["euid"] == uid and warm["groups"] == []
     assert warm["capeff"] == warm["capbnd"] == "0000000000000000"
     assert warm["argv"] == [str(REPO), "two words"] and warm["name"] == "__main__"
     assert warm["stdin"] == "in" and warm["probe_env"] == "p" and not warm["run_env"]
@@ -135,15 +140,7 @@ async def test_a_preloaded_start_sees_what_a_cold_start_sees(backend, pool):
 
 
 async def test_an_uncaught_exception_ends_as_it_would_cold(backend, pool):
-    pre = await pool.get(PRELOAD)
-    hot = spec({"RAISE": "1"})
-    pool.wrap(hot, pre)
-    sb = await probe_sandbox(backend, hot)
-    try:
-        cold_res = await run(sb, spec({"RAISE": "1"}))
-        hot_res = await run(sb, hot)
-    finally:
-        await sb.destroy()
+    _, cold_res, hot_res = await cold_and_hot(backend, pool, {"RAISE": "1"})
     for res in (cold_res, hot_res):
         assert res.returncode == 1 and res.stdout == b""
         assert b"RuntimeError: boom" in res.stderr and b"atexit ran" in res.stderr

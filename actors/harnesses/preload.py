@@ -31,6 +31,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from harnessrl.actors.harnesses.base import LaunchSpec
 
 log = logging.getLogger(__name__)
 
@@ -223,21 +227,14 @@ class PreloadPool:
             self._live[preload] = p
             return p
 
-    def wrap(self, spec: object, preloader: Preloader) -> str:
-        """Turn ``spec`` (a ``LaunchSpec`` whose ``preload`` ``preloader`` serves) into its
-        preloaded form, in place; returns the run's name for `Preloader.take_cpu`."""
+    def wrap(self, spec: LaunchSpec, preloader: Preloader) -> str:
+        """Turn ``spec`` (whose ``preload`` ``preloader`` serves) into its preloaded form, in
+        place; returns the run's name for `Preloader.take_cpu`."""
         run = secrets.token_hex(8)
-        spec.argv = [  # type: ignore[attr-defined]
-            self.client_python,
-            "-I",
-            "-S",
-            CLIENT_INSIDE,
-            SOCKET_INSIDE,
-            "--",
-            *spec.argv,  # type: ignore[attr-defined]
-        ]
-        spec.env[RUN_ENV] = run  # type: ignore[attr-defined]
-        spec.ro_binds += [  # type: ignore[attr-defined]
+        client = [self.client_python, "-I", "-S", CLIENT_INSIDE, SOCKET_INSIDE, "--"]
+        spec.argv = [*client, *spec.argv]
+        spec.env[RUN_ENV] = run
+        spec.ro_binds += [
             (CLIENT_SRC, CLIENT_INSIDE),
             (preloader.folder, SOCKET_DIR_INSIDE),
             *preloader.preload.binds,
