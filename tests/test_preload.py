@@ -274,6 +274,19 @@ async def test_one_sandbox_cannot_pile_up_supervisors(tmp_path):
         await lax.close()
 
 
+async def test_one_client_after_another_is_never_told_busy(tmp_path):
+    """A sandbox that asks again as soon as its last answer came (one harness after another)
+    is served, even at a bound of one: the answered supervisor may not have exited yet."""
+    lax = Preloader(PRELOAD, tmp_path / "lax", min_uid=0, per_uid=1, request_timeout_s=2.0)
+    await lax.start()
+    try:
+        for _ in range(20):
+            reply = await asyncio.to_thread(ask, lax.socket_path, b"\xff\xff")
+            assert reply["fallback"] != "busy"
+    finally:
+        await lax.close()
+
+
 async def test_a_preloader_that_cannot_start_leaves_cold_starts(tmp_path, caplog):
     """A missing interpreter: `PreloadPool.get` says why and returns None, and does not try
     again at once (every rollout would pay for the failed start)."""

@@ -31,7 +31,8 @@ stdin, stdout and stderr as file descriptors. For each client this process forks
 Only ``python -m MODULE`` with this preloader's ``--entry`` is served; anything else gets a
 ``fallback`` answer and the client starts the command cold, as does a client that cannot
 connect. What one sandbox can make this (root) process hold is bounded: at most ``--per-uid``
-supervisors at once for one uid (the next client is told ``busy``), each waiting at most
+supervisors at once for one uid (the next client is told ``busy`` if none ends within a
+second), each waiting at most
 ``--request-timeout`` seconds for its request. A harness killed with its sandbox (timeout, destroy) dies with the sandbox's pid
 namespace like a cold-started one.
 
@@ -62,6 +63,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 import traceback
 
 MAX_REQUEST = 16 << 20
@@ -138,6 +140,20 @@ def reap(children: dict[int, int]) -> None:
             if os.waitpid(pid, os.WNOHANG)[0] == 0:
                 continue
         del children[pid]
+
+
+def settled(children: dict[int, int], uid: int, bound: int, wait: float = 1.0) -> bool:
+    """Whether ``uid`` is at its bound of supervisors, after waiting up to ``wait`` seconds
+    for one to end: a supervisor that has just answered its client may not have exited yet
+    when the same sandbox asks again."""
+    deadline = time.monotonic() + wait
+    while True:
+        reap(children)
+        if sum(u == uid for u in children.values()) < bound:
+            return False
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(0.01)
 
 
 def send(conn: socket.socket, **reply: object) -> None:
@@ -389,7 +405,7 @@ def serve(args: argparse.Namespace) -> Job | None:
                 continue
             conn.settimeout(None)
             uid = peer(conn)[1]
-            busy = sum(u == uid for u in supervisors.values()) >= args.per_uid
+            busy = settled(supervisors, uid, args.per_uid)
             if uid < args.min_uid or busy:  # a sandbox runs one harness at a time
                 why = "busy" if busy else f"uid {uid} is not a sandbox's"
                 send(conn, fallback=why)
