@@ -26,7 +26,7 @@ from harnessrl.common.bus import connect
 from harnessrl.common.natsd import NatsServer
 from tests.helpers.sandboxes import bwrap_or_skip
 
-pytest_plugins = ["tests.helpers.tiers", "tests.helpers.secure_nats"]
+pytest_plugins = ["tests.helpers.tiers", "tests.helpers.slow_group", "tests.helpers.secure_nats"]
 
 
 @pytest.fixture(scope="session")

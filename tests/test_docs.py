@@ -128,7 +128,7 @@ SETUP = """\
 bash deploy/setup.sh && .venv/bin/harnessrl demo
 
 # 2. set up and run the tests
-bash deploy/setup.sh && .venv/bin/python -m pytest -q
+bash deploy/setup.sh && .venv/bin/python -m pytest -q -n 2
 """
 
 
@@ -140,7 +140,7 @@ def test_readme_is_short_and_opens_with_the_two_setup_commands() -> None:
     assert len(text.splitlines()) <= 250
     first = re.search(r"```bash\n(.*?)```", text, re.DOTALL)
     assert first is not None and first.group(1) == SETUP
-    assert ".venv/bin/python -m pytest -q\n" in (REPO / ".ci" / "run").read_text()
+    assert ".venv/bin/python -m pytest -q -n 2\n" in (REPO / ".ci" / "run").read_text()
 
 
 # ---------------------------------------------------------------------------------------------

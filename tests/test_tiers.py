@@ -160,3 +160,54 @@ def test_tiers_report_measures_each_test(
         "test_connects": ([], "integration", ["connect"]),
     }
     res.stdout.fnmatch_lines(["*2 of 3 tests measure another tier*"])
+
+
+@pytest.mark.integration
+def test_slow_tests_run_one_after_another_on_one_worker(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under ``-n 2 --dist loadgroup`` (the README's test command) every ``slow`` test runs on
+    the same worker, never two at once, while the other tiers spread over both workers."""
+    log = pytester.path / "ran.log"
+    code = f"""
+        import os, time
+        import pytest
+
+        def note(tier):
+            with open({str(log)!r}, "a") as f:
+                f.write(f"{{tier}} {{os.environ['PYTEST_XDIST_WORKER']}} {{time.time()}}\\n")
+
+        @pytest.mark.parametrize("i", range(4))
+        @pytest.mark.slow
+        def test_slow(i):
+            note("slow-start")
+            time.sleep(0.3)
+            note("slow-end")
+
+        @pytest.mark.parametrize("i", range(8))
+        @pytest.mark.integration
+        def test_quick(i):
+            time.sleep(0.3)
+            note("quick")
+    """
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the plugin, from this checkout
+    sample(pytester, code)
+    res = pytester.runpytest_subprocess(
+        "-p",
+        "tests.helpers.tiers",
+        "-p",
+        "tests.helpers.slow_group",
+        "-p",
+        "no:cacheprovider",
+        "-n",
+        "2",
+        "--dist",
+        "loadgroup",
+    )
+    res.assert_outcomes(passed=12)
+    rows = [line.split() for line in log.read_text().splitlines()]
+    slow = [(what, worker, float(t)) for what, worker, t in rows if what.startswith("slow")]
+    assert len({worker for _, worker, _ in slow}) == 1
+    events = sorted(slow, key=lambda r: r[2])
+    assert [what for what, _, _ in events] == ["slow-start", "slow-end"] * 4  # never overlap
+    assert {worker for what, worker, _ in rows if what == "quick"} == {"gw0", "gw1"}

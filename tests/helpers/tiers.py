@@ -12,7 +12,9 @@
 Collection fails on a test with no tier or more than one. The ``unit`` tier is enforced while
 each unit test sets up and runs: starting a process, or binding or connecting a socket from
 Python, raises `TierViolation` (what C code opens by itself, such as gloo's store once a
-process group exists, is not seen; ``pytest -m unit`` alone starts from none).
+process group exists, is not seen; ``pytest -m unit`` alone starts from none). Under
+``pytest -n N`` the ``slow`` tests run on one worker, one after another
+(tests/helpers/slow_group.py).
 
 ``pytest --tiers-report=FILE [paths]`` runs the tests without the guard and writes, for each
 test, what it did (processes, sockets) and how long it took, with the tier that measures
@@ -128,7 +130,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--tiers-report",
         metavar="FILE",
         help="run without the unit guard; write each test's processes, sockets, time and "
-        "measured tier to FILE (JSON lines) and list the tests whose tier differs",
+        "measured tier to FILE (JSON lines) and list the tests whose tier differs (without "
+        "-n: the times are meant alone)",
     )
 
 
