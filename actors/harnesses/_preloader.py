@@ -32,9 +32,9 @@ Only ``python -m MODULE`` with this preloader's ``--entry`` is served; anything 
 ``fallback`` answer and the client starts the command cold, as does a client that cannot
 connect. What one sandbox can make this (root) process hold is bounded: at most ``--per-uid``
 supervisors at once for one uid (the next client is told ``busy`` if none ends within a
-second), each waiting at most
-``--request-timeout`` seconds for its request. A harness killed with its sandbox (timeout, destroy) dies with the sandbox's pid
-namespace like a cold-started one.
+second), each waiting at most ``--request-timeout`` seconds for its request. A harness killed
+with its sandbox (timeout, destroy) dies with the sandbox's pid namespace like a cold-started
+one.
 
 What differs from a cold start, by design: the interpreter's startup flags (``-s -E -B`` here;
 the harness's ``PYTHON*`` variables still reach its own code and its subprocesses), the hash
@@ -394,20 +394,17 @@ def serve(args: argparse.Namespace) -> Job | None:
     os.chmod(args.socket, 0o666)  # sandboxes run as their own uids; SO_PEERCRED is the check
     srv.listen(64)
     os.write(report_fd, b"ready\n")
-    srv.settimeout(1.0)  # wakes up to reap supervisors
-    supervisors: dict[int, int] = {}  # pid -> the uid it serves
+    supervisors: dict[int, int] = {}  # pid -> the uid it serves (reaped at each accept)
     try:
         while True:
-            reap(supervisors)
-            try:
-                conn, _ = srv.accept()
-            except TimeoutError:
-                continue
-            conn.settimeout(None)
+            conn, _ = srv.accept()
             uid = peer(conn)[1]
-            busy = settled(supervisors, uid, args.per_uid)
-            if uid < args.min_uid or busy:  # a sandbox runs one harness at a time
-                why = "busy" if busy else f"uid {uid} is not a sandbox's"
+            why = None
+            if uid < args.min_uid:
+                why = f"uid {uid} is not a sandbox's"
+            elif settled(supervisors, uid, args.per_uid):  # one harness at a time, per sandbox
+                why = "busy"
+            if why:
                 send(conn, fallback=why)
                 conn.close()
                 continue

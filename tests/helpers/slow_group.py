@@ -41,7 +41,7 @@ def pytest_configure_node(node: Any) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     path = getattr(config, "workerinput", {}).get(_INPUT)
     if path:
-        slow = [item.nodeid for item in items if tiers_of(item) == [SLOW_GROUP]]
+        slow = [item.nodeid for item in items if tiers_of(item) == ["slow"]]
         Path(path).write_text(json.dumps(slow))
 
 
